@@ -1,0 +1,342 @@
+//! The conformance suite every [`EventLog`] backend must pass. Each check gets an
+//! [`Open`]: a function that opens the same, initially empty store every time it is
+//! called, as a restarted process would. [`crate::conformance_suite!`] turns the whole
+//! suite into one `#[tokio::test]` per check for a backend.
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use meridian_events::{AggregateKind, AggregateRef, Envelope, RawEnvelope};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::{Appended, Commit, EventLog, LogError, MAX_COMMIT_BYTES};
+
+pub type Open =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Arc<dyn EventLog>> + Send>> + Send + Sync>;
+
+/// A test event: sequence `sequence` of `aggregate`, with `payload`.
+pub fn event(aggregate: AggregateRef, sequence: u64, payload: serde_json::Value) -> RawEnvelope {
+    Envelope {
+        event_id: Uuid::now_v7(),
+        aggregate,
+        sequence,
+        occurred_at: Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).unwrap(),
+        tenant: "conformance".into(),
+        causation_id: None,
+        correlation_id: Uuid::now_v7(),
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        payload,
+    }
+}
+
+pub fn workflow() -> AggregateRef {
+    AggregateRef::new(AggregateKind::Workflow, Uuid::now_v7())
+}
+
+async fn append_ok(log: &dyn EventLog, events: Vec<RawEnvelope>) -> u64 {
+    match log.append(events).await {
+        Ok(Appended::Stored { position }) => position,
+        other => panic!("expected the append to be stored, got {other:?}"),
+    }
+}
+
+/// Reads the whole log from the start in pages of `page`.
+pub async fn read_all(log: &dyn EventLog, page: usize) -> Vec<Commit> {
+    let mut all = Vec::new();
+    let mut after = 0;
+    loop {
+        let commits = log.read_from(after, page).await.expect("read_from");
+        assert!(commits.len() <= page, "read_from returned more than max");
+        match commits.last() {
+            Some(last) => after = last.position,
+            None => return all,
+        }
+        all.extend(commits);
+    }
+}
+
+pub async fn empty_log(open: Open) {
+    let log = open().await;
+    assert_eq!(log.head().await.unwrap(), 0);
+    assert!(log.read_from(0, 10).await.unwrap().is_empty());
+    assert!(log.read_aggregate(workflow()).await.unwrap().is_empty());
+}
+
+pub async fn append_then_read(open: Open) {
+    let log = open().await;
+    let a = workflow();
+    let first = vec![event(a, 1, json!({"n": 1})), event(a, 2, json!({"n": 2}))];
+    let p1 = append_ok(&*log, first.clone()).await;
+    let third = vec![event(a, 3, json!({"n": 3}))];
+    let p2 = append_ok(&*log, third.clone()).await;
+    assert!(p2 > p1, "positions grow: {p1} then {p2}");
+    assert_eq!(log.head().await.unwrap(), p2);
+
+    let history = log.read_aggregate(a).await.unwrap();
+    let expected: Vec<RawEnvelope> = first.iter().chain(&third).cloned().collect();
+    assert_eq!(history, expected, "history comes back as written");
+
+    let commits = log.read_from(0, 10).await.unwrap();
+    assert_eq!(commits.len(), 2, "two appends are two commits");
+    assert_eq!(commits[0].position, p1);
+    assert_eq!(commits[0].events, first, "a commit keeps its events together");
+    assert_eq!(commits[1].events, third);
+    assert!(log.read_from(p2, 10).await.unwrap().is_empty());
+}
+
+pub async fn conflict_on_stale_sequence(open: Open) {
+    let log = open().await;
+    let a = workflow();
+    append_ok(&*log, vec![event(a, 1, json!("first"))]).await;
+
+    match log.append(vec![event(a, 1, json!("stale"))]).await {
+        Err(LogError::Conflict {
+            aggregate,
+            expected,
+            actual,
+        }) => {
+            assert_eq!((aggregate, expected, actual), (a, 0, 1));
+        }
+        other => panic!("a stale sequence must conflict, got {other:?}"),
+    }
+    match log.append(vec![event(a, 3, json!("ahead"))]).await {
+        Err(LogError::Conflict {
+            expected, actual, ..
+        }) => assert_eq!((expected, actual), (2, 1)),
+        other => panic!("a sequence from the future must conflict, got {other:?}"),
+    }
+    let history = log.read_aggregate(a).await.unwrap();
+    assert_eq!(history.len(), 1, "a conflict writes nothing");
+    assert_eq!(history[0].payload, json!("first"));
+    // The writer that lost reloads and goes on.
+    append_ok(&*log, vec![event(a, 2, json!("second"))]).await;
+}
+
+pub async fn concurrent_writers_one_wins(open: Open) {
+    // Separate connections, as separate processes would have.
+    let mut writers = Vec::new();
+    for _ in 0..4 {
+        writers.push(open().await);
+    }
+    for round in 0..10 {
+        let a = workflow();
+        if round % 2 == 1 {
+            // Odd rounds race on an aggregate that already has history.
+            append_ok(&*writers[0], vec![event(a, 1, json!("base"))]).await;
+        }
+        let next = 1 + (round % 2) as u64;
+        let mut tasks = Vec::new();
+        for (i, log) in writers.iter().enumerate() {
+            let log = log.clone();
+            let e = event(a, next, json!({"writer": i}));
+            tasks.push(tokio::spawn(async move { log.append(vec![e]).await }));
+        }
+        let mut won = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Appended::Stored { .. }) => won += 1,
+                Err(LogError::Conflict { .. }) => {}
+                other => panic!("a racing writer either wins or conflicts, got {other:?}"),
+            }
+        }
+        assert_eq!(won, 1, "exactly one writer wins round {round}");
+        assert_eq!(writers[0].read_aggregate(a).await.unwrap().len(), next as usize);
+    }
+}
+
+pub async fn duplicate_event_id_stored_once(open: Open) {
+    let log = open().await;
+    let a = workflow();
+    let batch = vec![event(a, 1, json!("once")), event(a, 2, json!("twice?"))];
+    let position = append_ok(&*log, batch.clone()).await;
+    match log.append(batch.clone()).await {
+        Ok(Appended::Duplicate { position: p }) => assert_eq!(p, position),
+        other => panic!("a retried append is a duplicate, got {other:?}"),
+    }
+    // After the aggregate moved on, and from another connection, still a duplicate.
+    append_ok(&*log, vec![event(a, 3, json!("later"))]).await;
+    let other = open().await;
+    match other.append(batch).await {
+        Ok(Appended::Duplicate { position: p }) => assert_eq!(p, position),
+        other => panic!("an old retry is still a duplicate, got {other:?}"),
+    }
+    let history = log.read_aggregate(a).await.unwrap();
+    assert_eq!(history.len(), 3, "stored once");
+    let ids: HashSet<Uuid> = history.iter().map(|e| e.event_id).collect();
+    assert_eq!(ids.len(), 3);
+}
+
+pub async fn invalid_batches_change_nothing(open: Open) {
+    let log = open().await;
+    let (a, b) = (workflow(), workflow());
+    let cases: Vec<(&str, Vec<RawEnvelope>)> = vec![
+        ("empty", vec![]),
+        ("zero sequence", vec![event(a, 0, json!(0))]),
+        ("two aggregates", vec![event(a, 1, json!(1)), event(b, 2, json!(2))]),
+        ("gap", vec![event(a, 1, json!(1)), event(a, 3, json!(3))]),
+    ];
+    for (what, batch) in cases {
+        match log.append(batch).await {
+            Err(LogError::InvalidAppend(_)) => {}
+            other => panic!("{what}: expected InvalidAppend, got {other:?}"),
+        }
+    }
+    match log.subscribe("no spaces allowed").await {
+        Err(LogError::InvalidName(_)) => {}
+        Err(other) => panic!("expected InvalidName, got {other:?}"),
+        Ok(_) => panic!("expected InvalidName, got a subscription"),
+    }
+    assert_eq!(log.head().await.unwrap(), 0, "nothing was written");
+}
+
+pub async fn large_and_non_ascii_payloads(open: Open) {
+    let log = open().await;
+    let a = workflow();
+    let text = "Zürich → 東京 — שלום — 🚀 \u{0}\u{7f} \"quoted\" \\ back";
+    let large = "x".repeat(MAX_COMMIT_BYTES - 4096);
+    let events = vec![
+        event(a, 1, json!({"text": text, "ключ": ["ü", 1, null]})),
+        event(a, 2, json!({"blob": large})),
+    ];
+    let position = append_ok(&*log, events.clone()).await;
+    assert_eq!(log.read_aggregate(a).await.unwrap(), events);
+    let commits = log.read_from(position - 1, 1).await.unwrap();
+    assert_eq!(commits[0].events, events);
+
+    let too_large = vec![event(a, 3, json!({"blob": "y".repeat(MAX_COMMIT_BYTES)}))];
+    match log.append(too_large).await {
+        Err(LogError::TooLarge { limit, .. }) => assert_eq!(limit, MAX_COMMIT_BYTES),
+        other => panic!("an oversized commit is refused, got {other:?}"),
+    }
+    assert_eq!(log.read_aggregate(a).await.unwrap().len(), 2);
+}
+
+pub async fn replay_returns_everything_in_order(open: Open) {
+    let log = open().await;
+    let aggregates: Vec<AggregateRef> = (0..7).map(|_| workflow()).collect();
+    let mut written = Vec::new();
+    for i in 0..140u64 {
+        let a = aggregates[(i % 7) as usize];
+        let e = event(a, i / 7 + 1, json!({"i": i}));
+        written.push(e.clone());
+        append_ok(&*log, vec![e]).await;
+    }
+    for page in [1, 37, 1000] {
+        let commits = read_all(&*log, page).await;
+        let positions: Vec<u64> = commits.iter().map(|c| c.position).collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "positions strictly grow");
+        let events: Vec<RawEnvelope> = commits.into_iter().flat_map(|c| c.events).collect();
+        assert_eq!(events, written, "replay with pages of {page} returns every event in order");
+    }
+}
+
+/// Consumes `name` until `want` new commits arrived (or a long wait finds nothing),
+/// acknowledging each when `ack` says so.
+async fn consume(
+    log: &dyn EventLog,
+    name: &str,
+    want: usize,
+    mut ack: impl FnMut(usize) -> bool,
+) -> Vec<Commit> {
+    let mut sub = log.subscribe(name).await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < want {
+        let batch = sub.next(7, Duration::from_secs(5)).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for commit in batch {
+            if seen.len() == want {
+                break;
+            }
+            let position = commit.position;
+            seen.push(commit);
+            if ack(seen.len()) {
+                sub.ack(position).await.unwrap();
+            }
+        }
+    }
+    seen
+}
+
+pub async fn subscription_resumes_without_loss_or_reordering(open: Open) {
+    let log = open().await;
+    let aggregates: Vec<AggregateRef> = (0..5).map(|_| workflow()).collect();
+    let mut sequence = BTreeMap::new();
+    for i in 0..50usize {
+        let a = aggregates[i % 5];
+        let s = sequence.entry(a).or_insert(0u64);
+        *s += 1;
+        append_ok(&*log, vec![event(a, *s, json!({"i": i}))]).await;
+    }
+
+    // A reader takes 20 commits but acknowledges only the first 15, then dies.
+    let first = consume(&*log, "ledger", 20, |n| n <= 15).await;
+    assert_eq!(first.len(), 20);
+    drop(log);
+
+    // Restarted, it sees commit 16 next, then the rest, with nothing lost.
+    let log = open().await;
+    let rest = consume(&*log, "ledger", 35, |_| true).await;
+    assert_eq!(rest.len(), 35, "every commit after the last ack is delivered");
+    assert_eq!(rest[0].position, first[15].position, "resumes right after the ack");
+    assert_eq!(&rest[..5], &first[15..], "the unacknowledged ones come again, unchanged");
+
+    let mut last_seen: BTreeMap<AggregateRef, u64> = BTreeMap::new();
+    for e in rest.iter().flat_map(|c| &c.events) {
+        let prev = last_seen.insert(e.aggregate, e.sequence).unwrap_or(0);
+        assert!(e.sequence > prev, "in order within {}", e.aggregate);
+    }
+    let all: Vec<u64> = first[..15]
+        .iter()
+        .chain(&rest)
+        .map(|c| c.position)
+        .collect();
+    let replay: Vec<u64> = read_all(&*log, 100).await.iter().map(|c| c.position).collect();
+    assert_eq!(all, replay, "acknowledged + resumed = the whole log, in order");
+
+    // A caught-up subscription sees new commits as they land; another name starts over.
+    let mut sub = log.subscribe("ledger").await.unwrap();
+    assert!(sub.next(10, Duration::from_millis(300)).await.unwrap().is_empty());
+    let writer = log.clone();
+    let a = aggregates[0];
+    let s = sequence[&a] + 1;
+    let append = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        writer.append(vec![event(a, s, json!("live"))]).await
+    });
+    let live = sub.next(10, Duration::from_secs(10)).await.unwrap();
+    append.await.unwrap().unwrap();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].events[0].payload, json!("live"));
+    let other = consume(&*log, "router", 51, |_| true).await;
+    assert_eq!(other.len(), 51, "each subscription has its own position");
+}
+
+/// Generates one `#[tokio::test]` per conformance check. `$fresh` is an expression
+/// that yields an [`Open`] for a new, empty store (it may `.await`).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($fresh:expr) => {
+        $crate::conformance_suite!(@tests $fresh;
+            empty_log, append_then_read, conflict_on_stale_sequence,
+            concurrent_writers_one_wins, duplicate_event_id_stored_once,
+            invalid_batches_change_nothing, large_and_non_ascii_payloads,
+            replay_returns_everything_in_order,
+            subscription_resumes_without_loss_or_reordering);
+    };
+    (@tests $fresh:expr; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let open: $crate::conformance::Open = $fresh;
+                $crate::conformance::$check(open).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,159 @@
+//! The event log: Meridian's one source of truth. [`EventLog`] is the contract every
+//! backend keeps — per-aggregate optimistic concurrency, idempotent append by event id,
+//! ordered replay, durable subscriptions that resume after a crash — and
+//! [`conformance`] is the suite that proves it. Two backends: [`nats::NatsLog`]
+//! (JetStream, production) and [`sqlite::SqliteLog`] (one file, embedded default).
+//!
+//! The unit of append is a *commit*: the events one command produced for one
+//! aggregate, stored atomically at one log position. Readers see whole commits, so a
+//! read model can apply a commit and record its position in one transaction.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use meridian_events::{AggregateRef, RawEnvelope};
+
+pub mod conformance;
+pub mod nats;
+pub mod sqlite;
+pub mod testkit;
+
+/// The largest commit (its events as JSON) every backend accepts. JetStream's default
+/// `max_payload` is 1 MiB; this leaves room for headers, and SQLite enforces the same
+/// limit so that the two backends agree on what is valid.
+pub const MAX_COMMIT_BYTES: usize = 900 * 1024;
+
+/// The events of one append, at one log position. Positions start at 1 and only grow;
+/// they may skip numbers (JetStream counts messages, not commits, per stream).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    pub position: u64,
+    pub events: Vec<RawEnvelope>,
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Stored at this position.
+    Stored { position: u64 },
+    /// These event ids were already stored (a retry); nothing new was written.
+    Duplicate { position: u64 },
+}
+
+impl Appended {
+    pub fn position(&self) -> u64 {
+        match self {
+            Appended::Stored { position } | Appended::Duplicate { position } => *position,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// Someone else appended to the aggregate first: reload it and decide again.
+    #[error("conflict on {aggregate}: expected its last sequence to be {expected}, but it is {actual}")]
+    Conflict {
+        aggregate: AggregateRef,
+        expected: u64,
+        actual: u64,
+    },
+    /// The batch itself is malformed (mixed aggregates, gaps in sequences, empty).
+    #[error("invalid append: {0}")]
+    InvalidAppend(String),
+    #[error("invalid subscription name {0:?}: use letters, digits, '-' and '_'")]
+    InvalidName(String),
+    #[error("commit of {size} bytes exceeds the log's limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    /// The backend cannot be reached now. The append's outcome is unknown (it may still
+    /// land): retry the *same* events, which idempotency makes safe.
+    #[error("event log unavailable: {0}")]
+    Unavailable(String),
+    /// Stored data that does not decode: never silently skipped.
+    #[error("corrupt record at position {position}: {message}")]
+    Corrupt { position: u64, message: String },
+    #[error("event log backend error: {0}")]
+    Backend(String),
+}
+
+impl LogError {
+    /// Whether retrying the same call later can succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LogError::Unavailable(_))
+    }
+}
+
+#[async_trait]
+pub trait EventLog: Send + Sync + 'static {
+    /// Appends the events of ONE aggregate as one atomic commit. `events[0].sequence - 1`
+    /// is the sequence the caller expects the aggregate to have now (0: a new aggregate);
+    /// the rest must follow without gaps. Fails with [`LogError::Conflict`] when the
+    /// aggregate has moved on. Appending event ids that are already stored is a no-op
+    /// that reports [`Appended::Duplicate`], however long ago they were stored.
+    async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError>;
+
+    /// One aggregate's whole history, in sequence order (empty when it has none).
+    async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError>;
+
+    /// Up to `max` commits after position `after`, in log order: the replay primitive.
+    async fn read_from(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError>;
+
+    /// The position of the last commit (0 when the log is empty).
+    async fn head(&self) -> Result<u64, LogError>;
+
+    /// Opens the durable subscription `name`, creating it at the start of the log the
+    /// first time. It resumes after the last acknowledged commit: anything delivered but
+    /// not acknowledged before a crash is delivered again, in order. One reader per name.
+    async fn subscribe(&self, name: &str) -> Result<Box<dyn Subscription>, LogError>;
+}
+
+#[async_trait]
+pub trait Subscription: Send {
+    /// The next commits, at most `max`, waiting up to `wait` for the first one.
+    /// Returns an empty batch when nothing arrived in time.
+    async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError>;
+
+    /// Acknowledges every commit up to and including `position`, durably.
+    async fn ack(&mut self, position: u64) -> Result<(), LogError>;
+}
+
+/// Checks the shape of an append and returns its aggregate and expected sequence.
+pub(crate) fn check_batch(events: &[RawEnvelope]) -> Result<(AggregateRef, u64), LogError> {
+    let first = events
+        .first()
+        .ok_or_else(|| LogError::InvalidAppend("no events to append".into()))?;
+    if first.sequence == 0 {
+        return Err(LogError::InvalidAppend(format!(
+            "event {} has sequence 0; aggregate sequences start at 1",
+            first.event_id
+        )));
+    }
+    for (i, e) in events.iter().enumerate() {
+        if e.aggregate != first.aggregate {
+            return Err(LogError::InvalidAppend(format!(
+                "one append holds one aggregate's events: {} and {}",
+                first.aggregate, e.aggregate
+            )));
+        }
+        if e.sequence != first.sequence + i as u64 {
+            return Err(LogError::InvalidAppend(format!(
+                "sequences must follow without gaps: expected {} at index {i}, got {}",
+                first.sequence + i as u64,
+                e.sequence
+            )));
+        }
+    }
+    Ok((first.aggregate, first.sequence - 1))
+}
+
+/// Subscription names become JetStream consumer names, which allow only these.
+pub(crate) fn check_name(name: &str) -> Result<(), LogError> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(LogError::InvalidName(name.to_string()));
+    }
+    Ok(())
+}

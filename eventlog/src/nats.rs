@@ -1,0 +1,474 @@
+//! The production backend: NATS JetStream (server 2.10 or newer). One stream holds the
+//! whole log; each aggregate has its own subject, `<prefix>.<kind>.<id>`, and each
+//! commit is one message whose payload is the JSON array of its envelopes.
+//!
+//! - Optimistic concurrency: `Nats-Expected-Last-Subject-Sequence` carries the stream
+//!   sequence of the aggregate's last commit. The aggregate sequence of that commit is in
+//!   the `Meridian-Last-Sequence` header; appenders remember it per aggregate, so a
+//!   steady writer pays no extra round trip.
+//! - Idempotency: `Nats-Msg-Id` is the first event's id. Inside the stream's duplicate
+//!   window the server answers a retry as a duplicate; after it, the expected-sequence
+//!   check fails and the event id is found in the aggregate's history instead.
+//! - Subscriptions are durable pull consumers with cumulative acks.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{self, pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::context::{
+    ConsumerInfoErrorKind, Context, PublishErrorKind,
+};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, StorageType};
+use async_trait::async_trait;
+use futures::StreamExt;
+use meridian_events::{AggregateRef, RawEnvelope};
+
+use crate::{check_batch, check_name, Appended, Commit, EventLog, LogError, Subscription, MAX_COMMIT_BYTES};
+
+const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
+
+/// Where and how the log lives in JetStream. Defaults suit one server; production wants
+/// `replicas: 3` (R1 file storage can lose acknowledged writes on power loss).
+#[derive(Debug, Clone)]
+pub struct NatsConfig {
+    pub url: String,
+    pub stream: String,
+    pub subject_prefix: String,
+    pub replicas: usize,
+    /// How long the server remembers message ids for de-duplication.
+    pub duplicate_window: Duration,
+    /// How long a delivered, unacknowledged commit waits before redelivery.
+    pub ack_wait: Duration,
+    /// Bound on every request to the server, so an outage surfaces as an error.
+    pub request_timeout: Duration,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            url: "nats://127.0.0.1:4222".into(),
+            stream: "MERIDIAN_EVENTS".into(),
+            subject_prefix: "meridian.events".into(),
+            replicas: 1,
+            duplicate_window: Duration::from_secs(120),
+            ack_wait: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct NatsLog {
+    js: Context,
+    stream: stream::Stream,
+    config: NatsConfig,
+    /// Aggregate → (its last aggregate sequence, that commit's stream sequence), as last
+    /// seen by this process. A stale entry only costs a conflict and a re-read.
+    last_seen: Mutex<HashMap<AggregateRef, (u64, u64)>>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> LogError {
+    LogError::Unavailable(e.to_string())
+}
+
+fn decode_commit(position: u64, payload: &[u8]) -> Result<Vec<RawEnvelope>, LogError> {
+    serde_json::from_slice(payload).map_err(|e| LogError::Corrupt {
+        position,
+        message: e.to_string(),
+    })
+}
+
+impl NatsLog {
+    /// Connects and creates the stream when it does not exist yet.
+    pub async fn connect(config: NatsConfig) -> Result<NatsLog, LogError> {
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(config.request_timeout)
+            .request_timeout(Some(config.request_timeout))
+            .connect(&config.url)
+            .await
+            .map_err(|e| LogError::Unavailable(format!("cannot connect to {}: {e}", config.url)))?;
+        let js = async_nats::jetstream::ContextBuilder::new()
+            .timeout(config.request_timeout)
+            .build(client);
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: config.stream.clone(),
+                subjects: vec![format!("{}.>", config.subject_prefix)],
+                storage: StorageType::File,
+                num_replicas: config.replicas,
+                duplicate_window: config.duplicate_window,
+                allow_direct: true,
+                deny_delete: true,
+                deny_purge: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                LogError::Unavailable(format!("cannot create stream {}: {e}", config.stream))
+            })?;
+        Ok(NatsLog {
+            js,
+            stream,
+            config,
+            last_seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn subject(&self, aggregate: AggregateRef) -> String {
+        format!(
+            "{}.{}.{}",
+            self.config.subject_prefix, aggregate.kind, aggregate.id
+        )
+    }
+
+    fn remember(&self, aggregate: AggregateRef, sequence: u64, position: u64) {
+        let mut seen = self.last_seen.lock().expect("last_seen poisoned");
+        // Bounded: forgetting only costs one lookup on the aggregate's next append.
+        if seen.len() >= 100_000 {
+            seen.clear();
+        }
+        seen.insert(aggregate, (sequence, position));
+    }
+
+    fn forget(&self, aggregate: AggregateRef) {
+        self.last_seen
+            .lock()
+            .expect("last_seen poisoned")
+            .remove(&aggregate);
+    }
+
+    /// The aggregate's last (aggregate sequence, stream sequence), or None if it has none.
+    async fn last_of(&self, aggregate: AggregateRef) -> Result<Option<(u64, u64)>, LogError> {
+        match self
+            .stream
+            .get_last_raw_message_by_subject(&self.subject(aggregate))
+            .await
+        {
+            Ok(msg) => {
+                let sequence = msg
+                    .headers
+                    .get(LAST_SEQUENCE_HEADER)
+                    .and_then(|v| v.as_str().parse::<u64>().ok())
+                    .ok_or_else(|| LogError::Corrupt {
+                        position: msg.sequence,
+                        message: format!("missing {LAST_SEQUENCE_HEADER} header"),
+                    })?;
+                Ok(Some((sequence, msg.sequence)))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// After a failed expected-sequence check: either these events are already stored (a
+    /// retry past the duplicate window) or someone else moved the aggregate on.
+    async fn conflict_or_duplicate(
+        &self,
+        aggregate: AggregateRef,
+        expected: u64,
+        first: &RawEnvelope,
+    ) -> Result<Appended, LogError> {
+        let history = self.read_commits(aggregate).await?;
+        for commit in &history {
+            if commit.events.iter().any(|e| e.event_id == first.event_id) {
+                return Ok(Appended::Duplicate {
+                    position: commit.position,
+                });
+            }
+        }
+        let actual = history
+            .last()
+            .and_then(|c| c.events.last())
+            .map_or(0, |e| e.sequence);
+        if let Some(last) = history.last() {
+            self.remember(aggregate, actual, last.position);
+        }
+        Err(LogError::Conflict {
+            aggregate,
+            expected,
+            actual,
+        })
+    }
+
+    /// Reads messages from an ordered consumer until the one at `last` (inclusive) or
+    /// `max` of them, whichever comes first.
+    async fn read_ordered(
+        &self,
+        filter_subject: String,
+        start: u64,
+        last: u64,
+        max: usize,
+    ) -> Result<Vec<Commit>, LogError> {
+        let consumer = self
+            .stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject,
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: start.max(1),
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(unavailable)?;
+        let mut messages = consumer.messages().await.map_err(unavailable)?;
+        let mut commits = Vec::new();
+        while commits.len() < max {
+            let next = tokio::time::timeout(self.config.request_timeout, messages.next())
+                .await
+                .map_err(|_| LogError::Unavailable("timed out reading the stream".into()))?;
+            let msg = match next {
+                Some(Ok(msg)) => msg,
+                Some(Err(e)) => return Err(unavailable(e)),
+                None => break,
+            };
+            let position = msg.info().map_err(unavailable)?.stream_sequence;
+            commits.push(Commit {
+                position,
+                events: decode_commit(position, &msg.payload)?,
+            });
+            if position >= last {
+                break;
+            }
+        }
+        Ok(commits)
+    }
+
+    async fn read_commits(&self, aggregate: AggregateRef) -> Result<Vec<Commit>, LogError> {
+        let Some((_, last)) = self.last_of(aggregate).await? else {
+            return Ok(Vec::new());
+        };
+        self.read_ordered(self.subject(aggregate), 1, last, usize::MAX)
+            .await
+    }
+}
+
+#[async_trait]
+impl EventLog for NatsLog {
+    async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError> {
+        let (aggregate, expected) = check_batch(&events)?;
+        let payload =
+            serde_json::to_vec(&events).map_err(|e| LogError::InvalidAppend(e.to_string()))?;
+        if payload.len() > MAX_COMMIT_BYTES {
+            return Err(LogError::TooLarge {
+                size: payload.len(),
+                limit: MAX_COMMIT_BYTES,
+            });
+        }
+        let last_sequence = expected + events.len() as u64;
+
+        let expected_position = if expected == 0 {
+            0
+        } else {
+            let cached = self
+                .last_seen
+                .lock()
+                .expect("last_seen poisoned")
+                .get(&aggregate)
+                .copied();
+            match cached {
+                Some((sequence, position)) if sequence == expected => position,
+                _ => match self.last_of(aggregate).await? {
+                    Some((sequence, position)) if sequence == expected => position,
+                    _ => {
+                        return self
+                            .conflict_or_duplicate(aggregate, expected, &events[0])
+                            .await
+                    }
+                },
+            }
+        };
+
+        let mut publish = PublishMessage::build()
+            .payload(payload.into())
+            .message_id(events[0].event_id.to_string())
+            .expected_last_subject_sequence(expected_position)
+            .header(LAST_SEQUENCE_HEADER, last_sequence.to_string().as_str());
+        if let Some(tp) = &events[0].traceparent {
+            publish = publish.header("traceparent", tp.as_str());
+        }
+        let ack = match self.js.send_publish(self.subject(aggregate), publish).await {
+            Ok(future) => future.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(ack) if ack.duplicate => Ok(Appended::Duplicate {
+                position: ack.sequence,
+            }),
+            Ok(ack) => {
+                self.remember(aggregate, last_sequence, ack.sequence);
+                Ok(Appended::Stored {
+                    position: ack.sequence,
+                })
+            }
+            Err(e) => match e.kind() {
+                PublishErrorKind::WrongLastSequence => {
+                    self.forget(aggregate);
+                    self.conflict_or_duplicate(aggregate, expected, &events[0])
+                        .await
+                }
+                // 10164 is the same conflict reported without the sequence.
+                PublishErrorKind::Other if e.to_string().contains("wrong last sequence") => {
+                    self.forget(aggregate);
+                    self.conflict_or_duplicate(aggregate, expected, &events[0])
+                        .await
+                }
+                PublishErrorKind::MaxPayloadExceeded => Err(LogError::TooLarge {
+                    size: events.iter().map(|e| e.payload.to_string().len()).sum(),
+                    limit: MAX_COMMIT_BYTES,
+                }),
+                PublishErrorKind::StreamNotFound => Err(LogError::Backend(format!(
+                    "no stream {} takes subject {}",
+                    self.config.stream,
+                    self.subject(aggregate)
+                ))),
+                _ => Err(unavailable(e)),
+            },
+        }
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {
+        Ok(self
+            .read_commits(aggregate)
+            .await?
+            .into_iter()
+            .flat_map(|c| c.events)
+            .collect())
+    }
+
+    async fn read_from(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError> {
+        let head = self.head().await?;
+        if after >= head || max == 0 {
+            return Ok(Vec::new());
+        }
+        self.read_ordered(String::new(), after + 1, head, max).await
+    }
+
+    async fn head(&self) -> Result<u64, LogError> {
+        let mut stream = self.stream.clone();
+        let info = stream.info().await.map_err(unavailable)?;
+        Ok(info.state.last_sequence)
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Box<dyn Subscription>, LogError> {
+        check_name(name)?;
+        let config = |deliver_policy| pull::Config {
+            durable_name: Some(name.to_string()),
+            ack_policy: AckPolicy::All,
+            ack_wait: self.config.ack_wait,
+            max_ack_pending: 20_000,
+            deliver_policy,
+            ..Default::default()
+        };
+        let start = match self.stream.consumer_info(name).await {
+            // Commits delivered but never acknowledged belong to a reader that died.
+            // Waiting out ack_wait would let newer commits overtake them, so rewind the
+            // durable to its ack floor and deliver them again, in order, at once.
+            Ok(info) if info.delivered.stream_sequence > info.ack_floor.stream_sequence => {
+                self.stream
+                    .delete_consumer(name)
+                    .await
+                    .map_err(unavailable)?;
+                Some(info.ack_floor.stream_sequence + 1)
+            }
+            Ok(_) => None,
+            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => Some(1),
+            Err(e) => return Err(unavailable(e)),
+        };
+        let consumer: consumer::Consumer<pull::Config> = match start {
+            Some(start_sequence) => self
+                .stream
+                .create_consumer(config(DeliverPolicy::ByStartSequence { start_sequence }))
+                .await
+                .map_err(unavailable)?,
+            None => self
+                .stream
+                .get_consumer(name)
+                .await
+                .map_err(unavailable)?,
+        };
+        Ok(Box::new(NatsSubscription {
+            consumer,
+            unacked: VecDeque::new(),
+        }))
+    }
+}
+
+struct NatsSubscription {
+    consumer: consumer::Consumer<pull::Config>,
+    /// Delivered, not yet acknowledged, in position order.
+    unacked: VecDeque<(u64, async_nats::jetstream::Message)>,
+}
+
+impl NatsSubscription {
+    async fn take(
+        &mut self,
+        mut batch: impl futures::Stream<Item = Result<async_nats::jetstream::Message, impl std::fmt::Display>>
+            + Unpin,
+        out: &mut Vec<Commit>,
+    ) -> Result<(), LogError> {
+        while let Some(msg) = batch.next().await {
+            let msg = msg.map_err(unavailable)?;
+            let position = msg.info().map_err(unavailable)?.stream_sequence;
+            out.push(Commit {
+                position,
+                events: decode_commit(position, &msg.payload)?,
+            });
+            self.unacked.push_back((position, msg));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Subscription for NatsSubscription {
+    async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
+        let max = max.max(1);
+        let mut out = Vec::new();
+        // What is there now, without waiting...
+        let ready = self
+            .consumer
+            .fetch()
+            .max_messages(max)
+            .messages()
+            .await
+            .map_err(unavailable)?;
+        self.take(ready, &mut out).await?;
+        if !out.is_empty() || wait.is_zero() {
+            return Ok(out);
+        }
+        // ...else wait for the first commit, then take whatever followed it.
+        let first = self
+            .consumer
+            .batch()
+            .max_messages(1)
+            .expires(wait.max(Duration::from_millis(100)))
+            .messages()
+            .await
+            .map_err(unavailable)?;
+        self.take(first, &mut out).await?;
+        if !out.is_empty() && max > 1 {
+            let rest = self
+                .consumer
+                .fetch()
+                .max_messages(max - 1)
+                .messages()
+                .await
+                .map_err(unavailable)?;
+            self.take(rest, &mut out).await?;
+        }
+        Ok(out)
+    }
+
+    async fn ack(&mut self, position: u64) -> Result<(), LogError> {
+        // Acks are cumulative (AckPolicy::All): acknowledging the newest delivered commit
+        // at or below `position` acknowledges everything before it.
+        let Some(index) = self.unacked.iter().rposition(|(p, _)| *p <= position) else {
+            return Ok(());
+        };
+        let (_, msg) = &self.unacked[index];
+        msg.double_ack().await.map_err(unavailable)?;
+        self.unacked.drain(..=index);
+        Ok(())
+    }
+}

@@ -1,0 +1,300 @@
+//! The embedded backend: one SQLite file, no server. Appends run in `BEGIN IMMEDIATE`
+//! transactions so the expected-sequence check and the insert are one atomic step, and
+//! every commit is fsynced (`synchronous=FULL`): an acknowledged append survives a crash.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use meridian_events::{AggregateRef, RawEnvelope};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use tokio::sync::Notify;
+
+use crate::{check_batch, check_name, Appended, Commit, EventLog, LogError, Subscription, MAX_COMMIT_BYTES};
+
+/// How often a waiting subscription looks for commits written by another process.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS events (
+    position       INTEGER NOT NULL,
+    idx            INTEGER NOT NULL,
+    event_id       TEXT    NOT NULL UNIQUE,
+    aggregate_kind TEXT    NOT NULL,
+    aggregate_id   TEXT    NOT NULL,
+    sequence       INTEGER NOT NULL,
+    envelope       TEXT    NOT NULL,
+    PRIMARY KEY (position, idx),
+    UNIQUE (aggregate_kind, aggregate_id, sequence)
+);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    name     TEXT    PRIMARY KEY,
+    position INTEGER NOT NULL
+);
+";
+
+#[derive(Clone)]
+pub struct SqliteLog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: SqlitePool,
+    /// Wakes this process's subscriptions when it appends.
+    appended: Notify,
+}
+
+fn backend(e: sqlx::Error) -> LogError {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => LogError::Unavailable(e.to_string()),
+        other => LogError::Backend(other.to_string()),
+    }
+}
+
+impl SqliteLog {
+    /// Opens (creating if needed) the log at `path`, e.g. `meridian-data/events.sqlite`.
+    pub async fn open(path: &Path) -> Result<SqliteLog, LogError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                LogError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+            .map_err(backend)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(|e| LogError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        sqlx::raw_sql(SCHEMA).execute(&pool).await.map_err(backend)?;
+        Ok(SqliteLog {
+            inner: Arc::new(Inner {
+                pool,
+                appended: Notify::new(),
+            }),
+        })
+    }
+
+    /// The position at which `event_id` is stored, if it is.
+    async fn position_of(
+        conn: &mut sqlx::SqliteConnection,
+        event_id: &uuid::Uuid,
+    ) -> Result<Option<u64>, LogError> {
+        let row = sqlx::query("SELECT position FROM events WHERE event_id = ?")
+            .bind(event_id.to_string())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(backend)?;
+        Ok(row.map(|r| r.get::<i64, _>(0) as u64))
+    }
+}
+
+fn decode(position: u64, text: &str) -> Result<RawEnvelope, LogError> {
+    serde_json::from_str(text).map_err(|e| LogError::Corrupt {
+        position,
+        message: e.to_string(),
+    })
+}
+
+#[async_trait]
+impl EventLog for SqliteLog {
+    async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError> {
+        let (aggregate, expected) = check_batch(&events)?;
+        let encoded = events
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| LogError::InvalidAppend(e.to_string()))?;
+        let size: usize = encoded.iter().map(|s| s.len() + 1).sum::<usize>() + 1;
+        if size > MAX_COMMIT_BYTES {
+            return Err(LogError::TooLarge {
+                size,
+                limit: MAX_COMMIT_BYTES,
+            });
+        }
+
+        let mut tx = self
+            .inner
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(backend)?;
+
+        // A retry of an append that already landed is answered, not re-applied.
+        let mut stored = Vec::with_capacity(events.len());
+        for e in &events {
+            stored.push(Self::position_of(&mut tx, &e.event_id).await?);
+        }
+        if let Some(Some(position)) = stored.first() {
+            if stored.iter().all(|p| p.is_some()) {
+                return Ok(Appended::Duplicate {
+                    position: *position,
+                });
+            }
+        }
+        if let Some(i) = stored.iter().position(|p| p.is_some()) {
+            return Err(LogError::InvalidAppend(format!(
+                "event {} is already stored but the rest of this batch is not",
+                events[i].event_id
+            )));
+        }
+
+        let kind = aggregate.kind.as_str();
+        let id = aggregate.id.to_string();
+        let actual: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE aggregate_kind = ? AND aggregate_id = ?",
+        )
+        .bind(kind)
+        .bind(&id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if actual as u64 != expected {
+            return Err(LogError::Conflict {
+                aggregate,
+                expected,
+                actual: actual as u64,
+            });
+        }
+
+        let position: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) + 1 FROM events")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        for (idx, (event, text)) in events.iter().zip(&encoded).enumerate() {
+            sqlx::query(
+                "INSERT INTO events (position, idx, event_id, aggregate_kind, aggregate_id, sequence, envelope)
+                 VALUES (?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(position)
+            .bind(idx as i64)
+            .bind(event.event_id.to_string())
+            .bind(kind)
+            .bind(&id)
+            .bind(event.sequence as i64)
+            .bind(text)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)?;
+        self.inner.appended.notify_waiters();
+        Ok(Appended::Stored {
+            position: position as u64,
+        })
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {
+        let rows = sqlx::query(
+            "SELECT position, envelope FROM events WHERE aggregate_kind = ? AND aggregate_id = ? ORDER BY sequence",
+        )
+        .bind(aggregate.kind.as_str())
+        .bind(aggregate.id.to_string())
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(backend)?;
+        rows.iter()
+            .map(|r| decode(r.get::<i64, _>(0) as u64, r.get(1)))
+            .collect()
+    }
+
+    async fn read_from(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError> {
+        // Positions are dense here (each commit takes MAX + 1), so a range is a page.
+        let rows = sqlx::query(
+            "SELECT position, envelope FROM events WHERE position > ? AND position <= ? ORDER BY position, idx",
+        )
+        .bind(after as i64)
+        .bind(after.saturating_add(max as u64).min(i64::MAX as u64) as i64)
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(backend)?;
+        let mut commits: Vec<Commit> = Vec::new();
+        for row in rows {
+            let position = row.get::<i64, _>(0) as u64;
+            let envelope = decode(position, row.get(1))?;
+            match commits.last_mut() {
+                Some(c) if c.position == position => c.events.push(envelope),
+                _ => commits.push(Commit {
+                    position,
+                    events: vec![envelope],
+                }),
+            }
+        }
+        Ok(commits)
+    }
+
+    async fn head(&self) -> Result<u64, LogError> {
+        let head: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) FROM events")
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(backend)?;
+        Ok(head as u64)
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Box<dyn Subscription>, LogError> {
+        check_name(name)?;
+        sqlx::query("INSERT OR IGNORE INTO subscriptions (name, position) VALUES (?, 0)")
+            .bind(name)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(backend)?;
+        let acked: i64 = sqlx::query_scalar("SELECT position FROM subscriptions WHERE name = ?")
+            .bind(name)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(backend)?;
+        Ok(Box::new(SqliteSubscription {
+            log: self.clone(),
+            name: name.to_string(),
+            delivered: acked as u64,
+        }))
+    }
+}
+
+struct SqliteSubscription {
+    log: SqliteLog,
+    name: String,
+    /// Position of the last commit handed out (acknowledged or not).
+    delivered: u64,
+}
+
+#[async_trait]
+impl Subscription for SqliteSubscription {
+    async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Register for the wake-up before reading, so an append in between is not missed.
+            let appended = self.log.inner.appended.notified();
+            tokio::pin!(appended);
+            appended.as_mut().enable();
+            let commits = self.log.read_from(self.delivered, max.max(1)).await?;
+            if let Some(last) = commits.last() {
+                self.delivered = last.position;
+                return Ok(commits);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            let nap = (deadline - now).min(POLL_INTERVAL);
+            let _ = tokio::time::timeout(nap, appended).await;
+        }
+    }
+
+    async fn ack(&mut self, position: u64) -> Result<(), LogError> {
+        sqlx::query("UPDATE subscriptions SET position = MAX(position, ?) WHERE name = ?")
+            .bind(position as i64)
+            .bind(&self.name)
+            .execute(&self.log.inner.pool)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+}

