@@ -318,6 +318,37 @@ pub async fn subscription_resumes_without_loss_or_reordering(open: Open) {
     assert_eq!(other.len(), 51, "each subscription has its own position");
 }
 
+pub async fn tail_follows_from_a_position(open: Open) {
+    let log = open().await;
+    let a = workflow();
+    let mut positions = Vec::new();
+    for s in 1..=5 {
+        positions.push(append_ok(&*log, vec![event(a, s, json!(s))]).await);
+    }
+    // From the middle: exactly what came after, in order; and live appends as they land.
+    let mut tail = log.tail(positions[2]).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let batch = tail.next(10, Duration::from_secs(5)).await.unwrap();
+        assert!(!batch.is_empty(), "the tail delivers what is there");
+        got.extend(batch.into_iter().map(|c| c.position));
+    }
+    assert_eq!(got, positions[3..].to_vec());
+    assert!(tail.next(10, Duration::from_millis(200)).await.unwrap().is_empty());
+    let p6 = append_ok(&*log, vec![event(a, 6, json!(6))]).await;
+    let live = tail.next(10, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(live.iter().map(|c| c.position).collect::<Vec<_>>(), vec![p6]);
+    // A tail keeps no position: a new one from 0 sees everything again.
+    let mut again = log.tail(0).await.unwrap();
+    let mut all = Vec::new();
+    while all.len() < 6 {
+        let batch = again.next(10, Duration::from_secs(5)).await.unwrap();
+        assert!(!batch.is_empty());
+        all.extend(batch);
+    }
+    assert_eq!(all.len(), 6);
+}
+
 /// Generates one `#[tokio::test]` per conformance check. `$fresh` is an expression
 /// that yields an [`Open`] for a new, empty store (it may `.await`).
 #[macro_export]
@@ -328,7 +359,8 @@ macro_rules! conformance_suite {
             concurrent_writers_one_wins, duplicate_event_id_stored_once,
             invalid_batches_change_nothing, large_and_non_ascii_payloads,
             replay_returns_everything_in_order,
-            subscription_resumes_without_loss_or_reordering);
+            subscription_resumes_without_loss_or_reordering,
+            tail_follows_from_a_position);
     };
     (@tests $fresh:expr; $($check:ident),*) => {
         $(

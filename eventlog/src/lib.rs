@@ -104,6 +104,11 @@ pub trait EventLog: Send + Sync + 'static {
     /// first time. It resumes after the last acknowledged commit: anything delivered but
     /// not acknowledged before a crash is delivered again, in order. One reader per name.
     async fn subscribe(&self, name: &str) -> Result<Box<dyn Subscription>, LogError>;
+
+    /// Follows the log from just after position `after`, remembering nothing: for readers
+    /// that keep their own position (read models store it with their rows). `ack` is a
+    /// no-op on a tail.
+    async fn tail(&self, after: u64) -> Result<Box<dyn Subscription>, LogError>;
 }
 
 #[async_trait]

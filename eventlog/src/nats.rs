@@ -392,6 +392,70 @@ impl EventLog for NatsLog {
             unacked: VecDeque::new(),
         }))
     }
+
+    async fn tail(&self, after: u64) -> Result<Box<dyn Subscription>, LogError> {
+        let consumer = self
+            .stream
+            .create_consumer(pull::OrderedConfig {
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: after + 1,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(unavailable)?;
+        let messages = consumer.messages().await.map_err(unavailable)?;
+        Ok(Box::new(NatsTail {
+            messages: Box::pin(messages),
+            after,
+        }))
+    }
+}
+
+/// An ordered consumer: the client recreates it on gaps or server restarts, resuming
+/// after the last message it delivered.
+struct NatsTail {
+    messages: std::pin::Pin<Box<pull::Ordered>>,
+    after: u64,
+}
+
+#[async_trait]
+impl Subscription for NatsTail {
+    async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + wait;
+        while out.len() < max.max(1) {
+            // Wait for the first commit; after that take only what is already there.
+            let limit = if out.is_empty() {
+                deadline.saturating_duration_since(tokio::time::Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            let next = match tokio::time::timeout(limit, self.messages.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            };
+            let msg = match next {
+                Some(Ok(msg)) => msg,
+                Some(Err(e)) => return Err(unavailable(e)),
+                None => return Err(LogError::Unavailable("the tail's consumer ended".into())),
+            };
+            let position = msg.info().map_err(unavailable)?.stream_sequence;
+            if position <= self.after {
+                continue;
+            }
+            self.after = position;
+            out.push(Commit {
+                position,
+                events: decode_commit(position, &msg.payload)?,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn ack(&mut self, _position: u64) -> Result<(), LogError> {
+        Ok(())
+    }
 }
 
 struct NatsSubscription {

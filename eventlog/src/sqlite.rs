@@ -252,15 +252,24 @@ impl EventLog for SqliteLog {
             .map_err(backend)?;
         Ok(Box::new(SqliteSubscription {
             log: self.clone(),
-            name: name.to_string(),
+            name: Some(name.to_string()),
             delivered: acked as u64,
+        }))
+    }
+
+    async fn tail(&self, after: u64) -> Result<Box<dyn Subscription>, LogError> {
+        Ok(Box::new(SqliteSubscription {
+            log: self.clone(),
+            name: None,
+            delivered: after,
         }))
     }
 }
 
 struct SqliteSubscription {
     log: SqliteLog,
-    name: String,
+    /// None for a tail, which keeps no position.
+    name: Option<String>,
     /// Position of the last commit handed out (acknowledged or not).
     delivered: u64,
 }
@@ -289,9 +298,12 @@ impl Subscription for SqliteSubscription {
     }
 
     async fn ack(&mut self, position: u64) -> Result<(), LogError> {
+        let Some(name) = &self.name else {
+            return Ok(());
+        };
         sqlx::query("UPDATE subscriptions SET position = MAX(position, ?) WHERE name = ?")
             .bind(position as i64)
-            .bind(&self.name)
+            .bind(name)
             .execute(&self.log.inner.pool)
             .await
             .map_err(backend)?;
