@@ -1,0 +1,324 @@
+//! Where read models live, and how they are kept up to date. A [`Store`] is one
+//! database — a SQLite file when embedded, PostgreSQL when distributed — reached through
+//! sqlx's `Any` driver so each read model writes its SQL once. A [`Projection`] folds
+//! commits of the log into its tables; [`run`] applies them and records the position it
+//! has reached **in the same transaction** as the rows, so a crash or a redelivery
+//! never applies a commit twice and a rebuild is a replay from position 0.
+//!
+//! SQL written for both: `$1`-style parameters in increasing order, `BIGINT`/`TEXT`
+//! columns (money and times as exact text), `INSERT … ON CONFLICT … DO NOTHING/UPDATE`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use meridian_eventlog::{Commit, EventLog, LogError};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+use tokio::sync::watch;
+
+pub type Tx = sqlx::Transaction<'static, sqlx::Any>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// An event the projection cannot make sense of: stops the projection rather than
+    /// skipping a fact silently.
+    #[error("projection {projection} cannot apply position {position}: {message}")]
+    Apply {
+        projection: String,
+        position: u64,
+        message: String,
+    },
+    #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
+    UnsupportedUrl(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+const POSITIONS: &str = "CREATE TABLE IF NOT EXISTS projection_positions (
+    name TEXT PRIMARY KEY,
+    position BIGINT NOT NULL
+)";
+
+impl Store {
+    /// Connects to `sqlite://PATH` (created if missing) or `postgres://…`.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(StoreError::UnsupportedUrl(url.to_string()));
+        };
+        let url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}mode=rwc")
+            }
+            _ => url.to_string(),
+        };
+        if backend == Backend::Sqlite {
+            if let Some(dir) = std::path::Path::new(
+                url.trim_start_matches("sqlite://")
+                    .split('?')
+                    .next()
+                    .unwrap_or_default(),
+            )
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            {
+                std::fs::create_dir_all(dir).map_err(|e| StoreError::Database(e.into()))?;
+            }
+        }
+        let pool = AnyPoolOptions::new()
+            .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        for pragma in [
+                            "PRAGMA journal_mode=WAL",
+                            "PRAGMA busy_timeout=10000",
+                            "PRAGMA synchronous=FULL",
+                        ] {
+                            sqlx::query(pragma).execute(&mut *conn).await?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .connect(&url)
+            .await?;
+        sqlx::query(POSITIONS).execute(&pool).await?;
+        Ok(Store { pool, backend })
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Creates a projection's tables (each statement must be idempotent).
+    pub async fn migrate(&self, statements: &[&str]) -> Result<(), StoreError> {
+        for statement in statements {
+            sqlx::query(statement).execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    /// The last position `projection` has applied (0: none).
+    pub async fn position(&self, projection: &str) -> Result<u64, StoreError> {
+        let row: Option<AnyRow> =
+            sqlx::query("SELECT position FROM projection_positions WHERE name = $1")
+                .bind(projection)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map_or(0, |r| r.get::<i64, _>(0) as u64))
+    }
+
+    /// Drops a projection's tables and position, so the next run rebuilds it from the log.
+    pub async fn reset(&self, projection: &dyn Projection) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for table in projection.tables() {
+            sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("DELETE FROM projection_positions WHERE name = $1")
+            .bind(projection.name())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Records `position` for `projection` inside the caller's transaction.
+async fn save_position(tx: &mut Tx, projection: &str, position: u64) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO projection_positions (name, position) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET position = excluded.position",
+    )
+    .bind(projection)
+    .bind(position as i64)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// A read model: tables, and how a commit changes them.
+#[async_trait]
+pub trait Projection: Send + Sync {
+    /// Unique among projections; keys its position.
+    fn name(&self) -> &'static str;
+    /// Idempotent `CREATE TABLE IF NOT EXISTS …` / `CREATE INDEX IF NOT EXISTS …`.
+    fn schema(&self) -> &'static [&'static str];
+    /// Tables dropped by a rebuild.
+    fn tables(&self) -> &'static [&'static str];
+    /// Applies one commit inside `tx`; the runner commits it with the new position.
+    async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError>;
+}
+
+/// How many commits one transaction applies at most.
+const BATCH: usize = 256;
+
+/// Applies one batch of commits and their position atomically; returns the new position.
+async fn apply_batch(
+    store: &Store,
+    projection: &dyn Projection,
+    commits: &[Commit],
+) -> Result<u64, StoreError> {
+    let mut tx = store.pool.begin().await?;
+    // Re-read the position inside the transaction: another runner of the same
+    // projection (a second replica) may have applied these commits meanwhile.
+    let row: Option<AnyRow> =
+        sqlx::query("SELECT position FROM projection_positions WHERE name = $1")
+            .bind(projection.name())
+            .fetch_optional(&mut *tx)
+            .await?;
+    let applied = row.map_or(0, |r| r.get::<i64, _>(0) as u64);
+    let mut last = applied;
+    for commit in commits.iter().filter(|c| c.position > applied) {
+        projection.apply(&mut tx, commit).await?;
+        last = commit.position;
+    }
+    if last > applied {
+        save_position(&mut tx, projection.name(), last).await?;
+    }
+    tx.commit().await?;
+    Ok(last)
+}
+
+/// Applies everything up to the log's head now, then returns the position reached.
+pub async fn catch_up(
+    store: &Store,
+    log: &dyn EventLog,
+    projection: &dyn Projection,
+) -> Result<u64, StoreError> {
+    store.migrate(projection.schema()).await?;
+    let mut position = store.position(projection.name()).await?;
+    loop {
+        let commits = log.read_from(position, BATCH).await?;
+        if commits.is_empty() {
+            return Ok(position);
+        }
+        position = apply_batch(store, projection, &commits).await?;
+    }
+}
+
+/// Keeps `projection` up to date until `shutdown` turns true. Transient log errors are
+/// retried with backoff; anything else stops the projection with its error.
+pub async fn run(
+    store: Store,
+    log: &dyn EventLog,
+    projection: &dyn Projection,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), StoreError> {
+    store.migrate(projection.schema()).await?;
+    let mut backoff = Duration::from_millis(100);
+    'reconnect: loop {
+        let position = store.position(projection.name()).await?;
+        let mut tail = match log.tail(position).await {
+            Ok(tail) => tail,
+            Err(e) if e.is_transient() => {
+                tracing::warn!(projection = projection.name(), error = %e, "log unavailable; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => return Ok(()),
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue 'reconnect;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let commits = tokio::select! {
+                next = tail.next(BATCH, Duration::from_secs(1)) => next,
+                _ = shutdown.changed() => return Ok(()),
+            };
+            match commits {
+                Ok(commits) if commits.is_empty() => {}
+                Ok(commits) => {
+                    apply_batch(&store, projection, &commits).await?;
+                    backoff = Duration::from_millis(100);
+                }
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(projection = projection.name(), error = %e, "log unavailable; retrying");
+                    continue 'reconnect;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Text helpers for columns that hold exact values.
+pub mod text {
+    /// Reads an optional TEXT column (NULL → None).
+    pub fn opt(row: &sqlx::any::AnyRow, column: &str) -> Option<String> {
+        use sqlx::Row;
+        row.try_get::<Option<String>, _>(column).ok().flatten()
+    }
+}
+
+/// Databases for tests: a fresh PostgreSQL database per test, on the server named by
+/// `MERIDIAN_TEST_POSTGRES` (default: the local one, trust auth).
+pub mod testing {
+    use sqlx::Connection;
+
+    pub fn admin_url() -> String {
+        std::env::var("MERIDIAN_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+    }
+
+    /// Creates an empty database and returns its URL.
+    pub async fn fresh_postgres() -> Result<String, sqlx::Error> {
+        let admin = admin_url();
+        let mut conn = sqlx::PgConnection::connect(&admin).await?;
+        let name = format!("meridian_test_{}", uuid_like());
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await?;
+        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+        Ok(format!("{base}/{name}"))
+    }
+
+    /// Drops a database made by [`fresh_postgres`] (best effort).
+    pub async fn drop_postgres(url: &str) {
+        let Some((_, name)) = url.rsplit_once('/') else {
+            return;
+        };
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&mut conn)
+                .await;
+        }
+    }
+
+    fn uuid_like() -> String {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{nanos:x}_{}", std::process::id())
+    }
+}
