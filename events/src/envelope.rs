@@ -165,7 +165,10 @@ impl<P> Envelope<P> {
         }
     }
 
-    pub fn try_map_payload<Q, E>(self, f: impl FnOnce(P) -> Result<Q, E>) -> Result<Envelope<Q>, E> {
+    pub fn try_map_payload<Q, E>(
+        self,
+        f: impl FnOnce(P) -> Result<Q, E>,
+    ) -> Result<Envelope<Q>, E> {
         let Envelope {
             event_id,
             aggregate,

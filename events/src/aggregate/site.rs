@@ -1,0 +1,280 @@
+//! The Site aggregate: a federated site's registration, prices, health and drain flag.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+
+use super::Aggregate;
+use crate::envelope::AggregateKind;
+use crate::money::{ComputePricing, PriceSheet};
+use crate::vocabulary::site::Capacity;
+use crate::vocabulary::{SiteEvent, SiteKind};
+
+#[derive(Debug, Clone)]
+pub enum SiteCommand {
+    /// Registers the site, with its first price sheet when given.
+    Register {
+        name: String,
+        kind: SiteKind,
+        region: String,
+        jurisdiction: String,
+        credentials_secret: Option<String>,
+        labels: BTreeMap<String, String>,
+        prices: Option<PriceSheet>,
+    },
+    ChangePrices {
+        prices: PriceSheet,
+    },
+    /// Stamped with `now` as the observation time.
+    ReportHealth {
+        healthy: bool,
+        capacity: Capacity,
+        message: Option<String>,
+    },
+    Drain {
+        by: String,
+        reason: Option<String>,
+    },
+    Undrain {
+        by: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SiteError {
+    #[error("the site is already registered")]
+    AlreadyRegistered,
+    #[error("the site is not registered")]
+    NotRegistered,
+    #[error("a site needs a name")]
+    EmptyName,
+    #[error("prices effective from {proposed} precede those in force since {current}")]
+    PricesPredateCurrent {
+        current: DateTime<Utc>,
+        proposed: DateTime<Utc>,
+    },
+    #[error("invalid price sheet: {reason}")]
+    InvalidPrices { reason: String },
+    #[error("the site is already drained")]
+    AlreadyDrained,
+    #[error("the site is not drained")]
+    NotDrained,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthReport {
+    pub healthy: bool,
+    pub capacity: Capacity,
+    pub message: Option<String>,
+    pub observed_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Site {
+    registered: bool,
+    name: String,
+    kind: Option<SiteKind>,
+    region: String,
+    jurisdiction: String,
+    /// Every sheet in log order; effective dates never go backwards.
+    prices: Vec<PriceSheet>,
+    health: Option<HealthReport>,
+    drained: bool,
+}
+
+impl Site {
+    pub fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn kind(&self) -> Option<SiteKind> {
+        self.kind
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    pub fn jurisdiction(&self) -> &str {
+        &self.jurisdiction
+    }
+
+    /// The latest price sheet, which may take effect only in the future.
+    pub fn latest_prices(&self) -> Option<&PriceSheet> {
+        self.prices.last()
+    }
+
+    /// The price sheet in force at `at`: the latest one effective by then.
+    pub fn prices_at(&self, at: DateTime<Utc>) -> Option<&PriceSheet> {
+        self.prices.iter().rev().find(|p| p.effective_from <= at)
+    }
+
+    pub fn health(&self) -> Option<&HealthReport> {
+        self.health.as_ref()
+    }
+
+    pub fn is_drained(&self) -> bool {
+        self.drained
+    }
+
+    fn registered(&self) -> Result<(), SiteError> {
+        if self.registered {
+            Ok(())
+        } else {
+            Err(SiteError::NotRegistered)
+        }
+    }
+
+    fn check_prices(&self, prices: &PriceSheet) -> Result<(), SiteError> {
+        if let Some(current) = self.prices.last() {
+            if prices.effective_from < current.effective_from {
+                return Err(SiteError::PricesPredateCurrent {
+                    current: current.effective_from,
+                    proposed: prices.effective_from,
+                });
+            }
+        }
+        let invalid = |reason: String| Err(SiteError::InvalidPrices { reason });
+        let mut offers = BTreeSet::new();
+        for offer in &prices.compute {
+            if !offers.insert(offer.offer.as_str()) {
+                return invalid(format!("offer {:?} is listed twice", offer.offer));
+            }
+            let amounts: &[Decimal] = match &offer.pricing {
+                ComputePricing::Instance { per_instance_hour } => &[*per_instance_hour],
+                ComputePricing::Resource {
+                    per_core_hour,
+                    per_gib_memory_hour,
+                    per_gpu_hour,
+                } => &[*per_core_hour, *per_gib_memory_hour, *per_gpu_hour],
+            };
+            if amounts.iter().any(Decimal::is_sign_negative) {
+                return invalid(format!("offer {:?} has a negative price", offer.offer));
+            }
+        }
+        if prices.storage_per_gib_hour.is_sign_negative() || prices.egress_per_gb.is_sign_negative()
+        {
+            return invalid("storage and egress prices cannot be negative".to_owned());
+        }
+        Ok(())
+    }
+}
+
+impl Aggregate for Site {
+    const KIND: AggregateKind = AggregateKind::Site;
+    type Command = SiteCommand;
+    type Event = SiteEvent;
+    type Error = SiteError;
+
+    fn handle(&self, cmd: SiteCommand, now: DateTime<Utc>) -> Result<Vec<SiteEvent>, SiteError> {
+        match cmd {
+            SiteCommand::Register {
+                name,
+                kind,
+                region,
+                jurisdiction,
+                credentials_secret,
+                labels,
+                prices,
+            } => {
+                if self.registered {
+                    return Err(SiteError::AlreadyRegistered);
+                }
+                if name.trim().is_empty() {
+                    return Err(SiteError::EmptyName);
+                }
+                if let Some(p) = &prices {
+                    self.check_prices(p)?;
+                }
+                let mut events = vec![SiteEvent::Registered {
+                    name,
+                    kind,
+                    region,
+                    jurisdiction,
+                    credentials_secret,
+                    labels,
+                }];
+                events.extend(prices.map(|prices| SiteEvent::PricesChanged { prices }));
+                Ok(events)
+            }
+            SiteCommand::ChangePrices { prices } => {
+                self.registered()?;
+                self.check_prices(&prices)?;
+                Ok(vec![SiteEvent::PricesChanged { prices }])
+            }
+            SiteCommand::ReportHealth {
+                healthy,
+                capacity,
+                message,
+            } => {
+                self.registered()?;
+                Ok(vec![SiteEvent::HealthReported {
+                    healthy,
+                    capacity,
+                    message,
+                    observed_at: now,
+                }])
+            }
+            SiteCommand::Drain { by, reason } => {
+                self.registered()?;
+                if self.drained {
+                    return Err(SiteError::AlreadyDrained);
+                }
+                Ok(vec![SiteEvent::Drained {
+                    by,
+                    reason,
+                    drained_at: now,
+                }])
+            }
+            SiteCommand::Undrain { by } => {
+                self.registered()?;
+                if !self.drained {
+                    return Err(SiteError::NotDrained);
+                }
+                Ok(vec![SiteEvent::Undrained {
+                    by,
+                    undrained_at: now,
+                }])
+            }
+        }
+    }
+
+    fn apply(&mut self, event: &SiteEvent) {
+        match event {
+            SiteEvent::Registered {
+                name,
+                kind,
+                region,
+                jurisdiction,
+                ..
+            } => {
+                self.registered = true;
+                self.name = name.clone();
+                self.kind = Some(*kind);
+                self.region = region.clone();
+                self.jurisdiction = jurisdiction.clone();
+            }
+            SiteEvent::PricesChanged { prices } => self.prices.push(prices.clone()),
+            SiteEvent::HealthReported {
+                healthy,
+                capacity,
+                message,
+                observed_at,
+            } => {
+                self.health = Some(HealthReport {
+                    healthy: *healthy,
+                    capacity: capacity.clone(),
+                    message: message.clone(),
+                    observed_at: *observed_at,
+                });
+            }
+            SiteEvent::Drained { .. } => self.drained = true,
+            SiteEvent::Undrained { .. } => self.drained = false,
+        }
+    }
+}

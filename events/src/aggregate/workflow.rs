@@ -1,0 +1,907 @@
+//! The Workflow aggregate: a submission's state machine and its DAG.
+//!
+//! Submitted → Placed → Running → Finished | Failed | Cancelled, with CancelRequested
+//! between Running and Cancelled. Settling a job decides what follows: a site's fault
+//! sends the task back to be released again (at most [`MAX_TASK_ATTEMPTS`] runs); any
+//! other failure blocks the job's dependents, while independent work goes on; once
+//! nothing runs and nothing more can, the workflow finishes or fails. A cancel request
+//! releases nothing more and ends as Cancelled once the last running job settles.
+//!
+//! `requires` naming a service counts as met: services have no lifecycle events yet.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::Aggregate;
+use crate::envelope::AggregateKind;
+use crate::money::{ComputeRate, Currency, Money, StorageRate};
+use crate::vocabulary::workflow::{PlacementExplanation, SiteRejection, Verdict};
+use crate::vocabulary::{JobOutcome, TaskRef, WorkflowEvent};
+
+/// How many times one task may run when its runs keep failing through the site's fault.
+pub const MAX_TASK_ATTEMPTS: u32 = 3;
+
+/// At most this many failed tasks are named in `workflow.failed.v1`; a failed array of a
+/// million tasks must not make a million-entry event. The reason still gives the count.
+pub const MAX_LISTED_FAILURES: usize = 100;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkflowState {
+    Submitted,
+    Placed,
+    Running,
+    CancelRequested,
+    Finished,
+    Failed,
+    Cancelled,
+}
+
+impl WorkflowState {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            WorkflowState::Finished | WorkflowState::Failed | WorkflowState::Cancelled
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkflowState::Submitted => "submitted",
+            WorkflowState::Placed => "placed",
+            WorkflowState::Running => "running",
+            WorkflowState::CancelRequested => "cancel_requested",
+            WorkflowState::Finished => "finished",
+            WorkflowState::Failed => "failed",
+            WorkflowState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for WorkflowState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum WorkflowCommand {
+    Submit {
+        workflow_id: Uuid,
+        spec: meridian_spec::Workflow,
+        submitted_by: String,
+        idempotency_key: Option<String>,
+    },
+    /// The router's decision; the aggregate numbers the attempt.
+    RecordPlacement {
+        site: String,
+        region: String,
+        rate: ComputeRate,
+        job_rates: BTreeMap<String, ComputeRate>,
+        storage_rate: StorageRate,
+        estimated_cost: Money,
+        explanation: PlacementExplanation,
+    },
+    RejectPlacement {
+        rejections: Vec<SiteRejection>,
+    },
+    /// Gives a runnable task a Job aggregate, whose new id comes in here.
+    ReleaseJob {
+        job: String,
+        index: Option<u32>,
+        job_id: Uuid,
+        site: String,
+    },
+    /// A released job's Job aggregate reached a terminal state.
+    SettleJob {
+        job_id: Uuid,
+        outcome: JobOutcome,
+    },
+    RequestCancel {
+        by: String,
+        reason: Option<String>,
+    },
+    /// Gives up on a workflow with nothing running (e.g. no site will ever take it).
+    Fail {
+        reason: String,
+    },
+    RecordBill {
+        totals: BTreeMap<Currency, Decimal>,
+        as_of_position: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkflowError {
+    #[error("the workflow was already submitted")]
+    AlreadySubmitted,
+    #[error("the workflow has not been submitted")]
+    NotSubmitted,
+    #[error("invalid workflow: {reason}")]
+    InvalidSpec { reason: String },
+    #[error("the workflow has not been placed yet")]
+    NotPlaced,
+    #[error("invalid placement: {reason}")]
+    InvalidPlacement { reason: String },
+    #[error("the workflow is cancelled or being cancelled")]
+    AlreadyCancelled,
+    #[error("the workflow is already {state}")]
+    AlreadyTerminal { state: WorkflowState },
+    #[error("the workflow has no job named {job:?}")]
+    UnknownJob { job: String },
+    #[error("{task} is not a task of this workflow: {reason}")]
+    InvalidArrayIndex { task: TaskRef, reason: String },
+    #[error("{task} cannot run now: {reason}")]
+    JobNotRunnable { task: TaskRef, reason: String },
+    #[error("job id {job_id} was already released")]
+    DuplicateJobId { job_id: Uuid },
+    #[error("job {job_id} is not a released, unsettled job of this workflow")]
+    JobNotReleased { job_id: Uuid },
+    #[error("{count} job(s) still running")]
+    JobsStillRunning { count: usize },
+    #[error("a bill as of position {given} does not follow the last one, as of {last}")]
+    StaleBill { last: u64, given: u64 },
+}
+
+/// The placement in force: where the workflow runs and at what prices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurrentPlacement {
+    pub attempt: u32,
+    pub site: String,
+    pub region: String,
+    pub rate: ComputeRate,
+    pub job_rates: BTreeMap<String, ComputeRate>,
+    pub storage_rate: StorageRate,
+}
+
+impl CurrentPlacement {
+    /// The rate `job` is billed at.
+    pub fn rate_for(&self, job: &str) -> &ComputeRate {
+        self.job_rates.get(job).unwrap_or(&self.rate)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ArrayShape {
+    start: u32,
+    end: u32,
+    parallelism: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TaskStatus {
+    /// Waiting to be released again after a site's fault.
+    Pending,
+    Released(Uuid),
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TaskRecord {
+    status: TaskStatus,
+    /// Runs released so far.
+    attempts: u32,
+}
+
+/// The numbers of one job that decide what can run next; small and `Copy`, so a command
+/// can weigh "what if" without cloning the workflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    tasks: u32,
+    /// Tasks allowed in flight at once: the array's parallelism, 1 for a plain job.
+    cap: u32,
+    succeeded: u32,
+    in_flight: u32,
+    /// Never released, or back after a site's fault.
+    pending: u32,
+}
+
+impl Counts {
+    fn all_succeeded(&self) -> bool {
+        self.succeeded == self.tasks
+    }
+
+    fn free_slots(&self) -> u32 {
+        self.cap.saturating_sub(self.in_flight)
+    }
+}
+
+/// One job of the DAG. Tasks absent from `tasks` have never been released.
+#[derive(Debug, Clone)]
+struct JobNode {
+    /// Only the required jobs; required services are not tracked.
+    requires: Vec<String>,
+    array: Option<ArrayShape>,
+    tasks: BTreeMap<Option<u32>, TaskRecord>,
+    counts: Counts,
+    /// Every array index below this one is released or settled for good, so the search
+    /// for pending tasks starts here rather than at the array's start.
+    /// Wide, so stepping past an array that ends at `u32::MAX` cannot overflow.
+    low_water: u64,
+}
+
+impl JobNode {
+    fn new(requires: Vec<String>, array: Option<ArrayShape>) -> JobNode {
+        let tasks = array.map_or(1, |a| (a.end - a.start).saturating_add(1));
+        JobNode {
+            requires,
+            array,
+            tasks: BTreeMap::new(),
+            counts: Counts {
+                tasks,
+                // A cap of 0 would deadlock; treat it as 1.
+                cap: array.map_or(1, |a| a.parallelism.max(1)),
+                succeeded: 0,
+                in_flight: 0,
+                pending: tasks,
+            },
+            low_water: array.map_or(0, |a| u64::from(a.start)),
+        }
+    }
+
+    fn is_pending(&self, index: Option<u32>) -> bool {
+        self.tasks
+            .get(&index)
+            .is_none_or(|t| t.status == TaskStatus::Pending)
+    }
+
+    /// Pending tasks, lowest index first.
+    fn pending_tasks(&self) -> Box<dyn Iterator<Item = Option<u32>> + '_> {
+        match self.array {
+            Some(a) => Box::new(
+                (self.low_water..=u64::from(a.end))
+                    .map(|i| Some(i as u32))
+                    .filter(|i| self.is_pending(*i)),
+            ),
+            None => Box::new(std::iter::once(None).filter(|i| self.is_pending(*i))),
+        }
+    }
+
+    fn advance_low_water(&mut self) {
+        if let Some(a) = self.array {
+            while self.low_water <= u64::from(a.end)
+                && !self.is_pending(Some(self.low_water as u32))
+            {
+                self.low_water += 1;
+            }
+        }
+    }
+}
+
+/// What a settled run makes of its task.
+fn settled_status(outcome: &JobOutcome, retry: bool) -> TaskStatus {
+    match (outcome, retry) {
+        (_, true) => TaskStatus::Pending,
+        (JobOutcome::Succeeded, false) => TaskStatus::Succeeded,
+        (JobOutcome::Failed { .. }, false) => TaskStatus::Failed,
+        (JobOutcome::Cancelled, false) => TaskStatus::Cancelled,
+    }
+}
+
+/// A cancel the workflow asked for is not a failure; a job cancelled from outside
+/// blocks its dependents like one.
+fn is_failure(status: TaskStatus, state: Option<WorkflowState>) -> bool {
+    match status {
+        TaskStatus::Failed => true,
+        TaskStatus::Cancelled => state != Some(WorkflowState::CancelRequested),
+        _ => false,
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Workflow {
+    id: Option<Uuid>,
+    state: Option<WorkflowState>,
+    spec: Option<meridian_spec::Workflow>,
+    submitted_by: String,
+    nodes: BTreeMap<String, JobNode>,
+    /// The last placement attempt, decided or rejected.
+    placement_attempts: u32,
+    placement: Option<CurrentPlacement>,
+    /// Released, unsettled jobs by Job aggregate id.
+    running: BTreeMap<Uuid, TaskRef>,
+    released_ids: BTreeSet<Uuid>,
+    /// Tasks that failed (or were cancelled from outside), in settle order.
+    failed: Vec<TaskRef>,
+    billed_as_of: Option<u64>,
+}
+
+impl Workflow {
+    pub fn id(&self) -> Option<Uuid> {
+        self.id
+    }
+
+    /// `None` before submission.
+    pub fn state(&self) -> Option<WorkflowState> {
+        self.state
+    }
+
+    pub fn spec(&self) -> Option<&meridian_spec::Workflow> {
+        self.spec.as_ref()
+    }
+
+    pub fn submitted_by(&self) -> &str {
+        &self.submitted_by
+    }
+
+    pub fn placement(&self) -> Option<&CurrentPlacement> {
+        self.placement.as_ref()
+    }
+
+    pub fn placement_attempts(&self) -> u32 {
+        self.placement_attempts
+    }
+
+    /// Released jobs not yet settled, by Job aggregate id: what a cancel must reach.
+    pub fn running_jobs(&self) -> &BTreeMap<Uuid, TaskRef> {
+        &self.running
+    }
+
+    pub fn failed_jobs(&self) -> &[TaskRef] {
+        &self.failed
+    }
+
+    pub fn billed_as_of(&self) -> Option<u64> {
+        self.billed_as_of
+    }
+
+    /// Tasks that may be released now: their required jobs all succeeded, they have not
+    /// run (or go again after a site's fault), and their array is under its cap. Lowest
+    /// indices first; empty unless the workflow is placed and not being cancelled.
+    pub fn runnable_jobs(&self) -> Vec<TaskRef> {
+        if !matches!(
+            self.state,
+            Some(WorkflowState::Placed | WorkflowState::Running)
+        ) {
+            return Vec::new();
+        }
+        let counts = self.counts();
+        let mut out = Vec::new();
+        for (name, node) in &self.nodes {
+            if self.releasable(&counts, name) {
+                let slots = counts[name.as_str()].free_slots() as usize;
+                out.extend(
+                    node.pending_tasks()
+                        .take(slots)
+                        .map(|i| TaskRef::new(name.clone(), i)),
+                );
+            }
+        }
+        out
+    }
+
+    fn counts(&self) -> BTreeMap<&str, Counts> {
+        self.nodes
+            .iter()
+            .map(|(name, node)| (name.as_str(), node.counts))
+            .collect()
+    }
+
+    /// Whether some task of `job` could be released, given these counts.
+    fn releasable(&self, counts: &BTreeMap<&str, Counts>, job: &str) -> bool {
+        let c = &counts[job];
+        c.pending > 0
+            && c.free_slots() > 0
+            && self.nodes[job]
+                .requires
+                .iter()
+                .all(|r| counts.get(r.as_str()).is_some_and(Counts::all_succeeded))
+    }
+
+    fn live_state(&self) -> Result<WorkflowState, WorkflowError> {
+        match self.state {
+            None => Err(WorkflowError::NotSubmitted),
+            Some(WorkflowState::Cancelled) => Err(WorkflowError::AlreadyCancelled),
+            Some(state) if state.is_terminal() => Err(WorkflowError::AlreadyTerminal { state }),
+            Some(state) => Ok(state),
+        }
+    }
+
+    /// Like `live_state`, and refuses a workflow being cancelled too.
+    fn active_state(&self) -> Result<WorkflowState, WorkflowError> {
+        match self.live_state()? {
+            WorkflowState::CancelRequested => Err(WorkflowError::AlreadyCancelled),
+            state => Ok(state),
+        }
+    }
+
+    /// What ends the workflow in the state described, if anything does: the state,
+    /// running jobs, per-job counts and failures (the recorded ones and a new one) as
+    /// they will be once the events being decided are applied.
+    fn conclusion(
+        &self,
+        state: WorkflowState,
+        running: usize,
+        counts: &BTreeMap<&str, Counts>,
+        new_failure: Option<&TaskRef>,
+        now: DateTime<Utc>,
+    ) -> Option<WorkflowEvent> {
+        if state.is_terminal() || state == WorkflowState::Submitted || running > 0 {
+            return None;
+        }
+        if state == WorkflowState::CancelRequested {
+            return Some(WorkflowEvent::Cancelled { cancelled_at: now });
+        }
+        if counts.values().all(Counts::all_succeeded) {
+            return Some(WorkflowEvent::Finished { finished_at: now });
+        }
+        if counts.keys().any(|job| self.releasable(counts, job)) {
+            return None;
+        }
+        let failed = self.failed.iter().chain(new_failure);
+        let total = self.failed.len() + usize::from(new_failure.is_some());
+        let reason = match (failed.clone().next(), total) {
+            (None, _) => "no job can run".to_owned(),
+            (Some(one), 1) => format!("{one} failed"),
+            (Some(first), n) => format!("{first} and {} other task(s) failed", n - 1),
+        };
+        Some(WorkflowEvent::Failed {
+            reason,
+            failed_jobs: failed.take(MAX_LISTED_FAILURES).cloned().collect(),
+            failed_at: now,
+        })
+    }
+
+    fn submit(
+        &self,
+        workflow_id: Uuid,
+        spec: meridian_spec::Workflow,
+        submitted_by: String,
+        idempotency_key: Option<String>,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        if self.state.is_some() {
+            return Err(WorkflowError::AlreadySubmitted);
+        }
+        check_dag(&spec).map_err(|reason| WorkflowError::InvalidSpec { reason })?;
+        Ok(vec![WorkflowEvent::Submitted {
+            workflow_id,
+            name: spec.name.clone(),
+            spec,
+            submitted_by,
+            idempotency_key,
+        }])
+    }
+
+    fn release(
+        &self,
+        job: String,
+        index: Option<u32>,
+        job_id: Uuid,
+        site: String,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        if self.active_state()? == WorkflowState::Submitted {
+            return Err(WorkflowError::NotPlaced);
+        }
+        let node = self
+            .nodes
+            .get(&job)
+            .ok_or_else(|| WorkflowError::UnknownJob { job: job.clone() })?;
+        let task = TaskRef::new(job, index);
+        match (node.array, index) {
+            (None, None) => {}
+            (Some(a), Some(i)) if (a.start..=a.end).contains(&i) => {}
+            (Some(a), _) => {
+                return Err(WorkflowError::InvalidArrayIndex {
+                    reason: format!("expected an index in {}..={}", a.start, a.end),
+                    task,
+                })
+            }
+            (None, Some(_)) => {
+                return Err(WorkflowError::InvalidArrayIndex {
+                    reason: "the job is not an array".to_owned(),
+                    task,
+                })
+            }
+        }
+        if self.released_ids.contains(&job_id) {
+            return Err(WorkflowError::DuplicateJobId { job_id });
+        }
+        let not_runnable = |reason: String| WorkflowError::JobNotRunnable {
+            task: task.clone(),
+            reason,
+        };
+        if let Some(r) = node
+            .requires
+            .iter()
+            .find(|r| !self.nodes.get(*r).is_some_and(|n| n.counts.all_succeeded()))
+        {
+            return Err(not_runnable(format!(
+                "it requires {r:?}, which has not succeeded"
+            )));
+        }
+        if !node.is_pending(index) {
+            return Err(not_runnable("it was already released".to_owned()));
+        }
+        if node.counts.free_slots() == 0 {
+            return Err(not_runnable(format!(
+                "its array already has {} task(s) in flight, its parallelism cap",
+                node.counts.cap
+            )));
+        }
+        let attempt = node.tasks.get(&index).map_or(0, |t| t.attempts) + 1;
+        Ok(vec![WorkflowEvent::JobReleased {
+            job: task.job,
+            index,
+            job_id,
+            site,
+            attempt,
+        }])
+    }
+
+    fn settle(
+        &self,
+        job_id: Uuid,
+        outcome: JobOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        let state = self.live_state()?;
+        let task = self
+            .running
+            .get(&job_id)
+            .ok_or(WorkflowError::JobNotReleased { job_id })?;
+        let attempts = self.nodes[&task.job].tasks[&task.index].attempts;
+        let retry = match &outcome {
+            JobOutcome::Failed { reason } => {
+                reason.is_site_fault()
+                    && attempts < MAX_TASK_ATTEMPTS
+                    && state != WorkflowState::CancelRequested
+            }
+            JobOutcome::Succeeded | JobOutcome::Cancelled => false,
+        };
+
+        // The counts and failures as they will be once the settlement is applied.
+        let status = settled_status(&outcome, retry);
+        let mut counts = self.counts();
+        let c = counts
+            .get_mut(task.job.as_str())
+            .expect("released jobs exist");
+        c.in_flight -= 1;
+        match status {
+            TaskStatus::Succeeded => c.succeeded += 1,
+            TaskStatus::Pending => c.pending += 1,
+            _ => {}
+        }
+        let new_failure = is_failure(status, self.state).then_some(task);
+        let conclusion = self.conclusion(state, self.running.len() - 1, &counts, new_failure, now);
+
+        let mut events = vec![WorkflowEvent::JobSettled {
+            job: task.job.clone(),
+            index: task.index,
+            job_id,
+            outcome,
+            retry,
+        }];
+        events.extend(conclusion);
+        Ok(events)
+    }
+}
+
+/// Rejects `requires` naming nothing, cycles among jobs, and empty arrays: a DAG the
+/// aggregate could never finish.
+fn check_dag(spec: &meridian_spec::Workflow) -> Result<(), String> {
+    for (name, job) in &spec.jobs {
+        for r in &job.requires {
+            if !spec.jobs.contains_key(r) && !spec.services.contains_key(r) {
+                return Err(format!(
+                    "jobs.{name}.requires: no job or service named {r:?}"
+                ));
+            }
+        }
+        if let Some(a) = &job.array {
+            if a.start > a.end {
+                return Err(format!(
+                    "jobs.{name}.array: start {} is after end {}",
+                    a.start, a.end
+                ));
+            }
+        }
+    }
+    // Kahn's algorithm over jobs only.
+    let mut waiting: BTreeMap<&str, usize> = spec
+        .jobs
+        .iter()
+        .map(|(n, j)| {
+            let deps = j.requires.iter().filter(|r| spec.jobs.contains_key(*r));
+            (n.as_str(), deps.count())
+        })
+        .collect();
+    let mut ready: Vec<&str> = waiting
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(n, _)| *n)
+        .collect();
+    let mut done = 0;
+    while let Some(n) = ready.pop() {
+        done += 1;
+        for (m, j) in &spec.jobs {
+            if j.requires.iter().any(|r| r == n) {
+                let d = waiting.get_mut(m.as_str()).expect("every job is counted");
+                *d -= 1;
+                if *d == 0 {
+                    ready.push(m);
+                }
+            }
+        }
+    }
+    if done < spec.jobs.len() {
+        let stuck: Vec<&str> = waiting
+            .iter()
+            .filter(|(_, d)| **d > 0)
+            .map(|(n, _)| *n)
+            .collect();
+        return Err(format!(
+            "jobs {} require each other in a cycle",
+            stuck.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+impl Aggregate for Workflow {
+    const KIND: AggregateKind = AggregateKind::Workflow;
+    type Command = WorkflowCommand;
+    type Event = WorkflowEvent;
+    type Error = WorkflowError;
+
+    fn handle(
+        &self,
+        cmd: WorkflowCommand,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        match cmd {
+            WorkflowCommand::Submit {
+                workflow_id,
+                spec,
+                submitted_by,
+                idempotency_key,
+            } => self.submit(workflow_id, spec, submitted_by, idempotency_key),
+
+            WorkflowCommand::RecordPlacement {
+                site,
+                region,
+                rate,
+                job_rates,
+                storage_rate,
+                estimated_cost,
+                explanation,
+            } => {
+                let state = self.active_state()?;
+                let chosen: Vec<&str> = explanation
+                    .candidates
+                    .iter()
+                    .filter(|c| c.verdict == Verdict::Chosen)
+                    .map(|c| c.site.as_str())
+                    .collect();
+                if !(chosen.is_empty() || chosen == [site.as_str()]) {
+                    return Err(WorkflowError::InvalidPlacement {
+                        reason: format!("placed at {site:?} but the explanation chose {chosen:?}"),
+                    });
+                }
+                if let Some(job) = job_rates.keys().find(|j| !self.nodes.contains_key(*j)) {
+                    return Err(WorkflowError::UnknownJob { job: job.clone() });
+                }
+                let next_state = match state {
+                    WorkflowState::Submitted => WorkflowState::Placed,
+                    other => other,
+                };
+                // A workflow without jobs is done as soon as it has a place.
+                let conclusion =
+                    self.conclusion(next_state, self.running.len(), &self.counts(), None, now);
+                let mut events = vec![WorkflowEvent::PlacementDecided {
+                    attempt: self.placement_attempts + 1,
+                    site,
+                    region,
+                    rate,
+                    job_rates,
+                    storage_rate,
+                    estimated_cost,
+                    explanation,
+                }];
+                events.extend(conclusion);
+                Ok(events)
+            }
+
+            WorkflowCommand::RejectPlacement { rejections } => {
+                self.active_state()?;
+                Ok(vec![WorkflowEvent::PlacementRejected {
+                    attempt: self.placement_attempts + 1,
+                    rejections,
+                }])
+            }
+
+            WorkflowCommand::ReleaseJob {
+                job,
+                index,
+                job_id,
+                site,
+            } => self.release(job, index, job_id, site),
+
+            WorkflowCommand::SettleJob { job_id, outcome } => self.settle(job_id, outcome, now),
+
+            WorkflowCommand::RequestCancel { by, reason } => {
+                self.active_state()?;
+                let mut events = vec![WorkflowEvent::CancelRequested {
+                    by,
+                    reason,
+                    requested_at: now,
+                }];
+                if self.running.is_empty() {
+                    events.push(WorkflowEvent::Cancelled { cancelled_at: now });
+                }
+                Ok(events)
+            }
+
+            WorkflowCommand::Fail { reason } => {
+                self.live_state()?;
+                if !self.running.is_empty() {
+                    return Err(WorkflowError::JobsStillRunning {
+                        count: self.running.len(),
+                    });
+                }
+                Ok(vec![WorkflowEvent::Failed {
+                    reason,
+                    failed_jobs: self.failed.clone(),
+                    failed_at: now,
+                }])
+            }
+
+            WorkflowCommand::RecordBill {
+                totals,
+                as_of_position,
+            } => {
+                if self.state.is_none() {
+                    return Err(WorkflowError::NotSubmitted);
+                }
+                if let Some(last) = self.billed_as_of {
+                    if as_of_position <= last {
+                        return Err(WorkflowError::StaleBill {
+                            last,
+                            given: as_of_position,
+                        });
+                    }
+                }
+                Ok(vec![WorkflowEvent::Billed {
+                    totals,
+                    as_of_position,
+                }])
+            }
+        }
+    }
+
+    fn apply(&mut self, event: &WorkflowEvent) {
+        match event {
+            WorkflowEvent::Submitted {
+                workflow_id,
+                spec,
+                submitted_by,
+                ..
+            } => {
+                self.id = Some(*workflow_id);
+                self.state = Some(WorkflowState::Submitted);
+                self.submitted_by = submitted_by.clone();
+                self.nodes = spec
+                    .jobs
+                    .iter()
+                    .map(|(name, job)| {
+                        let requires = job
+                            .requires
+                            .iter()
+                            .filter(|r| spec.jobs.contains_key(*r))
+                            .cloned()
+                            .collect();
+                        let array = job.array.as_ref().map(|a| ArrayShape {
+                            start: a.start,
+                            end: a.end,
+                            parallelism: a.parallelism,
+                        });
+                        (name.clone(), JobNode::new(requires, array))
+                    })
+                    .collect();
+                self.spec = Some(spec.clone());
+            }
+            WorkflowEvent::PlacementDecided {
+                attempt,
+                site,
+                region,
+                rate,
+                job_rates,
+                storage_rate,
+                ..
+            } => {
+                self.placement_attempts = *attempt;
+                self.placement = Some(CurrentPlacement {
+                    attempt: *attempt,
+                    site: site.clone(),
+                    region: region.clone(),
+                    rate: rate.clone(),
+                    job_rates: job_rates.clone(),
+                    storage_rate: storage_rate.clone(),
+                });
+                if self.state == Some(WorkflowState::Submitted) {
+                    self.state = Some(WorkflowState::Placed);
+                }
+            }
+            WorkflowEvent::PlacementRejected { attempt, .. } => {
+                self.placement_attempts = *attempt;
+            }
+            WorkflowEvent::JobReleased {
+                job,
+                index,
+                job_id,
+                attempt,
+                ..
+            } => {
+                if let Some(node) = self.nodes.get_mut(job) {
+                    let was_pending = node.is_pending(*index);
+                    node.tasks.insert(
+                        *index,
+                        TaskRecord {
+                            status: TaskStatus::Released(*job_id),
+                            attempts: *attempt,
+                        },
+                    );
+                    node.counts.in_flight += 1;
+                    if was_pending {
+                        node.counts.pending -= 1;
+                    }
+                    node.advance_low_water();
+                }
+                self.running
+                    .insert(*job_id, TaskRef::new(job.clone(), *index));
+                self.released_ids.insert(*job_id);
+                if self.state == Some(WorkflowState::Placed) {
+                    self.state = Some(WorkflowState::Running);
+                }
+            }
+            WorkflowEvent::JobSettled {
+                job,
+                index,
+                job_id,
+                outcome,
+                retry,
+            } => {
+                self.running.remove(job_id);
+                let Some(node) = self.nodes.get_mut(job) else {
+                    return;
+                };
+                let Some(task) = node.tasks.get_mut(index) else {
+                    return;
+                };
+                if task.status != TaskStatus::Released(*job_id) {
+                    return;
+                }
+                task.status = settled_status(outcome, *retry);
+                node.counts.in_flight = node.counts.in_flight.saturating_sub(1);
+                match task.status {
+                    TaskStatus::Succeeded => node.counts.succeeded += 1,
+                    TaskStatus::Pending => {
+                        node.counts.pending += 1;
+                        if let Some(i) = index {
+                            node.low_water = node.low_water.min(u64::from(*i));
+                        }
+                    }
+                    _ => {}
+                }
+                if is_failure(task.status, self.state) {
+                    self.failed.push(TaskRef::new(job.clone(), *index));
+                }
+            }
+            WorkflowEvent::CancelRequested { .. } => {
+                self.state = Some(WorkflowState::CancelRequested);
+            }
+            WorkflowEvent::Finished { .. } => self.state = Some(WorkflowState::Finished),
+            WorkflowEvent::Failed { .. } => self.state = Some(WorkflowState::Failed),
+            WorkflowEvent::Cancelled { .. } => self.state = Some(WorkflowState::Cancelled),
+            WorkflowEvent::Billed { as_of_position, .. } => {
+                self.billed_as_of = Some(*as_of_position);
+            }
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Meridian's event vocabulary: the envelope every event travels in, the versioned
+//! events of the Workflow, Job, Site and Transfer aggregates, and the aggregates'
+//! pure decision logic (command → validate against state → events). No I/O here.
+
+pub mod aggregate;
+pub mod envelope;
+pub mod money;
+pub mod vocabulary;
+
+pub use aggregate::Aggregate;
+pub use envelope::{AggregateKind, AggregateRef, Envelope, EventContext, RawEnvelope};
+pub use money::{
+    ComputeOffer, ComputePricing, ComputeRate, Currency, EgressTariff, Money, MoneyError,
+    PriceSheet, StorageRate,
+};
+pub use vocabulary::{
+    Allocation, Event, FailureReason, JobEvent, JobOutcome, SiteEvent, SiteKind, TaskRef,
+    TransferEvent, WorkflowEvent,
+};

@@ -1,0 +1,313 @@
+//! Money and the prices events capture. Amounts are `rust_decimal::Decimal`, serialized
+//! as strings, never `f64`: a bill replayed in ten years must come out the same to the
+//! last digit. Nothing here rounds; rounding happens once, at the export.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use crate::vocabulary::Allocation;
+
+pub const SECONDS_PER_HOUR: u64 = 3_600;
+pub const BYTES_PER_GIB: u64 = 1 << 30;
+/// Egress is priced per decimal gigabyte, as clouds publish it.
+pub const BYTES_PER_GB: u64 = 1_000_000_000;
+
+/// An ISO 4217-shaped currency code: exactly three ASCII uppercase letters.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Currency([u8; 3]);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid currency {0:?}: expected three uppercase letters such as USD")]
+pub struct InvalidCurrency(pub String);
+
+impl Currency {
+    pub const USD: Currency = Currency(*b"USD");
+    pub const EUR: Currency = Currency(*b"EUR");
+    pub const GBP: Currency = Currency(*b"GBP");
+
+    pub fn new(code: &str) -> Result<Currency, InvalidCurrency> {
+        match code.as_bytes() {
+            &[a, b, c] if [a, b, c].iter().all(u8::is_ascii_uppercase) => Ok(Currency([a, b, c])),
+            _ => Err(InvalidCurrency(code.to_owned())),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII uppercase letters get in (see `new`).
+        std::str::from_utf8(&self.0).expect("currency codes are ASCII")
+    }
+}
+
+impl FromStr for Currency {
+    type Err = InvalidCurrency;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Currency::new(s)
+    }
+}
+
+impl TryFrom<String> for Currency {
+    type Error = InvalidCurrency;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Currency::new(&s)
+    }
+}
+
+impl From<Currency> for String {
+    fn from(c: Currency) -> String {
+        c.as_str().to_owned()
+    }
+}
+
+impl fmt::Display for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Currency({})", self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MoneyError {
+    #[error("cannot combine {left} with {right}")]
+    CurrencyMismatch { left: Currency, right: Currency },
+    #[error("amount out of the range of a decimal")]
+    Overflow,
+}
+
+/// An exact amount in one currency.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Money {
+    pub amount: Decimal,
+    pub currency: Currency,
+}
+
+impl Money {
+    pub fn new(amount: Decimal, currency: Currency) -> Money {
+        Money { amount, currency }
+    }
+
+    pub fn zero(currency: Currency) -> Money {
+        Money::new(Decimal::ZERO, currency)
+    }
+
+    pub fn checked_add(&self, other: &Money) -> Result<Money, MoneyError> {
+        if self.currency != other.currency {
+            return Err(MoneyError::CurrencyMismatch {
+                left: self.currency,
+                right: other.currency,
+            });
+        }
+        let amount = self
+            .amount
+            .checked_add(other.amount)
+            .ok_or(MoneyError::Overflow)?;
+        Ok(Money::new(amount, self.currency))
+    }
+}
+
+impl fmt::Display for Money {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.amount, self.currency)
+    }
+}
+
+/// Seconds → hours by one decimal division (28 significant digits); no rounding to cents.
+pub fn hours(seconds: Decimal) -> Decimal {
+    seconds / Decimal::from(SECONDS_PER_HOUR)
+}
+
+/// The seconds from `start` to `end`, exact to the microsecond; zero when `end` is not
+/// after `start` (a clock skew must not produce a credit).
+pub fn seconds_between(start: DateTime<Utc>, end: DateTime<Utc>) -> Decimal {
+    // `num_microseconds` only overflows beyond ±292,000 years.
+    let micros = (end - start).num_microseconds().unwrap_or(i64::MAX);
+    if micros <= 0 {
+        Decimal::ZERO
+    } else {
+        Decimal::new(micros, 6)
+    }
+}
+
+/// `numerator / denominator` with overflow reported instead of panicking.
+fn div(numerator: Decimal, denominator: u64) -> Result<Decimal, MoneyError> {
+    numerator
+        .checked_div(Decimal::from(denominator))
+        .ok_or(MoneyError::Overflow)
+}
+
+fn mul(a: Decimal, b: impl Into<Decimal>) -> Result<Decimal, MoneyError> {
+    a.checked_mul(b.into()).ok_or(MoneyError::Overflow)
+}
+
+fn add(a: Decimal, b: Decimal) -> Result<Decimal, MoneyError> {
+    a.checked_add(b).ok_or(MoneyError::Overflow)
+}
+
+/// How a compute offering is priced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "basis", rename_all = "snake_case")]
+pub enum ComputePricing {
+    /// Clouds: a price per instance (node) per hour, whatever is on it.
+    Instance { per_instance_hour: Decimal },
+    /// HPC and Kubernetes: cores, memory and GPUs each priced per hour.
+    Resource {
+        per_core_hour: Decimal,
+        per_gib_memory_hour: Decimal,
+        per_gpu_hour: Decimal,
+    },
+}
+
+/// The compute price in force at a decision, captured whole so that later price changes
+/// never rewrite what a run cost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeRate {
+    /// The site's name for what is priced: an instance type, a partition, a node class.
+    pub offer: String,
+    pub pricing: ComputePricing,
+    pub currency: Currency,
+    pub effective_from: DateTime<Utc>,
+    /// Where the price came from: a URL or a short text (e.g. "grant agreement 2025-03").
+    pub source: String,
+}
+
+impl ComputeRate {
+    /// What `allocation` costs for `seconds` at this rate.
+    pub fn cost(&self, allocation: &Allocation, seconds: Decimal) -> Result<Money, MoneyError> {
+        // Multiply everything first and divide once, so the only inexact step is one
+        // division at 28 significant digits.
+        let amount = match &self.pricing {
+            ComputePricing::Instance { per_instance_hour } => {
+                let n = mul(mul(*per_instance_hour, allocation.nodes)?, seconds)?;
+                div(n, SECONDS_PER_HOUR)?
+            }
+            ComputePricing::Resource {
+                per_core_hour,
+                per_gib_memory_hour,
+                per_gpu_hour,
+            } => {
+                let gpus = allocation.gpus.as_ref().map_or(0, |g| g.count);
+                let per_gib_units = add(
+                    mul(*per_core_hour, allocation.cpus)?,
+                    mul(*per_gpu_hour, gpus)?,
+                )?;
+                let per_hour_times_gib = add(
+                    mul(per_gib_units, BYTES_PER_GIB)?,
+                    mul(*per_gib_memory_hour, allocation.memory_bytes)?,
+                )?;
+                div(
+                    mul(per_hour_times_gib, seconds)?,
+                    BYTES_PER_GIB * SECONDS_PER_HOUR,
+                )?
+            }
+        };
+        Ok(Money::new(amount, self.currency))
+    }
+
+    /// What `allocation` costs from `started_at` to `ended_at` at this rate.
+    pub fn cost_between(
+        &self,
+        allocation: &Allocation,
+        started_at: DateTime<Utc>,
+        ended_at: DateTime<Utc>,
+    ) -> Result<Money, MoneyError> {
+        self.cost(allocation, seconds_between(started_at, ended_at))
+    }
+}
+
+/// Storage (volumes, caches) per GiB-hour, captured like [`ComputeRate`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageRate {
+    pub per_gib_hour: Decimal,
+    pub currency: Currency,
+    pub effective_from: DateTime<Utc>,
+    pub source: String,
+}
+
+impl StorageRate {
+    pub fn cost(&self, bytes: u64, seconds: Decimal) -> Result<Money, MoneyError> {
+        let n = mul(mul(self.per_gib_hour, bytes)?, seconds)?;
+        Ok(Money::new(
+            div(n, BYTES_PER_GIB * SECONDS_PER_HOUR)?,
+            self.currency,
+        ))
+    }
+}
+
+/// Egress per decimal GB (10^9 bytes) leaving a site or region, at the source's tariff.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressTariff {
+    pub per_gb: Decimal,
+    pub currency: Currency,
+    pub effective_from: DateTime<Utc>,
+    pub source: String,
+}
+
+impl EgressTariff {
+    pub fn cost(&self, bytes: u64) -> Result<Money, MoneyError> {
+        Ok(Money::new(
+            div(mul(self.per_gb, bytes)?, BYTES_PER_GB)?,
+            self.currency,
+        ))
+    }
+}
+
+/// One priced compute offering of a site.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeOffer {
+    pub offer: String,
+    pub pricing: ComputePricing,
+}
+
+/// A site's whole price list at one moment: the one catalogue rates are taken from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriceSheet {
+    pub currency: Currency,
+    pub effective_from: DateTime<Utc>,
+    pub source: String,
+    pub compute: Vec<ComputeOffer>,
+    pub storage_per_gib_hour: Decimal,
+    pub egress_per_gb: Decimal,
+}
+
+impl PriceSheet {
+    /// The rate of offer `offer`, stamped with this sheet's currency, date and source.
+    pub fn compute_rate(&self, offer: &str) -> Option<ComputeRate> {
+        self.compute
+            .iter()
+            .find(|o| o.offer == offer)
+            .map(|o| ComputeRate {
+                offer: o.offer.clone(),
+                pricing: o.pricing.clone(),
+                currency: self.currency,
+                effective_from: self.effective_from,
+                source: self.source.clone(),
+            })
+    }
+
+    pub fn storage_rate(&self) -> StorageRate {
+        StorageRate {
+            per_gib_hour: self.storage_per_gib_hour,
+            currency: self.currency,
+            effective_from: self.effective_from,
+            source: self.source.clone(),
+        }
+    }
+
+    pub fn egress_tariff(&self) -> EgressTariff {
+        EgressTariff {
+            per_gb: self.egress_per_gb,
+            currency: self.currency,
+            effective_from: self.effective_from,
+            source: self.source.clone(),
+        }
+    }
+}

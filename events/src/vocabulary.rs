@@ -1,0 +1,316 @@
+//! The versioned event vocabulary: one serde-tagged enum per aggregate, the top-level
+//! [`Event`] over them, and the small value types they share.
+//!
+//! Tags are `"<aggregate>.<fact>.v<N>"`. A tag, once written to a log, is forever: change
+//! an event's meaning by adding a `.v2` variant next to the old one, never by editing it.
+//! Events carry every number a bill or a replay needs and never a secret (only names).
+
+use std::fmt;
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::envelope::AggregateKind;
+
+pub mod job;
+pub mod site;
+pub mod transfer;
+pub mod workflow;
+
+pub use job::JobEvent;
+pub use site::SiteEvent;
+pub use transfer::TransferEvent;
+pub use workflow::WorkflowEvent;
+
+/// One step of a workflow's DAG: a job, or one task of a job's array.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TaskRef {
+    pub job: String,
+    /// The array index, for a task of an array job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+}
+
+impl TaskRef {
+    pub fn new(job: impl Into<String>, index: Option<u32>) -> TaskRef {
+        TaskRef {
+            job: job.into(),
+            index,
+        }
+    }
+}
+
+impl fmt::Display for TaskRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "{}[{}]", self.job, i),
+            None => f.write_str(&self.job),
+        }
+    }
+}
+
+/// The kinds of site Meridian has adapters for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SiteKind {
+    Local,
+    Slurm,
+    Pbs,
+    Kubernetes,
+    Coreweave,
+    Aws,
+    Gcp,
+    Azure,
+    Oci,
+}
+
+impl SiteKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SiteKind::Local => "local",
+            SiteKind::Slurm => "slurm",
+            SiteKind::Pbs => "pbs",
+            SiteKind::Kubernetes => "kubernetes",
+            SiteKind::Coreweave => "coreweave",
+            SiteKind::Aws => "aws",
+            SiteKind::Gcp => "gcp",
+            SiteKind::Azure => "azure",
+            SiteKind::Oci => "oci",
+        }
+    }
+}
+
+impl fmt::Display for SiteKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where bytes are: at a federated site, or in a region (an object store's, say
+/// `aws:us-east-1`). The data-locality map and egress both speak this.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Location {
+    Site { site: String },
+    Region { region: String },
+}
+
+/// One end of a copy: a URI (`s3://`, `gs://`, `az://`, `https://`) or a path at a site.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Endpoint {
+    Uri { uri: String },
+    SitePath { site: String, path: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AcceleratorVendor {
+    Nvidia,
+    Amd,
+}
+
+/// Accelerators actually allocated, summed over all nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatedGpus {
+    pub count: u32,
+    pub vendor: AcceleratorVendor,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// What a site actually gave a run, summed over all its nodes: what compute is billed on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub nodes: u32,
+    /// Cores over all nodes.
+    pub cpus: u32,
+    /// Bytes over all nodes.
+    pub memory_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<AllocatedGpus>,
+}
+
+/// What a run consumed, as far as the site reports it; every field is optional because
+/// sites differ in what they measure.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<rust_decimal::Decimal>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rss_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_seconds: Option<rust_decimal::Decimal>,
+}
+
+/// Why a run failed. The split that matters is [`FailureReason::is_site_fault`]: a
+/// site's fault sends the work back to placement, a job's fault fails the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FailureReason {
+    /// The program exited non-zero.
+    ExitCode { code: i32 },
+    /// It ran past its walltime.
+    Timeout,
+    /// It used more memory than it asked for.
+    OutOfMemory,
+    /// A node under it died.
+    NodeFailure,
+    /// The site took the capacity back (spot reclaim, higher-priority job).
+    Preempted,
+    /// The node, VM or container never came up.
+    BootFailure,
+    /// The site no longer knows the job.
+    Lost,
+    /// The site would not take the job (capacity, quota, policy).
+    SiteRefused { message: String },
+    /// The job's image could not be pulled or found.
+    ImageUnavailable { message: String },
+    /// Anything else the site reported; treated as the job's fault so it is not retried
+    /// forever.
+    Other { message: String },
+}
+
+impl FailureReason {
+    /// True when the failure is the site's, not the job's: the work should be re-placed.
+    pub fn is_site_fault(&self) -> bool {
+        match self {
+            FailureReason::NodeFailure
+            | FailureReason::Preempted
+            | FailureReason::BootFailure
+            | FailureReason::Lost
+            | FailureReason::SiteRefused { .. } => true,
+            FailureReason::ExitCode { .. }
+            | FailureReason::Timeout
+            | FailureReason::OutOfMemory
+            | FailureReason::ImageUnavailable { .. }
+            | FailureReason::Other { .. } => false,
+        }
+    }
+}
+
+impl fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailureReason::ExitCode { code } => write!(f, "exited with code {code}"),
+            FailureReason::Timeout => f.write_str("ran past its walltime"),
+            FailureReason::OutOfMemory => f.write_str("ran out of memory"),
+            FailureReason::NodeFailure => f.write_str("a node failed"),
+            FailureReason::Preempted => f.write_str("preempted by the site"),
+            FailureReason::BootFailure => f.write_str("its node or container never came up"),
+            FailureReason::Lost => f.write_str("the site lost track of it"),
+            FailureReason::SiteRefused { message } => write!(f, "the site refused it: {message}"),
+            FailureReason::ImageUnavailable { message } => {
+                write!(f, "its image is unavailable: {message}")
+            }
+            FailureReason::Other { message } => f.write_str(message),
+        }
+    }
+}
+
+/// How one run of a job ended, as the workflow sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum JobOutcome {
+    Succeeded,
+    Failed { reason: FailureReason },
+    Cancelled,
+}
+
+/// Any event of any aggregate. Serializes as the inner event (`{"type": "...", ...}`);
+/// deserializes by the tag's aggregate prefix, so errors name the right enum.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Workflow(WorkflowEvent),
+    Job(JobEvent),
+    Site(SiteEvent),
+    Transfer(TransferEvent),
+}
+
+impl Event {
+    /// The versioned tag, e.g. `"workflow.submitted.v1"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Workflow(e) => e.kind(),
+            Event::Job(e) => e.kind(),
+            Event::Site(e) => e.kind(),
+            Event::Transfer(e) => e.kind(),
+        }
+    }
+
+    /// The kind of aggregate whose history this event belongs to.
+    pub fn aggregate_kind(&self) -> AggregateKind {
+        match self {
+            Event::Workflow(_) => AggregateKind::Workflow,
+            Event::Job(_) => AggregateKind::Job,
+            Event::Site(_) => AggregateKind::Site,
+            Event::Transfer(_) => AggregateKind::Transfer,
+        }
+    }
+}
+
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Event::Workflow(e) => e.serialize(serializer),
+            Event::Job(e) => e.serialize(serializer),
+            Event::Site(e) => e.serialize(serializer),
+            Event::Transfer(e) => e.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Event {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Read once as JSON, then hand the whole object to the enum its tag names; an
+        // untagged enum would only say "did not match any variant".
+        let value = serde_json::Value::deserialize(deserializer)?;
+        let tag = value
+            .get("type")
+            .and_then(|t| t.as_str())
+            .ok_or_else(|| D::Error::missing_field("type"))?;
+        let prefix = tag.split('.').next().unwrap_or_default();
+        let kind = AggregateKind::parse(prefix)
+            .ok_or_else(|| D::Error::custom(format!("unknown event type {tag:?}")))?;
+        let event = match kind {
+            AggregateKind::Workflow => serde_json::from_value(value).map(Event::Workflow),
+            AggregateKind::Job => serde_json::from_value(value).map(Event::Job),
+            AggregateKind::Site => serde_json::from_value(value).map(Event::Site),
+            AggregateKind::Transfer => serde_json::from_value(value).map(Event::Transfer),
+            AggregateKind::Tenant => {
+                return Err(D::Error::custom(format!(
+                    "unknown event type {tag:?}: tenant events are not defined yet"
+                )))
+            }
+        };
+        event.map_err(D::Error::custom)
+    }
+}
+
+macro_rules! event_conversions {
+    ($($variant:ident => $ty:ty),* $(,)?) => {$(
+        impl From<$ty> for Event {
+            fn from(e: $ty) -> Event {
+                Event::$variant(e)
+            }
+        }
+
+        impl TryFrom<Event> for $ty {
+            /// The event back, when it belongs to another aggregate.
+            type Error = Event;
+            fn try_from(e: Event) -> Result<$ty, Event> {
+                match e {
+                    Event::$variant(e) => Ok(e),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
+event_conversions! {
+    Workflow => WorkflowEvent,
+    Job => JobEvent,
+    Site => SiteEvent,
+    Transfer => TransferEvent,
+}

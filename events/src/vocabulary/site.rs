@@ -1,0 +1,79 @@
+//! Events of the Site aggregate: what the federation knows of one site, and its prices.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::SiteKind;
+use crate::money::PriceSheet;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum SiteEvent {
+    #[serde(rename = "site.registered.v1")]
+    Registered {
+        name: String,
+        kind: SiteKind,
+        region: String,
+        /// The legal jurisdiction its data sits in (e.g. `eu`), for residency rules.
+        jurisdiction: String,
+        /// The name of the secret holding its credentials; never the secret itself.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credentials_secret: Option<String>,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        labels: BTreeMap<String, String>,
+    },
+
+    /// A new price sheet applies from its `effective_from`; earlier decisions keep the
+    /// rates they captured.
+    #[serde(rename = "site.prices_changed.v1")]
+    PricesChanged { prices: PriceSheet },
+
+    #[serde(rename = "site.health_reported.v1")]
+    HealthReported {
+        healthy: bool,
+        capacity: Capacity,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        observed_at: DateTime<Utc>,
+    },
+
+    /// An admin took the site out of placement.
+    #[serde(rename = "site.drained.v1")]
+    Drained {
+        by: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        drained_at: DateTime<Utc>,
+    },
+
+    #[serde(rename = "site.undrained.v1")]
+    Undrained {
+        by: String,
+        undrained_at: DateTime<Utc>,
+    },
+}
+
+impl SiteEvent {
+    /// The versioned tag this event serializes with.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SiteEvent::Registered { .. } => "site.registered.v1",
+            SiteEvent::PricesChanged { .. } => "site.prices_changed.v1",
+            SiteEvent::HealthReported { .. } => "site.health_reported.v1",
+            SiteEvent::Drained { .. } => "site.drained.v1",
+            SiteEvent::Undrained { .. } => "site.undrained.v1",
+        }
+    }
+}
+
+/// A site's free capacity when it reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub idle_nodes: u32,
+    pub free_cpus: u64,
+    pub free_gpus: u32,
+    /// Jobs queued at the site, ours and others'.
+    pub pending_jobs: u32,
+}

@@ -1,0 +1,184 @@
+//! Events of the Workflow aggregate: a submission's life from intake to its bill.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{JobOutcome, TaskRef};
+use crate::money::{ComputeRate, Currency, Money, MoneyError, StorageRate};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum WorkflowEvent {
+    /// A researcher submitted a valid workflow.
+    #[serde(rename = "workflow.submitted.v1")]
+    Submitted {
+        workflow_id: Uuid,
+        name: String,
+        spec: meridian_spec::Workflow,
+        /// The principal who submitted it (a user or an agent's name).
+        submitted_by: String,
+        /// The client's key, so a retried submission is recognised.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
+    },
+
+    /// The router chose a site, with the prices in force and why.
+    #[serde(rename = "workflow.placement_decided.v1")]
+    PlacementDecided {
+        /// 1 for the first placement; each re-placement counts up.
+        attempt: u32,
+        site: String,
+        region: String,
+        /// The compute rate in force at the decision, for jobs not in `job_rates`.
+        rate: ComputeRate,
+        /// Per-job rates where jobs need different offerings (a GPU instance type for
+        /// `train`, a small one for `prep`).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        job_rates: BTreeMap<String, ComputeRate>,
+        storage_rate: StorageRate,
+        estimated_cost: Money,
+        explanation: PlacementExplanation,
+    },
+
+    /// No site could take the workflow this time.
+    #[serde(rename = "workflow.placement_rejected.v1")]
+    PlacementRejected {
+        attempt: u32,
+        rejections: Vec<SiteRejection>,
+    },
+
+    /// The DAG made a job (or array task) runnable and gave it a Job aggregate.
+    #[serde(rename = "workflow.job_released.v1")]
+    JobReleased {
+        job: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        index: Option<u32>,
+        job_id: Uuid,
+        site: String,
+        /// 1 for the first run of this task; a re-run after a site fault counts up.
+        attempt: u32,
+    },
+
+    /// A released job reached a terminal state; mirrors the Job aggregate's terminal
+    /// event so the DAG can advance from the workflow's own history.
+    #[serde(rename = "workflow.job_settled.v1")]
+    JobSettled {
+        job: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        index: Option<u32>,
+        job_id: Uuid,
+        outcome: JobOutcome,
+        /// The task goes back to be released again (after a site's fault); decided here
+        /// so that replay never depends on today's retry policy.
+        #[serde(default)]
+        retry: bool,
+    },
+
+    #[serde(rename = "workflow.cancel_requested.v1")]
+    CancelRequested {
+        by: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        requested_at: DateTime<Utc>,
+    },
+
+    /// Every job succeeded.
+    #[serde(rename = "workflow.finished.v1")]
+    Finished { finished_at: DateTime<Utc> },
+
+    #[serde(rename = "workflow.failed.v1")]
+    Failed {
+        reason: String,
+        /// The tasks whose failure failed the workflow.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        failed_jobs: Vec<TaskRef>,
+        failed_at: DateTime<Utc>,
+    },
+
+    #[serde(rename = "workflow.cancelled.v1")]
+    Cancelled { cancelled_at: DateTime<Utc> },
+
+    /// The ledger's totals for this workflow as of a ledger position.
+    #[serde(rename = "workflow.billed.v1")]
+    Billed {
+        totals: BTreeMap<Currency, Decimal>,
+        /// The ledger consumer's position the totals include.
+        as_of_position: u64,
+    },
+}
+
+impl WorkflowEvent {
+    /// The versioned tag this event serializes with.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkflowEvent::Submitted { .. } => "workflow.submitted.v1",
+            WorkflowEvent::PlacementDecided { .. } => "workflow.placement_decided.v1",
+            WorkflowEvent::PlacementRejected { .. } => "workflow.placement_rejected.v1",
+            WorkflowEvent::JobReleased { .. } => "workflow.job_released.v1",
+            WorkflowEvent::JobSettled { .. } => "workflow.job_settled.v1",
+            WorkflowEvent::CancelRequested { .. } => "workflow.cancel_requested.v1",
+            WorkflowEvent::Finished { .. } => "workflow.finished.v1",
+            WorkflowEvent::Failed { .. } => "workflow.failed.v1",
+            WorkflowEvent::Cancelled { .. } => "workflow.cancelled.v1",
+            WorkflowEvent::Billed { .. } => "workflow.billed.v1",
+        }
+    }
+}
+
+/// Why the router chose what it chose: every candidate it looked at.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementExplanation {
+    pub candidates: Vec<Candidate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub site: String,
+    pub verdict: Verdict,
+    /// The estimate's terms; absent for a site filtered out before scoring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostTerms>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    Chosen,
+    /// Could run it, but scored worse.
+    Fitted,
+    Rejected {
+        reason: String,
+    },
+}
+
+/// The estimated total cost of the whole workflow at one site, term by term.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CostTerms {
+    pub currency: Currency,
+    pub compute: Decimal,
+    /// Moving inputs not already cached there.
+    pub data_in: Decimal,
+    pub storage: Decimal,
+    /// Moving results to their destinations.
+    pub data_out: Decimal,
+}
+
+impl CostTerms {
+    pub fn total(&self) -> Result<Money, MoneyError> {
+        [self.data_in, self.storage, self.data_out]
+            .into_iter()
+            .try_fold(self.compute, |sum, term| sum.checked_add(term))
+            .map(|amount| Money::new(amount, self.currency))
+            .ok_or(MoneyError::Overflow)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteRejection {
+    pub site: String,
+    pub reason: String,
+}

@@ -1,0 +1,112 @@
+//! Exact money: currencies, sums, and the price of a run, storage and egress.
+
+mod common;
+
+use chrono::Duration;
+use common::*;
+use meridian_events::money::{
+    hours, seconds_between, ComputePricing, ComputeRate, EgressTariff, MoneyError,
+};
+use meridian_events::vocabulary::Allocation;
+use meridian_events::{Currency, Money};
+
+#[test]
+fn currency_is_three_uppercase_letters() {
+    assert_eq!("USD".parse::<Currency>().unwrap(), Currency::USD);
+    for bad in ["usd", "US", "USDT", "U$D", ""] {
+        assert!(bad.parse::<Currency>().is_err(), "{bad}");
+    }
+    assert_eq!(serde_json::to_string(&Currency::EUR).unwrap(), "\"EUR\"");
+    assert!(serde_json::from_str::<Currency>("\"eur\"").is_err());
+}
+
+#[test]
+fn sums_refuse_mixed_currencies() {
+    let a = Money::new(dec("0.10"), Currency::USD);
+    let b = Money::new(dec("0.20"), Currency::USD);
+    assert_eq!(
+        a.checked_add(&b).unwrap(),
+        Money::new(dec("0.30"), Currency::USD)
+    );
+    assert_eq!(
+        a.checked_add(&Money::zero(Currency::EUR)),
+        Err(MoneyError::CurrencyMismatch {
+            left: Currency::USD,
+            right: Currency::EUR
+        })
+    );
+}
+
+#[test]
+fn time_is_exact_to_the_microsecond_and_never_negative() {
+    let start = at(1, 0);
+    assert_eq!(
+        seconds_between(start, start + Duration::milliseconds(1500)),
+        dec("1.5")
+    );
+    assert_eq!(
+        seconds_between(start + Duration::seconds(1), start),
+        dec("0")
+    );
+    assert_eq!(hours(dec("5400")), dec("1.5"));
+}
+
+#[test]
+fn instance_pricing_bills_nodes_by_the_hour() {
+    let rate = ComputeRate {
+        offer: "p5.48xlarge".into(),
+        pricing: ComputePricing::Instance {
+            per_instance_hour: dec("98.32"),
+        },
+        currency: usd(),
+        effective_from: at(0, 0),
+        source: "https://aws.amazon.com/ec2/pricing/on-demand/".into(),
+    };
+    let two_nodes = Allocation {
+        nodes: 2,
+        ..gpu_allocation()
+    };
+    // 2 nodes × 98.32 × 90 min = 294.96
+    let cost = rate.cost_between(&two_nodes, at(1, 0), at(2, 30)).unwrap();
+    assert_eq!(cost, Money::new(dec("294.96"), usd()));
+    // One second is an exact 3600th, to 28 digits, and not rounded to cents.
+    let one_second = rate.cost(&gpu_allocation(), dec("1")).unwrap();
+    assert_eq!(one_second.amount, dec("0.0273111111111111111111111111"));
+}
+
+#[test]
+fn resource_pricing_adds_cores_memory_and_gpus() {
+    let cpu_only = Allocation {
+        nodes: 1,
+        cpus: 4,
+        memory_bytes: 16 << 30,
+        gpus: None,
+    };
+    // 30 min × (4 × 0.01 + 16 × 0.002) = 0.5 × 0.072 = 0.036
+    let cost = hpc_rate()
+        .cost_between(&cpu_only, at(1, 0), at(1, 30))
+        .unwrap();
+    assert_eq!(cost, Money::new(dec("0.036"), usd()));
+    // Half a GiB is priced as half.
+    let half_gib = Allocation {
+        cpus: 0,
+        memory_bytes: 1 << 29,
+        ..cpu_only
+    };
+    let cost = hpc_rate().cost(&half_gib, dec("3600")).unwrap();
+    assert_eq!(cost.amount, dec("0.001"));
+}
+
+#[test]
+fn storage_and_egress() {
+    // 200 GiB for a day at 0.0001 per GiB-hour = 0.48
+    let cost = storage_rate().cost(200 << 30, dec("86400")).unwrap();
+    assert_eq!(cost, Money::new(dec("0.48"), usd()));
+    let egress = EgressTariff {
+        per_gb: dec("0.09"),
+        currency: usd(),
+        effective_from: at(0, 0),
+        source: "https://aws.amazon.com/s3/pricing/".into(),
+    };
+    assert_eq!(egress.cost(1_500_000_000).unwrap().amount, dec("0.135"));
+}

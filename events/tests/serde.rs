@@ -1,0 +1,419 @@
+//! Every event variant through serde_json inside its envelope, and the tags pinned, so a
+//! rename cannot slip into the log unnoticed.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::*;
+use meridian_events::money::{ComputeOffer, ComputePricing, EgressTariff, PriceSheet};
+use meridian_events::vocabulary::site::Capacity;
+use meridian_events::vocabulary::workflow::SiteRejection;
+use meridian_events::vocabulary::{Endpoint, Location, Usage};
+use meridian_events::{
+    AggregateKind, AggregateRef, Currency, Envelope, Event, EventContext, FailureReason, JobEvent,
+    JobOutcome, Money, RawEnvelope, SiteEvent, SiteKind, TaskRef, TransferEvent, WorkflowEvent,
+};
+use serde_json::json;
+
+/// The tag of every variant. Adding a variant means adding it here; renaming one fails.
+const TAGS: [&str; 25] = [
+    "workflow.submitted.v1",
+    "workflow.placement_decided.v1",
+    "workflow.placement_rejected.v1",
+    "workflow.job_released.v1",
+    "workflow.job_settled.v1",
+    "workflow.cancel_requested.v1",
+    "workflow.finished.v1",
+    "workflow.failed.v1",
+    "workflow.cancelled.v1",
+    "workflow.billed.v1",
+    "job.dispatched.v1",
+    "job.submitted_to_site.v1",
+    "job.started.v1",
+    "job.finished.v1",
+    "job.failed.v1",
+    "job.cancel_requested.v1",
+    "job.cancelled.v1",
+    "site.registered.v1",
+    "site.prices_changed.v1",
+    "site.health_reported.v1",
+    "site.drained.v1",
+    "site.undrained.v1",
+    "transfer.requested.v1",
+    "transfer.completed.v1",
+    "transfer.failed.v1",
+];
+
+/// One of each variant, in the order of `TAGS`, with the optional fields filled in.
+fn every_event() -> Vec<Event> {
+    let sheet = PriceSheet {
+        currency: Currency::EUR,
+        effective_from: at(0, 0),
+        source: "grant agreement 2025-03".into(),
+        compute: vec![
+            ComputeOffer {
+                offer: "p5.48xlarge".into(),
+                pricing: ComputePricing::Instance {
+                    per_instance_hour: dec("98.32"),
+                },
+            },
+            ComputeOffer {
+                offer: "gpu".into(),
+                pricing: ComputePricing::Resource {
+                    per_core_hour: dec("0.01"),
+                    per_gib_memory_hour: dec("0.002"),
+                    per_gpu_hour: dec("2.50"),
+                },
+            },
+        ],
+        storage_per_gib_hour: dec("0.0001"),
+        egress_per_gb: dec("0.02"),
+    };
+    let resources = spec().jobs["train"].resources.clone();
+    let usage = Usage {
+        cpu_seconds: Some(dec("86400.25")),
+        max_rss_bytes: Some(1 << 36),
+        gpu_seconds: Some(dec("57600")),
+    };
+    let wf = id(WORKFLOW);
+    let site = || "hpc-eu".to_string();
+    vec![
+        WorkflowEvent::Submitted {
+            workflow_id: wf,
+            name: "prep-train-eval".into(),
+            spec: spec(),
+            submitted_by: "ada".into(),
+            idempotency_key: Some("k-1".into()),
+        }
+        .into(),
+        WorkflowEvent::PlacementDecided {
+            attempt: 1,
+            site: site(),
+            region: "eu-central".into(),
+            rate: hpc_rate(),
+            job_rates: BTreeMap::from([("prep".to_string(), sheet.compute_rate("gpu").unwrap())]),
+            storage_rate: storage_rate(),
+            estimated_cost: Money::new(dec("174.00"), usd()),
+            explanation: explanation(),
+        }
+        .into(),
+        WorkflowEvent::PlacementRejected {
+            attempt: 2,
+            rejections: vec![SiteRejection {
+                site: "pbs-lab".into(),
+                reason: "no H100".into(),
+            }],
+        }
+        .into(),
+        WorkflowEvent::JobReleased {
+            job: "sweep".into(),
+            index: Some(7),
+            job_id: id(27),
+            site: site(),
+            attempt: 2,
+        }
+        .into(),
+        WorkflowEvent::JobSettled {
+            job: "sweep".into(),
+            index: Some(7),
+            job_id: id(27),
+            outcome: JobOutcome::Failed {
+                reason: FailureReason::Preempted,
+            },
+            retry: true,
+        }
+        .into(),
+        WorkflowEvent::CancelRequested {
+            by: "ada".into(),
+            reason: Some("wrong data".into()),
+            requested_at: at(2, 0),
+        }
+        .into(),
+        WorkflowEvent::Finished {
+            finished_at: at(9, 0),
+        }
+        .into(),
+        WorkflowEvent::Failed {
+            reason: "train failed".into(),
+            failed_jobs: vec![TaskRef::new("train", None)],
+            failed_at: at(9, 0),
+        }
+        .into(),
+        WorkflowEvent::Cancelled {
+            cancelled_at: at(9, 0),
+        }
+        .into(),
+        WorkflowEvent::Billed {
+            totals: BTreeMap::from([(Currency::USD, dec("46.016")), (Currency::EUR, dec("0.45"))]),
+            as_of_position: 1234,
+        }
+        .into(),
+        JobEvent::Dispatched {
+            workflow_id: wf,
+            job: "train".into(),
+            index: None,
+            attempt: 1,
+            site: site(),
+            rate: hpc_rate(),
+            resources,
+        }
+        .into(),
+        JobEvent::SubmittedToSite {
+            backend_job_id: "4242".into(),
+            submitted_at: at(1, 0),
+        }
+        .into(),
+        JobEvent::Started {
+            started_at: at(1, 0),
+            allocated: gpu_allocation(),
+            hosts: vec!["gpu017".into(), "gpu018".into()],
+        }
+        .into(),
+        JobEvent::Finished {
+            workflow_id: wf,
+            site: site(),
+            rate: hpc_rate(),
+            started_at: at(1, 0),
+            ended_at: at(3, 0),
+            exit_code: 0,
+            allocated: gpu_allocation(),
+            usage: usage.clone(),
+        }
+        .into(),
+        JobEvent::Failed {
+            workflow_id: wf,
+            site: site(),
+            rate: hpc_rate(),
+            started_at: Some(at(1, 0)),
+            ended_at: at(3, 0),
+            exit_code: Some(137),
+            reason: FailureReason::OutOfMemory,
+            allocated: Some(gpu_allocation()),
+            usage: usage.clone(),
+        }
+        .into(),
+        JobEvent::CancelRequested {
+            by: "ada".into(),
+            reason: None,
+            requested_at: at(2, 0),
+        }
+        .into(),
+        JobEvent::Cancelled {
+            workflow_id: wf,
+            site: site(),
+            rate: hpc_rate(),
+            started_at: None,
+            ended_at: at(2, 0),
+            allocated: None,
+            usage: Usage::default(),
+        }
+        .into(),
+        SiteEvent::Registered {
+            name: site(),
+            kind: SiteKind::Slurm,
+            region: "eu-central".into(),
+            jurisdiction: "eu".into(),
+            credentials_secret: Some("hpc-eu-token".into()),
+            labels: BTreeMap::from([("tier".to_string(), "1".to_string())]),
+        }
+        .into(),
+        SiteEvent::PricesChanged { prices: sheet }.into(),
+        SiteEvent::HealthReported {
+            healthy: false,
+            capacity: Capacity {
+                idle_nodes: 0,
+                free_cpus: 0,
+                free_gpus: 0,
+                pending_jobs: 900,
+            },
+            message: Some("slurmctld not responding".into()),
+            observed_at: at(4, 0),
+        }
+        .into(),
+        SiteEvent::Drained {
+            by: "admin".into(),
+            reason: Some("maintenance".into()),
+            drained_at: at(4, 1),
+        }
+        .into(),
+        SiteEvent::Undrained {
+            by: "admin".into(),
+            undrained_at: at(5, 0),
+        }
+        .into(),
+        TransferEvent::Requested {
+            workflow_id: wf,
+            source: Endpoint::SitePath {
+                site: site(),
+                path: "/results/".into(),
+            },
+            destination: Endpoint::Uri {
+                uri: "s3://results/run-17/".into(),
+            },
+            bytes_expected: Some(1_000),
+        }
+        .into(),
+        TransferEvent::Completed {
+            workflow_id: wf,
+            bytes: 1_000,
+            digest: "sha256:9f86d081884c7d65".into(),
+            from: Location::Site { site: site() },
+            to: Location::Region {
+                region: "aws:us-east-1".into(),
+            },
+            started_at: at(9, 0),
+            ended_at: at(9, 1),
+            egress: Some(EgressTariff {
+                per_gb: dec("0.02"),
+                currency: Currency::EUR,
+                effective_from: at(0, 0),
+                source: "grant agreement 2025-03".into(),
+            }),
+        }
+        .into(),
+        TransferEvent::Failed {
+            workflow_id: wf,
+            reason: "403 from s3".into(),
+            failed_at: at(9, 1),
+        }
+        .into(),
+    ]
+}
+
+#[test]
+fn every_variant_is_covered_once_in_tag_order() {
+    let kinds: Vec<&str> = every_event().iter().map(Event::kind).collect();
+    assert_eq!(kinds, TAGS);
+    assert_eq!(TAGS.iter().collect::<BTreeSet<_>>().len(), TAGS.len());
+}
+
+#[test]
+fn serialized_type_is_the_versioned_tag() {
+    for event in every_event() {
+        let value = serde_json::to_value(&event).unwrap();
+        assert_eq!(value["type"], json!(event.kind()), "{value}");
+        assert!(event.kind().starts_with(event.aggregate_kind().as_str()));
+        assert!(event.kind().ends_with(".v1"));
+    }
+}
+
+#[test]
+fn every_variant_round_trips_through_the_envelope() {
+    let ctx = EventContext::new_chain("tenant-a");
+    for (i, event) in every_event().into_iter().enumerate() {
+        let aggregate = AggregateRef::new(event.aggregate_kind(), id(100 + i as u128));
+        let envelope = Envelope::sequence_after(aggregate, 6, &ctx, at(1, 0), vec![event])
+            .pop()
+            .unwrap();
+        let raw = envelope.to_raw().unwrap();
+        // Through text, as the log stores it.
+        let text = serde_json::to_string(&raw).unwrap();
+        let stored: RawEnvelope = serde_json::from_str(&text).unwrap();
+        let typed: Envelope<Event> = stored.clone().decode().unwrap();
+        assert_eq!(typed, envelope);
+        assert_eq!(typed.sequence, 7);
+
+        // Each per-aggregate enum reads its own events straight from the envelope too.
+        let kind = envelope.payload.kind();
+        match aggregate.kind {
+            AggregateKind::Workflow => {
+                let e: Envelope<WorkflowEvent> = stored.decode().unwrap();
+                assert_eq!(e.payload.kind(), kind);
+            }
+            AggregateKind::Job => {
+                let e: Envelope<JobEvent> = stored.decode().unwrap();
+                assert_eq!(e.payload.kind(), kind);
+            }
+            AggregateKind::Site => {
+                let e: Envelope<SiteEvent> = stored.decode().unwrap();
+                assert_eq!(e.payload.kind(), kind);
+            }
+            AggregateKind::Transfer => {
+                let e: Envelope<TransferEvent> = stored.decode().unwrap();
+                assert_eq!(e.payload.kind(), kind);
+            }
+            AggregateKind::Tenant => unreachable!(),
+        }
+    }
+}
+
+#[test]
+fn money_travels_as_strings_never_floats() {
+    let event: Event = JobEvent::Finished {
+        workflow_id: id(WORKFLOW),
+        site: "hpc-eu".into(),
+        rate: hpc_rate(),
+        started_at: at(1, 0),
+        ended_at: at(3, 0),
+        exit_code: 0,
+        allocated: gpu_allocation(),
+        usage: Usage {
+            cpu_seconds: Some(dec("0.10")),
+            ..Usage::default()
+        },
+    }
+    .into();
+    let value = serde_json::to_value(&event).unwrap();
+    assert_eq!(
+        value["rate"]["pricing"],
+        json!({
+            "basis": "resource",
+            "per_core_hour": "0.01",
+            "per_gib_memory_hour": "0.002",
+            "per_gpu_hour": "2.50"
+        })
+    );
+    assert_eq!(value["rate"]["currency"], json!("USD"));
+    // Scale is kept: 0.10 stays 0.10.
+    assert_eq!(value["usage"]["cpu_seconds"], json!("0.10"));
+    assert_eq!(value["started_at"], json!("2025-03-01T01:00:00Z"));
+
+    let billed = serde_json::to_value(WorkflowEvent::Billed {
+        totals: BTreeMap::from([(Currency::USD, dec("46.016"))]),
+        as_of_position: 9,
+    })
+    .unwrap();
+    assert_eq!(
+        billed,
+        json!({"type": "workflow.billed.v1", "totals": {"USD": "46.016"}, "as_of_position": 9})
+    );
+}
+
+#[test]
+fn decoding_names_what_is_wrong() {
+    let err = serde_json::from_value::<Event>(json!({"type": "workflow.exploded.v1"}))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("workflow.exploded.v1"), "{err}");
+    let err = serde_json::from_value::<Event>(json!({"type": "bogus.thing.v1"}))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown event type"), "{err}");
+    let err = serde_json::from_value::<Event>(json!({"finished_at": "2025-03-01T01:00:00Z"}))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("type"), "{err}");
+    // A currency is validated on the way in.
+    let err = serde_json::from_value::<Event>(json!({
+        "type": "workflow.billed.v1", "totals": {"usd": "1"}, "as_of_position": 1
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("usd"), "{err}");
+}
+
+#[test]
+fn event_converts_back_to_its_aggregate_enum() {
+    let event: Event = SiteEvent::Undrained {
+        by: "admin".into(),
+        undrained_at: at(5, 0),
+    }
+    .into();
+    assert!(WorkflowEvent::try_from(event.clone()).is_err());
+    assert_eq!(event.aggregate_kind(), AggregateKind::Site);
+    assert!(matches!(
+        SiteEvent::try_from(event),
+        Ok(SiteEvent::Undrained { .. })
+    ));
+}
