@@ -70,7 +70,11 @@ fn job_finished(i: u64) -> serde_json::Value {
 }
 
 /// `writers` tasks, each appending `per_writer` single-event commits to its own aggregate.
-async fn appends(log: Arc<dyn EventLog>, writers: usize, per_writer: usize) -> (Duration, Vec<Duration>) {
+async fn appends(
+    log: Arc<dyn EventLog>,
+    writers: usize,
+    per_writer: usize,
+) -> (Duration, Vec<Duration>) {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..writers {
@@ -157,15 +161,31 @@ async fn main() {
 
     let mut rows = Vec::new();
     let (t, l) = raw_publish(&url, n(100_000), 256).await;
-    rows.push(Row::new("JetStream raw async publish, 128 B, 256 in flight (ceiling)", t, l));
+    rows.push(Row::new(
+        "JetStream raw async publish, 128 B, 256 in flight (ceiling)",
+        t,
+        l,
+    ));
     let (t, l) = appends(nats.clone(), 256, n(100)).await;
-    rows.push(Row::new("Meridian JetStream append, expected-sequence, 256 aggregates in parallel", t, l));
+    rows.push(Row::new(
+        "Meridian JetStream append, expected-sequence, 256 aggregates in parallel",
+        t,
+        l,
+    ));
     let (t, l) = appends(nats.clone(), 1, n(2_000)).await;
     rows.push(Row::new("Meridian JetStream append, one writer", t, l));
     let (t, l) = appends(sqlite.clone(), 16, n(200)).await;
-    rows.push(Row::new("Meridian SQLite append (synchronous=FULL), 16 aggregates in parallel", t, l));
+    rows.push(Row::new(
+        "Meridian SQLite append (synchronous=FULL), 16 aggregates in parallel",
+        t,
+        l,
+    ));
     let (t, l) = appends(sqlite.clone(), 1, n(1_000)).await;
-    rows.push(Row::new("Meridian SQLite append (synchronous=FULL), one writer", t, l));
+    rows.push(Row::new(
+        "Meridian SQLite append (synchronous=FULL), one writer",
+        t,
+        l,
+    ));
 
     println!("| measurement | appends | per second | p50 ms | p99 ms |");
     println!("| --- | ---: | ---: | ---: | ---: |");

@@ -84,7 +84,10 @@ pub async fn append_then_read(open: Open) {
     let commits = log.read_from(0, 10).await.unwrap();
     assert_eq!(commits.len(), 2, "two appends are two commits");
     assert_eq!(commits[0].position, p1);
-    assert_eq!(commits[0].events, first, "a commit keeps its events together");
+    assert_eq!(
+        commits[0].events, first,
+        "a commit keeps its events together"
+    );
     assert_eq!(commits[1].events, third);
     assert!(log.read_from(p2, 10).await.unwrap().is_empty());
 }
@@ -145,7 +148,10 @@ pub async fn concurrent_writers_one_wins(open: Open) {
             }
         }
         assert_eq!(won, 1, "exactly one writer wins round {round}");
-        assert_eq!(writers[0].read_aggregate(a).await.unwrap().len(), next as usize);
+        assert_eq!(
+            writers[0].read_aggregate(a).await.unwrap().len(),
+            next as usize
+        );
     }
 }
 
@@ -177,7 +183,10 @@ pub async fn invalid_batches_change_nothing(open: Open) {
     let cases: Vec<(&str, Vec<RawEnvelope>)> = vec![
         ("empty", vec![]),
         ("zero sequence", vec![event(a, 0, json!(0))]),
-        ("two aggregates", vec![event(a, 1, json!(1)), event(b, 2, json!(2))]),
+        (
+            "two aggregates",
+            vec![event(a, 1, json!(1)), event(b, 2, json!(2))],
+        ),
         ("gap", vec![event(a, 1, json!(1)), event(a, 3, json!(3))]),
     ];
     for (what, batch) in cases {
@@ -229,9 +238,15 @@ pub async fn replay_returns_everything_in_order(open: Open) {
     for page in [1, 37, 1000] {
         let commits = read_all(&*log, page).await;
         let positions: Vec<u64> = commits.iter().map(|c| c.position).collect();
-        assert!(positions.windows(2).all(|w| w[0] < w[1]), "positions strictly grow");
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "positions strictly grow"
+        );
         let events: Vec<RawEnvelope> = commits.into_iter().flat_map(|c| c.events).collect();
-        assert_eq!(events, written, "replay with pages of {page} returns every event in order");
+        assert_eq!(
+            events, written,
+            "replay with pages of {page} returns every event in order"
+        );
     }
 }
 
@@ -283,9 +298,20 @@ pub async fn subscription_resumes_without_loss_or_reordering(open: Open) {
     // Restarted, it sees commit 16 next, then the rest, with nothing lost.
     let log = open().await;
     let rest = consume(&*log, "ledger", 35, |_| true).await;
-    assert_eq!(rest.len(), 35, "every commit after the last ack is delivered");
-    assert_eq!(rest[0].position, first[15].position, "resumes right after the ack");
-    assert_eq!(&rest[..5], &first[15..], "the unacknowledged ones come again, unchanged");
+    assert_eq!(
+        rest.len(),
+        35,
+        "every commit after the last ack is delivered"
+    );
+    assert_eq!(
+        rest[0].position, first[15].position,
+        "resumes right after the ack"
+    );
+    assert_eq!(
+        &rest[..5],
+        &first[15..],
+        "the unacknowledged ones come again, unchanged"
+    );
 
     let mut last_seen: BTreeMap<AggregateRef, u64> = BTreeMap::new();
     for e in rest.iter().flat_map(|c| &c.events) {
@@ -297,12 +323,23 @@ pub async fn subscription_resumes_without_loss_or_reordering(open: Open) {
         .chain(&rest)
         .map(|c| c.position)
         .collect();
-    let replay: Vec<u64> = read_all(&*log, 100).await.iter().map(|c| c.position).collect();
-    assert_eq!(all, replay, "acknowledged + resumed = the whole log, in order");
+    let replay: Vec<u64> = read_all(&*log, 100)
+        .await
+        .iter()
+        .map(|c| c.position)
+        .collect();
+    assert_eq!(
+        all, replay,
+        "acknowledged + resumed = the whole log, in order"
+    );
 
     // A caught-up subscription sees new commits as they land; another name starts over.
     let mut sub = log.subscribe("ledger").await.unwrap();
-    assert!(sub.next(10, Duration::from_millis(300)).await.unwrap().is_empty());
+    assert!(sub
+        .next(10, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_empty());
     let writer = log.clone();
     let a = aggregates[0];
     let s = sequence[&a] + 1;
@@ -334,10 +371,17 @@ pub async fn tail_follows_from_a_position(open: Open) {
         got.extend(batch.into_iter().map(|c| c.position));
     }
     assert_eq!(got, positions[3..].to_vec());
-    assert!(tail.next(10, Duration::from_millis(200)).await.unwrap().is_empty());
+    assert!(tail
+        .next(10, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_empty());
     let p6 = append_ok(&*log, vec![event(a, 6, json!(6))]).await;
     let live = tail.next(10, Duration::from_secs(10)).await.unwrap();
-    assert_eq!(live.iter().map(|c| c.position).collect::<Vec<_>>(), vec![p6]);
+    assert_eq!(
+        live.iter().map(|c| c.position).collect::<Vec<_>>(),
+        vec![p6]
+    );
     // A tail keeps no position: a new one from 0 sees everything again.
     let mut again = log.tail(0).await.unwrap();
     let mut all = Vec::new();

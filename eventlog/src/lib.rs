@@ -13,6 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use meridian_events::{AggregateRef, RawEnvelope};
 
+pub mod aggregates;
 pub mod conformance;
 pub mod nats;
 pub mod sqlite;
@@ -51,7 +52,9 @@ impl Appended {
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     /// Someone else appended to the aggregate first: reload it and decide again.
-    #[error("conflict on {aggregate}: expected its last sequence to be {expected}, but it is {actual}")]
+    #[error(
+        "conflict on {aggregate}: expected its last sequence to be {expected}, but it is {actual}"
+    )]
     Conflict {
         aggregate: AggregateRef,
         expected: u64,

@@ -16,16 +16,16 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, pull, AckPolicy, DeliverPolicy};
-use async_nats::jetstream::context::{
-    ConsumerInfoErrorKind, Context, PublishErrorKind,
-};
+use async_nats::jetstream::context::{ConsumerInfoErrorKind, Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, StorageType};
 use async_trait::async_trait;
 use futures::StreamExt;
 use meridian_events::{AggregateRef, RawEnvelope};
 
-use crate::{check_batch, check_name, Appended, Commit, EventLog, LogError, Subscription, MAX_COMMIT_BYTES};
+use crate::{
+    check_batch, check_name, Appended, Commit, EventLog, LogError, Subscription, MAX_COMMIT_BYTES,
+};
 
 const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
 
@@ -381,11 +381,7 @@ impl EventLog for NatsLog {
                 .create_consumer(config(DeliverPolicy::ByStartSequence { start_sequence }))
                 .await
                 .map_err(unavailable)?,
-            None => self
-                .stream
-                .get_consumer(name)
-                .await
-                .map_err(unavailable)?,
+            None => self.stream.get_consumer(name).await.map_err(unavailable)?,
         };
         Ok(Box::new(NatsSubscription {
             consumer,

@@ -13,7 +13,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, SqlitePool};
 use tokio::sync::Notify;
 
-use crate::{check_batch, check_name, Appended, Commit, EventLog, LogError, Subscription, MAX_COMMIT_BYTES};
+use crate::{
+    check_batch, check_name, Appended, Commit, EventLog, LogError, Subscription, MAX_COMMIT_BYTES,
+};
 
 /// How often a waiting subscription looks for commits written by another process.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -73,7 +75,10 @@ impl SqliteLog {
             .connect_with(options)
             .await
             .map_err(|e| LogError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
-        sqlx::raw_sql(SCHEMA).execute(&pool).await.map_err(backend)?;
+        sqlx::raw_sql(SCHEMA)
+            .execute(&pool)
+            .await
+            .map_err(backend)?;
         Ok(SqliteLog {
             inner: Arc::new(Inner {
                 pool,

@@ -89,7 +89,10 @@ async fn server_killed_mid_test_and_the_backend_recovers() {
         .into_iter()
         .map(|e| e.payload)
         .collect();
-    assert_eq!(history, vec![json!("before"), json!("during"), json!("after")]);
+    assert_eq!(
+        history,
+        vec![json!("before"), json!("during"), json!("after")]
+    );
 
     // The durable subscription delivers everything after its ack, in order. A SIGKILL
     // may lose the server's record of the latest ack (it writes consumer state lazily),
@@ -99,7 +102,10 @@ async fn server_killed_mid_test_and_the_backend_recovers() {
     let mut payloads = Vec::new();
     while !payloads.ends_with(&[json!("during"), json!("after")]) {
         let batch = sub.next(10, Duration::from_secs(5)).await.unwrap();
-        assert!(!batch.is_empty(), "the subscription delivers after a restart: {payloads:?}");
+        assert!(
+            !batch.is_empty(),
+            "the subscription delivers after a restart: {payloads:?}"
+        );
         payloads.extend(batch.into_iter().flat_map(|c| c.events).map(|e| e.payload));
     }
     let redelivered = &payloads[..payloads.len() - 2];

@@ -322,3 +322,85 @@ pub mod testing {
         format!("{nanos:x}_{}", std::process::id())
     }
 }
+
+/// Captured output of job runs: written by the site runner when a run ends, read by
+/// the API. Kept here because both sides share it and neither owns the other.
+pub mod job_logs {
+    use sqlx::Row;
+
+    use crate::{Store, StoreError};
+
+    const SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS job_logs (
+        job_id TEXT PRIMARY KEY,
+        workflow_id TEXT NOT NULL,
+        job TEXT NOT NULL,
+        array_index BIGINT,
+        attempt BIGINT NOT NULL,
+        stdout TEXT NOT NULL,
+        stderr TEXT NOT NULL,
+        captured_at TEXT NOT NULL
+    )"];
+
+    #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+    pub struct JobLog {
+        pub job_id: String,
+        pub workflow_id: String,
+        pub job: String,
+        pub index: Option<i64>,
+        pub attempt: i64,
+        pub stdout: String,
+        pub stderr: String,
+        pub captured_at: String,
+    }
+
+    pub async fn save(store: &Store, log: &JobLog) -> Result<(), StoreError> {
+        store.migrate(SCHEMA).await?;
+        sqlx::query(
+            "INSERT INTO job_logs (job_id, workflow_id, job, array_index, attempt, stdout, stderr, captured_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (job_id) DO UPDATE SET stdout = excluded.stdout, stderr = excluded.stderr,
+                 captured_at = excluded.captured_at",
+        )
+        .bind(&log.job_id)
+        .bind(&log.workflow_id)
+        .bind(&log.job)
+        .bind(log.index)
+        .bind(log.attempt)
+        .bind(&log.stdout)
+        .bind(&log.stderr)
+        .bind(&log.captured_at)
+        .execute(store.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The logs of a workflow's runs, optionally of one job, in job and index order.
+    pub async fn read(
+        store: &Store,
+        workflow_id: &str,
+        job: Option<&str>,
+    ) -> Result<Vec<JobLog>, StoreError> {
+        store.migrate(SCHEMA).await?;
+        let rows = sqlx::query(
+            "SELECT job_id, workflow_id, job, array_index, attempt, stdout, stderr, captured_at
+             FROM job_logs WHERE workflow_id = $1 ORDER BY job, array_index, attempt",
+        )
+        .bind(workflow_id)
+        .fetch_all(store.pool())
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| JobLog {
+                job_id: r.get(0),
+                workflow_id: r.get(1),
+                job: r.get(2),
+                index: r.get(3),
+                attempt: r.get(4),
+                stdout: r.get(5),
+                stderr: r.get(6),
+                captured_at: r.get(7),
+            })
+            .filter(|l| job.is_none_or(|j| l.job == j))
+            .collect())
+    }
+}

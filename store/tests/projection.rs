@@ -52,12 +52,15 @@ async fn counts(store: &Store) -> Vec<(String, i64)> {
 
 async fn scenario(store: Store) {
     let dir = tempfile::tempdir().unwrap();
-    let log: Arc<dyn EventLog> = Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
     let (a, b) = (workflow(), workflow());
     for s in 1..=3 {
         log.append(vec![event(a, s, json!(s))]).await.unwrap();
     }
-    log.append(vec![event(b, 1, json!(1)), event(b, 2, json!(2))]).await.unwrap();
+    log.append(vec![event(b, 1, json!(1)), event(b, 2, json!(2))])
+        .await
+        .unwrap();
 
     let head = log.head().await.unwrap();
     assert_eq!(catch_up(&store, &*log, &Counts).await.unwrap(), head);
@@ -80,8 +83,18 @@ async fn scenario(store: Store) {
     };
     log.append(vec![event(a, 4, json!(4))]).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while counts(&store).await.iter().find(|(k, _)| *k == a.to_string()).unwrap().1 != 4 {
-        assert!(tokio::time::Instant::now() < deadline, "the runner applies live commits");
+    while counts(&store)
+        .await
+        .iter()
+        .find(|(k, _)| *k == a.to_string())
+        .unwrap()
+        .1
+        != 4
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the runner applies live commits"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.send(true).unwrap();

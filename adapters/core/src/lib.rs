@@ -1,0 +1,205 @@
+//! What every site adapter is: the [`SiteAdapter`] trait (submit, status, cancel,
+//! find-again after a restart, logs, capacity), the job model it speaks, and the
+//! conformance kit ([`conformance`]) each adapter runs against its real backend.
+//!
+//! Adapters know nothing of the event log: the adapter service turns what they report
+//! into events. They tag every backend job with its Meridian job id, so a restarted
+//! adapter finds what it already submitted and never submits it twice.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub mod conformance;
+
+/// One job (or one task of an array) to run at a site: everything the backend needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRequest {
+    /// The Meridian Job aggregate id; the backend job is tagged with it.
+    pub job_id: Uuid,
+    pub workflow_id: Uuid,
+    /// The job's name in the workflow spec.
+    pub name: String,
+    pub array_index: Option<u32>,
+    /// `None` runs on the host; `Some("docker://…")` in a container.
+    pub image: Option<String>,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub resources: Resources,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    pub nodes: u32,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub walltime: Duration,
+    pub gpus: Option<Gpus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpus {
+    pub count: u32,
+    /// `nvidia`, `amd` or `any`.
+    pub vendor: String,
+    pub model: Option<String>,
+}
+
+/// The backend's own id for a submitted job (Slurm job id, PID, instance id…).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BackendJobId(pub String);
+
+impl std::fmt::Display for BackendJobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why a job ended without success. Site faults send the work back to placement;
+/// job faults are the workflow's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Failure {
+    /// The command exited non-zero (or was killed by a signal).
+    ExitCode { code: i32 },
+    /// Killed at its walltime limit.
+    Timeout,
+    OutOfMemory,
+    /// The site lost the node, preempted the job, or could not boot it.
+    NodeFailure,
+    Preempted,
+    BootFailure,
+    /// The job cannot be found any more and its outcome is unknown.
+    Lost,
+    /// The site refused or could not start it (no container runtime, bad image…).
+    Refused { message: String },
+}
+
+impl Failure {
+    /// True when the site, not the job, is to blame: the router may re-place the work.
+    pub fn is_site_fault(&self) -> bool {
+        matches!(
+            self,
+            Failure::NodeFailure | Failure::Preempted | Failure::BootFailure | Failure::Lost
+        )
+    }
+}
+
+/// Where a job stands at its site.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum JobState {
+    /// Accepted, waiting for resources.
+    Pending,
+    Running {
+        started_at: DateTime<Utc>,
+    },
+    Succeeded {
+        started_at: DateTime<Utc>,
+        ended_at: DateTime<Utc>,
+    },
+    Failed {
+        started_at: Option<DateTime<Utc>>,
+        ended_at: DateTime<Utc>,
+        exit_code: Option<i32>,
+        failure: Failure,
+    },
+    Cancelled {
+        started_at: Option<DateTime<Utc>>,
+        ended_at: DateTime<Utc>,
+    },
+}
+
+impl JobState {
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded { .. } | JobState::Failed { .. } | JobState::Cancelled { .. }
+        )
+    }
+}
+
+/// What the backend allocated and measured, for the bill.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub nodes: u32,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub gpus: u32,
+    /// CPU time used (user + system), when the backend reports it.
+    pub cpu_seconds: Option<f64>,
+    pub max_rss_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobReport {
+    pub backend_id: BackendJobId,
+    pub state: JobState,
+    pub usage: Usage,
+}
+
+/// Free capacity and health, as the site sees it now.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub healthy: bool,
+    pub total_cpus: u32,
+    pub free_cpus: u32,
+    pub total_memory_bytes: u64,
+    pub free_memory_bytes: u64,
+    pub free_gpus: u32,
+    pub idle_nodes: u32,
+    /// Jobs waiting at the site.
+    pub pending: u32,
+    /// Why it is unhealthy, when it is.
+    pub message: Option<String>,
+}
+
+/// A job's captured output.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Logs {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    #[error("job {0} is not known at this site")]
+    UnknownJob(String),
+    /// The site cannot be reached or answered garbage; the same call may work later.
+    #[error("site unavailable: {0}")]
+    Unavailable(String),
+    /// The request can never run here (a bad image, resources the site lacks).
+    #[error("rejected by the site: {0}")]
+    Rejected(String),
+    #[error("not supported by this site: {0}")]
+    NotSupported(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[async_trait]
+pub trait SiteAdapter: Send + Sync {
+    /// The backend kind, e.g. `local` or `slurm`.
+    fn kind(&self) -> &'static str;
+
+    /// Submits `job`. If a job tagged with `job.job_id` already exists at the site, returns
+    /// its id instead of submitting again.
+    async fn submit(&self, job: &JobRequest) -> Result<BackendJobId, AdapterError>;
+
+    /// Looks up the backend job tagged with this Meridian job id, if any.
+    async fn find(&self, job_id: Uuid) -> Result<Option<BackendJobId>, AdapterError>;
+
+    async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError>;
+
+    /// Asks the site to stop the job; cancelling a finished job is not an error.
+    async fn cancel(&self, id: &BackendJobId) -> Result<(), AdapterError>;
+
+    async fn logs(&self, id: &BackendJobId) -> Result<Logs, AdapterError>;
+
+    async fn capacity(&self) -> Result<Capacity, AdapterError>;
+}

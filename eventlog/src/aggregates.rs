@@ -1,0 +1,215 @@
+//! How services drive aggregates through the log: load the history, let the pure
+//! aggregate decide, append with the expected sequence, and on a conflict (someone else
+//! moved the aggregate on) load again and decide again.
+
+use chrono::Utc;
+use meridian_events::{Aggregate, AggregateRef, Envelope, Event, EventContext, RawEnvelope};
+use uuid::Uuid;
+
+use crate::{Appended, EventLog, LogError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError<E: std::error::Error + 'static> {
+    /// The aggregate refused the command (an illegal transition): nothing was appended.
+    #[error(transparent)]
+    Rejected(E),
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("event does not decode: {0}")]
+    Decode(String),
+    #[error("{aggregate} kept changing under {attempts} attempts")]
+    Contended {
+        aggregate: AggregateRef,
+        attempts: u32,
+    },
+}
+
+/// An aggregate's state as folded from the log, with its last sequence.
+pub struct Loaded<A> {
+    pub state: A,
+    pub sequence: u64,
+    pub history: Vec<Envelope<Event>>,
+}
+
+/// Decodes raw envelopes into typed events.
+pub fn decode_all(raw: Vec<RawEnvelope>) -> Result<Vec<Envelope<Event>>, String> {
+    raw.into_iter()
+        .map(|e| {
+            let at = format!("{} #{}", e.aggregate, e.sequence);
+            e.decode::<Event>().map_err(|err| format!("{at}: {err}"))
+        })
+        .collect()
+}
+
+/// Loads aggregate `id` of kind `A::KIND` from the log.
+pub async fn load<A>(log: &dyn EventLog, id: Uuid) -> Result<Loaded<A>, LogError>
+where
+    A: Aggregate,
+    A::Event: TryFrom<Event>,
+{
+    let aggregate = AggregateRef::new(A::KIND, id);
+    let history =
+        decode_all(log.read_aggregate(aggregate).await?).map_err(|message| LogError::Corrupt {
+            position: 0,
+            message,
+        })?;
+    let mut state = A::default();
+    for envelope in &history {
+        if let Ok(event) = A::Event::try_from(envelope.payload.clone()) {
+            state.apply(&event);
+        }
+    }
+    let sequence = history.last().map_or(0, |e| e.sequence);
+    Ok(Loaded {
+        state,
+        sequence,
+        history,
+    })
+}
+
+/// Runs `command` (built afresh from the current state by `make`, so a retry after a
+/// conflict decides against what is really there) and appends what it yields. Returns
+/// the appended envelopes (empty when the aggregate decided nothing).
+pub async fn execute<A, F>(
+    log: &dyn EventLog,
+    id: Uuid,
+    ctx: &EventContext,
+    mut make: F,
+) -> Result<Vec<Envelope<Event>>, ExecuteError<A::Error>>
+where
+    A: Aggregate,
+    A::Event: TryFrom<Event>,
+    A::Error: 'static,
+    F: FnMut(&A) -> A::Command,
+{
+    const ATTEMPTS: u32 = 8;
+    let aggregate = AggregateRef::new(A::KIND, id);
+    for _ in 0..ATTEMPTS {
+        let loaded = load::<A>(log, id).await?;
+        let events = loaded
+            .state
+            .handle(make(&loaded.state), Utc::now())
+            .map_err(ExecuteError::Rejected)?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let envelopes = Envelope::sequence_after(
+            aggregate,
+            loaded.sequence,
+            ctx,
+            Utc::now(),
+            events.into_iter().map(Into::into).collect::<Vec<Event>>(),
+        );
+        let raw = envelopes
+            .iter()
+            .map(Envelope::to_raw)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ExecuteError::Decode(e.to_string()))?;
+        match log.append(raw).await {
+            Ok(Appended::Stored { .. }) | Ok(Appended::Duplicate { .. }) => return Ok(envelopes),
+            Err(LogError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ExecuteError::Contended {
+        aggregate,
+        attempts: ATTEMPTS,
+    })
+}
+
+/// An aggregate kept in memory by a long-running service, so that each new event costs
+/// one `apply` rather than a reload of the whole history. The log stays the authority:
+/// a gap in what was observed, or a conflict on append, reloads it.
+pub struct Cached<A> {
+    pub id: Uuid,
+    pub state: A,
+    pub sequence: u64,
+    /// The tenant of the aggregate's first event.
+    pub tenant: Option<String>,
+}
+
+impl<A> Cached<A>
+where
+    A: Aggregate,
+    A::Event: TryFrom<Event>,
+    A::Error: 'static,
+{
+    pub async fn load(log: &dyn EventLog, id: Uuid) -> Result<Cached<A>, LogError> {
+        let loaded = load::<A>(log, id).await?;
+        Ok(Cached {
+            id,
+            tenant: loaded.history.first().map(|e| e.tenant.clone()),
+            state: loaded.state,
+            sequence: loaded.sequence,
+        })
+    }
+
+    /// Folds in events of this aggregate as they are delivered. Events already folded are
+    /// skipped; returns false on a gap (the caller reloads).
+    pub fn observe(&mut self, envelope: &Envelope<Event>) -> bool {
+        if envelope.sequence <= self.sequence {
+            return true;
+        }
+        if envelope.sequence != self.sequence + 1 {
+            return false;
+        }
+        if let Ok(event) = A::Event::try_from(envelope.payload.clone()) {
+            self.state.apply(&event);
+        }
+        self.sequence = envelope.sequence;
+        self.tenant.get_or_insert_with(|| envelope.tenant.clone());
+        true
+    }
+
+    /// Decides `make(state)` against the cached state and appends the outcome; on a
+    /// conflict reloads and decides again. The appended events are folded in.
+    pub async fn execute<F>(
+        &mut self,
+        log: &dyn EventLog,
+        ctx: &EventContext,
+        mut make: F,
+    ) -> Result<Vec<Envelope<Event>>, ExecuteError<A::Error>>
+    where
+        F: FnMut(&A) -> A::Command,
+    {
+        const ATTEMPTS: u32 = 8;
+        let aggregate = AggregateRef::new(A::KIND, self.id);
+        for _ in 0..ATTEMPTS {
+            let events = self
+                .state
+                .handle(make(&self.state), Utc::now())
+                .map_err(ExecuteError::Rejected)?;
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            let envelopes = Envelope::sequence_after(
+                aggregate,
+                self.sequence,
+                ctx,
+                Utc::now(),
+                events.into_iter().map(Into::into).collect::<Vec<Event>>(),
+            );
+            let raw = envelopes
+                .iter()
+                .map(Envelope::to_raw)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ExecuteError::Decode(e.to_string()))?;
+            match log.append(raw).await {
+                Ok(_) => {
+                    for e in &envelopes {
+                        self.observe(e);
+                    }
+                    return Ok(envelopes);
+                }
+                Err(LogError::Conflict { .. }) => {
+                    *self = Cached::load(log, self.id).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ExecuteError::Contended {
+            aggregate,
+            attempts: ATTEMPTS,
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! The site catalogue as the router sees it: a projection of Site events, kept in
+//! memory. Every decision reads prices from here and copies them into its event.
+
+use std::collections::BTreeMap;
+
+use meridian_eventlog::{EventLog, LogError};
+use meridian_events::vocabulary::site::Capacity;
+use meridian_events::{AggregateKind, Envelope, Event, PriceSheet, SiteEvent, SiteKind};
+use uuid::Uuid;
+
+/// Labels a site registers with to describe the biggest job it can run, until sites
+/// carry full shapes: `max_cpus`, `max_memory_bytes`, `max_nodes`, `gpus` (per node).
+pub mod labels {
+    pub const MAX_CPUS: &str = "max_cpus";
+    pub const MAX_MEMORY_BYTES: &str = "max_memory_bytes";
+    pub const MAX_NODES: &str = "max_nodes";
+    pub const GPUS: &str = "gpus";
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteEntry {
+    pub id: Uuid,
+    pub name: String,
+    pub kind: SiteKind,
+    pub region: String,
+    pub jurisdiction: String,
+    pub labels: BTreeMap<String, String>,
+    /// Every sheet, oldest first; the one in force is the last whose date has come.
+    pub prices: Vec<PriceSheet>,
+    pub drained: bool,
+    pub healthy: bool,
+    pub capacity: Option<Capacity>,
+}
+
+impl SiteEntry {
+    pub fn label_u64(&self, key: &str) -> Option<u64> {
+        self.labels.get(key).and_then(|v| v.parse().ok())
+    }
+
+    pub fn prices_at(&self, at: chrono::DateTime<chrono::Utc>) -> Option<&PriceSheet> {
+        self.prices.iter().rev().find(|p| p.effective_from <= at)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    pub sites: BTreeMap<String, SiteEntry>,
+    by_id: BTreeMap<Uuid, String>,
+}
+
+impl Catalog {
+    /// Builds the catalogue from the whole log (Site events only).
+    pub async fn load(log: &dyn EventLog) -> Result<Catalog, LogError> {
+        let mut catalog = Catalog::default();
+        let mut after = 0;
+        loop {
+            let commits = log.read_from(after, 512).await?;
+            let Some(last) = commits.last() else {
+                return Ok(catalog);
+            };
+            after = last.position;
+            for raw in commits.into_iter().flat_map(|c| c.events) {
+                if raw.aggregate.kind != AggregateKind::Site {
+                    continue;
+                }
+                let envelope = raw.decode::<Event>().map_err(|e| LogError::Corrupt {
+                    position: after,
+                    message: e.to_string(),
+                })?;
+                catalog.observe(&envelope);
+            }
+        }
+    }
+
+    pub fn find(&self, name: &str) -> Option<&SiteEntry> {
+        self.sites.get(name)
+    }
+
+    /// Folds in one event (non-Site events are ignored).
+    pub fn observe(&mut self, envelope: &Envelope<Event>) {
+        let Event::Site(event) = &envelope.payload else {
+            return;
+        };
+        let id = envelope.aggregate.id;
+        if let SiteEvent::Registered {
+            name,
+            kind,
+            region,
+            jurisdiction,
+            labels,
+            ..
+        } = event
+        {
+            self.by_id.insert(id, name.clone());
+            self.sites.entry(name.clone()).or_insert(SiteEntry {
+                id,
+                name: name.clone(),
+                kind: *kind,
+                region: region.clone(),
+                jurisdiction: jurisdiction.clone(),
+                labels: labels.clone(),
+                prices: Vec::new(),
+                drained: false,
+                healthy: true,
+                capacity: None,
+            });
+            return;
+        }
+        let Some(site) = self
+            .by_id
+            .get(&id)
+            .and_then(|name| self.sites.get_mut(name))
+        else {
+            return;
+        };
+        match event {
+            SiteEvent::Registered { .. } => {}
+            SiteEvent::PricesChanged { prices } => {
+                site.prices.push(prices.clone());
+                site.prices.sort_by_key(|p| p.effective_from);
+            }
+            SiteEvent::HealthReported {
+                healthy, capacity, ..
+            } => {
+                site.healthy = *healthy;
+                site.capacity = Some(capacity.clone());
+            }
+            SiteEvent::Drained { .. } => site.drained = true,
+            SiteEvent::Undrained { .. } => site.drained = false,
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! The router decides where a workflow runs and when each of its jobs may start.
+//! It reads the whole log through its durable subscription and reacts:
+//! - a submitted workflow is placed ([`placement::decide`]) or rejected with a reason
+//!   per site;
+//! - a placed workflow's runnable tasks (its DAG and each array's parallelism cap, as
+//!   the pure Workflow aggregate computes them) are released, and each release is
+//!   dispatched as a new Job aggregate carrying the price in force;
+//! - a job that ended is settled into its workflow, which then finishes, fails or
+//!   releases what became runnable;
+//! - a cancel request is passed to each running job.
+//!
+//! Every reaction re-derives what should happen from aggregate state, so delivering a
+//! commit twice (after a crash) decides nothing twice.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
+use meridian_eventlog::{EventLog, LogError};
+use meridian_events::aggregate::{
+    Job, JobCommand, JobError, Workflow, WorkflowCommand, WorkflowError, WorkflowState,
+};
+use meridian_events::{
+    AggregateKind, Envelope, Event, EventContext, JobEvent, JobOutcome, TaskRef, WorkflowEvent,
+};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+pub mod catalog;
+pub mod placement;
+
+pub use catalog::Catalog;
+
+/// The durable subscription the router reads through.
+pub const SUBSCRIPTION: &str = "router";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("workflow {id}: {source}")]
+    Workflow {
+        id: Uuid,
+        source: ExecuteError<WorkflowError>,
+    },
+    #[error("job {id}: {source}")]
+    Job {
+        id: Uuid,
+        source: ExecuteError<JobError>,
+    },
+    #[error("undecodable event at position {position}: {message}")]
+    Decode { position: u64, message: String },
+}
+
+/// What a release said, needed to dispatch it.
+#[derive(Debug, Clone)]
+struct Release {
+    task: TaskRef,
+    site: String,
+    attempt: u32,
+}
+
+pub struct Router {
+    log: Arc<dyn EventLog>,
+    catalog: Catalog,
+    workflows: HashMap<Uuid, Cached<Workflow>>,
+    jobs: HashMap<Uuid, Cached<Job>>,
+    /// job id → its workflow, for routing job events to the workflow they belong to.
+    job_workflow: HashMap<Uuid, Uuid>,
+    releases: HashMap<Uuid, Release>,
+}
+
+impl Router {
+    pub async fn new(log: Arc<dyn EventLog>) -> Result<Router, RouterError> {
+        let catalog = Catalog::load(&*log).await?;
+        Ok(Router {
+            log,
+            catalog,
+            workflows: HashMap::new(),
+            jobs: HashMap::new(),
+            job_workflow: HashMap::new(),
+            releases: HashMap::new(),
+        })
+    }
+
+    /// Runs until `shutdown` turns true. Transient log errors are retried.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), RouterError> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            match self.serve(&mut shutdown).await {
+                Ok(()) => return Ok(()),
+                Err(RouterError::Log(e)) if e.is_transient() => {
+                    tracing::warn!(error = %e, "router: log unavailable; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RouterError> {
+        let mut sub = self.log.subscribe(SUBSCRIPTION).await?;
+        loop {
+            let commits = tokio::select! {
+                next = sub.next(256, Duration::from_secs(1)) => next?,
+                _ = shutdown.changed() => return Ok(()),
+            };
+            for commit in commits {
+                let mut touched = BTreeSet::new();
+                for raw in commit.events {
+                    let envelope = raw.decode::<Event>().map_err(|e| RouterError::Decode {
+                        position: commit.position,
+                        message: e.to_string(),
+                    })?;
+                    if let Some(workflow) = self.observe(&envelope).await? {
+                        touched.insert(workflow);
+                    }
+                }
+                for workflow in touched {
+                    self.reconcile(workflow).await?;
+                }
+                sub.ack(commit.position).await?;
+            }
+        }
+    }
+
+    /// Folds one delivered event into the caches; returns the workflow it concerns.
+    async fn observe(&mut self, envelope: &Envelope<Event>) -> Result<Option<Uuid>, RouterError> {
+        let id = envelope.aggregate.id;
+        match envelope.aggregate.kind {
+            AggregateKind::Site => {
+                self.catalog.observe(envelope);
+                Ok(None)
+            }
+            AggregateKind::Workflow => {
+                if let Event::Workflow(WorkflowEvent::JobReleased {
+                    job,
+                    index,
+                    job_id,
+                    site,
+                    attempt,
+                }) = &envelope.payload
+                {
+                    self.job_workflow.insert(*job_id, id);
+                    self.releases.insert(
+                        *job_id,
+                        Release {
+                            task: TaskRef::new(job.clone(), *index),
+                            site: site.clone(),
+                            attempt: *attempt,
+                        },
+                    );
+                }
+                let fresh = match self.workflows.get_mut(&id) {
+                    Some(cached) => !cached.observe(envelope),
+                    None => true,
+                };
+                if fresh {
+                    self.workflows
+                        .insert(id, Cached::load(&*self.log, id).await?);
+                }
+                Ok(Some(id))
+            }
+            AggregateKind::Job => {
+                let fresh = match self.jobs.get_mut(&id) {
+                    Some(cached) => !cached.observe(envelope),
+                    None => true,
+                };
+                if fresh {
+                    self.jobs.insert(id, Cached::load(&*self.log, id).await?);
+                }
+                let workflow = match &envelope.payload {
+                    Event::Job(JobEvent::Dispatched { workflow_id, .. }) => Some(*workflow_id),
+                    _ => self.jobs[&id].state.dispatch().map(|d| d.workflow_id),
+                };
+                if let Some(w) = workflow {
+                    self.job_workflow.insert(id, w);
+                }
+                Ok(workflow)
+            }
+            AggregateKind::Transfer | AggregateKind::Tenant => Ok(None),
+        }
+    }
+
+    async fn workflow(&mut self, id: Uuid) -> Result<&mut Cached<Workflow>, RouterError> {
+        if !self.workflows.contains_key(&id) {
+            let cached = Cached::load(&*self.log, id).await?;
+            self.workflows.insert(id, cached);
+        }
+        Ok(self.workflows.get_mut(&id).expect("just inserted"))
+    }
+
+    async fn job(&mut self, id: Uuid) -> Result<&mut Cached<Job>, RouterError> {
+        if !self.jobs.contains_key(&id) {
+            let cached = Cached::load(&*self.log, id).await?;
+            self.jobs.insert(id, cached);
+        }
+        Ok(self.jobs.get_mut(&id).expect("just inserted"))
+    }
+
+    fn context(workflow: &Cached<Workflow>) -> EventContext {
+        let tenant = workflow.tenant.clone().unwrap_or_else(|| "default".into());
+        let mut ctx = EventContext::new_chain(tenant);
+        // Everything a workflow causes shares its id as the correlation id.
+        ctx.correlation_id = workflow.id;
+        ctx
+    }
+
+    async fn on_workflow(
+        &mut self,
+        id: Uuid,
+        command: impl FnMut(&Workflow) -> WorkflowCommand,
+    ) -> Result<Vec<Envelope<Event>>, RouterError> {
+        let log = self.log.clone();
+        let cached = self.workflow(id).await?;
+        let ctx = Self::context(cached);
+        match cached.execute(&*log, &ctx, command).await {
+            Ok(events) => Ok(events),
+            Err(source) => Err(RouterError::Workflow { id, source }),
+        }
+    }
+
+    /// Brings workflow `id` forward as far as its state allows.
+    async fn reconcile(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let state = self.workflow(id).await?.state.state();
+        match state {
+            None => Ok(()),
+            Some(s) if s.is_terminal() => Ok(()),
+            Some(WorkflowState::Submitted) => self.place(id).await,
+            Some(_) => {
+                self.follow_jobs(id).await?;
+                self.release_runnable(id).await
+            }
+        }
+    }
+
+    async fn place(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let Some(spec) = self.workflow(id).await?.state.spec().cloned() else {
+            return Ok(());
+        };
+        match placement::decide(&spec, &self.catalog, chrono::Utc::now()) {
+            placement::Decision::Placed(placed) => {
+                let placement::Placed {
+                    site,
+                    region,
+                    rate,
+                    storage_rate,
+                    estimated_cost,
+                    explanation,
+                } = *placed;
+                tracing::info!(workflow = %id, %site, estimate = %estimated_cost.amount, "placed");
+                self.on_workflow(id, |_| WorkflowCommand::RecordPlacement {
+                    site: site.clone(),
+                    region: region.clone(),
+                    rate: rate.clone(),
+                    job_rates: Default::default(),
+                    storage_rate: storage_rate.clone(),
+                    estimated_cost: estimated_cost.clone(),
+                    explanation: explanation.clone(),
+                })
+                .await?;
+                // A workflow with nothing to run may already be finished; else release.
+                self.reconcile_after_placement(id).await
+            }
+            placement::Decision::Rejected { rejections } => {
+                let reason = format!(
+                    "no site can run it: {}",
+                    rejections
+                        .iter()
+                        .map(|r| format!("{}: {}", r.site, r.reason))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+                tracing::info!(workflow = %id, %reason, "rejected");
+                self.on_workflow(id, |_| WorkflowCommand::RejectPlacement {
+                    rejections: rejections.clone(),
+                })
+                .await?;
+                self.on_workflow(id, |_| WorkflowCommand::Fail {
+                    reason: reason.clone(),
+                })
+                .await?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn reconcile_after_placement(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let terminal = self
+            .workflow(id)
+            .await?
+            .state
+            .state()
+            .is_some_and(WorkflowState::is_terminal);
+        if terminal {
+            return Ok(());
+        }
+        self.release_runnable(id).await
+    }
+
+    /// Dispatches releases that have no Job yet, settles jobs that ended, and passes a
+    /// cancel request on to running jobs.
+    async fn follow_jobs(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let (running, cancelling) = {
+            let wf = &self.workflow(id).await?.state;
+            (
+                wf.running_jobs().clone(),
+                wf.state() == Some(WorkflowState::CancelRequested),
+            )
+        };
+        for (job_id, _task) in running {
+            let job_state = self.job(job_id).await?.state.state();
+            match job_state {
+                None => self.dispatch(id, job_id).await?,
+                Some(s) if s.is_terminal() => {
+                    let outcome = self.jobs[&job_id]
+                        .state
+                        .outcome()
+                        .cloned()
+                        .unwrap_or(JobOutcome::Cancelled);
+                    self.on_workflow(id, |_| WorkflowCommand::SettleJob {
+                        job_id,
+                        outcome: outcome.clone(),
+                    })
+                    .await?;
+                }
+                Some(_) if cancelling && !self.jobs[&job_id].state.cancel_requested() => {
+                    let by = self.workflow(id).await?.state.submitted_by().to_string();
+                    let ctx = Self::context(&self.workflows[&id]);
+                    let log = self.log.clone();
+                    let job = self.job(job_id).await?;
+                    job.execute(&*log, &ctx, |_| JobCommand::RequestCancel {
+                        by: by.clone(),
+                        reason: Some("the workflow was cancelled".into()),
+                    })
+                    .await
+                    .map_err(|source| RouterError::Job { id: job_id, source })?;
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_runnable(&mut self, id: Uuid) -> Result<(), RouterError> {
+        loop {
+            let (runnable, site) = {
+                let wf = &self.workflow(id).await?.state;
+                let site = wf.placement().map(|p| p.site.clone());
+                (wf.runnable_jobs(), site)
+            };
+            let (Some(task), Some(site)) = (runnable.into_iter().next(), site) else {
+                return Ok(());
+            };
+            let job_id = Uuid::now_v7();
+            let events = self
+                .on_workflow(id, |_| WorkflowCommand::ReleaseJob {
+                    job: task.job.clone(),
+                    index: task.index,
+                    job_id,
+                    site: site.clone(),
+                })
+                .await?;
+            for e in &events {
+                if let Event::Workflow(WorkflowEvent::JobReleased {
+                    job,
+                    index,
+                    job_id,
+                    site,
+                    attempt,
+                }) = &e.payload
+                {
+                    self.job_workflow.insert(*job_id, id);
+                    self.releases.insert(
+                        *job_id,
+                        Release {
+                            task: TaskRef::new(job.clone(), *index),
+                            site: site.clone(),
+                            attempt: *attempt,
+                        },
+                    );
+                }
+            }
+            self.dispatch(id, job_id).await?;
+        }
+    }
+
+    /// Creates the Job aggregate of a release, with the price in force for its job.
+    async fn dispatch(&mut self, workflow_id: Uuid, job_id: Uuid) -> Result<(), RouterError> {
+        if !self.releases.contains_key(&job_id) {
+            // Released before a restart: find the release in the workflow's history.
+            let loaded = aggregates::load::<Workflow>(&*self.log, workflow_id).await?;
+            for e in loaded.history {
+                if let Event::Workflow(WorkflowEvent::JobReleased {
+                    job,
+                    index,
+                    job_id,
+                    site,
+                    attempt,
+                }) = e.payload
+                {
+                    self.releases.insert(
+                        job_id,
+                        Release {
+                            task: TaskRef::new(job, index),
+                            site,
+                            attempt,
+                        },
+                    );
+                }
+            }
+        }
+        let Some(release) = self.releases.get(&job_id).cloned() else {
+            return Ok(());
+        };
+        let (rate, resources, ctx) = {
+            let wf = self.workflow(workflow_id).await?;
+            let Some(placement) = wf.state.placement() else {
+                return Ok(());
+            };
+            let Some(spec) = wf.state.spec() else {
+                return Ok(());
+            };
+            let resources = spec
+                .jobs
+                .get(&release.task.job)
+                .map(|j| j.resources.clone())
+                .or_else(|| {
+                    spec.services
+                        .get(&release.task.job)
+                        .map(|s| s.resources.clone())
+                })
+                .unwrap_or_default();
+            (
+                placement.rate_for(&release.task.job).clone(),
+                resources,
+                Self::context(wf),
+            )
+        };
+        let log = self.log.clone();
+        let job = self.job(job_id).await?;
+        match job
+            .execute(&*log, &ctx, |_| JobCommand::Dispatch {
+                workflow_id,
+                job: release.task.job.clone(),
+                index: release.task.index,
+                attempt: release.attempt,
+                site: release.site.clone(),
+                rate: rate.clone(),
+                resources: resources.clone(),
+            })
+            .await
+        {
+            Ok(_) | Err(ExecuteError::Rejected(JobError::AlreadyDispatched)) => Ok(()),
+            Err(source) => Err(RouterError::Job { id: job_id, source }),
+        }
+    }
+}

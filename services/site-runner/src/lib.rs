@@ -1,0 +1,556 @@
+//! The site runner drives one site's [`SiteAdapter`] from the event log: a job
+//! dispatched to its site is submitted, followed until it ends, and every change the
+//! site reports becomes an event of the Job aggregate (submitted, started, finished,
+//! failed, cancelled); a cancel request is passed to the site. The same runner serves
+//! every adapter, so each adapter only speaks its backend.
+//!
+//! Restarts: on start the runner finds, from the log, every job of its site that has not
+//! ended, and follows it again. Submission is idempotent at the adapter (backend jobs are
+//! tagged with the Meridian job id), so nothing is submitted twice.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use meridian_adapter_core::{
+    AdapterError, BackendJobId, Failure, JobRequest, JobState as SiteState, SiteAdapter,
+};
+use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
+use meridian_eventlog::{EventLog, LogError};
+use meridian_events::aggregate::{Job, JobCommand, JobError, Workflow};
+use meridian_events::vocabulary::{AcceleratorVendor, AllocatedGpus, Usage};
+use meridian_events::{
+    AggregateKind, Allocation, Envelope, Event, EventContext, FailureReason, JobEvent,
+};
+use meridian_store::job_logs::{self, JobLog};
+use meridian_store::Store;
+use rust_decimal::Decimal;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("job {id}: {source}")]
+    Job {
+        id: Uuid,
+        source: ExecuteError<JobError>,
+    },
+    #[error("undecodable event at position {position}: {message}")]
+    Decode { position: u64, message: String },
+}
+
+/// One job of this site the runner follows.
+struct Tracked {
+    job: Cached<Job>,
+    backend: Option<BackendJobId>,
+    tenant: String,
+}
+
+pub struct SiteRunner {
+    site: String,
+    adapter: Arc<dyn SiteAdapter>,
+    log: Arc<dyn EventLog>,
+    /// Where captured output goes; none keeps no logs.
+    store: Option<Store>,
+    poll: Duration,
+    jobs: HashMap<Uuid, Tracked>,
+    specs: HashMap<Uuid, Arc<meridian_spec::Workflow>>,
+}
+
+/// The durable subscription name for a site: consumer names allow only `[A-Za-z0-9_-]`.
+pub fn subscription_name(site: &str) -> String {
+    let clean: String = site
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("site-{clean}")
+}
+
+impl SiteRunner {
+    pub fn new(
+        site: impl Into<String>,
+        adapter: Arc<dyn SiteAdapter>,
+        log: Arc<dyn EventLog>,
+        store: Option<Store>,
+    ) -> SiteRunner {
+        SiteRunner {
+            site: site.into(),
+            adapter,
+            log,
+            store,
+            poll: Duration::from_millis(250),
+            jobs: HashMap::new(),
+            specs: HashMap::new(),
+        }
+    }
+
+    /// How often running jobs are asked for their state.
+    pub fn with_poll_interval(mut self, poll: Duration) -> SiteRunner {
+        self.poll = poll;
+        self
+    }
+
+    /// Runs until `shutdown` turns true. Transient log errors are retried.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), RunnerError> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            match self.serve(&mut shutdown).await {
+                Ok(()) => return Ok(()),
+                Err(RunnerError::Log(e)) if e.is_transient() => {
+                    tracing::warn!(site = %self.site, error = %e, "log unavailable; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RunnerError> {
+        self.recover().await?;
+        let mut sub = self.log.subscribe(&subscription_name(&self.site)).await?;
+        let mut tick = tokio::time::interval(self.poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                commits = sub.next(128, Duration::from_millis(100)) => {
+                    for commit in commits? {
+                        for raw in commit.events {
+                            if raw.aggregate.kind != AggregateKind::Job {
+                                continue;
+                            }
+                            let envelope = raw.decode::<Event>().map_err(|e| RunnerError::Decode {
+                                position: commit.position,
+                                message: e.to_string(),
+                            })?;
+                            self.observe(envelope).await?;
+                        }
+                        sub.ack(commit.position).await?;
+                    }
+                }
+                _ = tick.tick() => self.poll_all().await?,
+                _ = shutdown.changed() => return Ok(()),
+            }
+        }
+    }
+
+    /// Finds this site's jobs that have not ended, from the whole log.
+    async fn recover(&mut self) -> Result<(), RunnerError> {
+        let mut after = 0;
+        let mut mine = Vec::new();
+        loop {
+            let commits = self.log.read_from(after, 512).await?;
+            let Some(last) = commits.last() else { break };
+            after = last.position;
+            for raw in commits.into_iter().flat_map(|c| c.events) {
+                if raw.aggregate.kind != AggregateKind::Job || raw.sequence != 1 {
+                    continue;
+                }
+                if raw.payload.get("site").and_then(|s| s.as_str()) == Some(self.site.as_str()) {
+                    mine.push(raw.aggregate.id);
+                }
+            }
+        }
+        for id in mine {
+            if self.jobs.contains_key(&id) {
+                continue;
+            }
+            let job = Cached::<Job>::load(&*self.log, id).await?;
+            if job.state.state().is_some_and(|s| !s.is_terminal()) {
+                tracing::info!(site = %self.site, job = %id, "following a job from before the restart");
+                self.track(job).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn observe(&mut self, envelope: Envelope<Event>) -> Result<(), RunnerError> {
+        let id = envelope.aggregate.id;
+        if let Some(tracked) = self.jobs.get_mut(&id) {
+            if !tracked.job.observe(&envelope) {
+                tracked.job = Cached::load(&*self.log, id).await?;
+            }
+            if matches!(
+                envelope.payload,
+                Event::Job(JobEvent::CancelRequested { .. })
+            ) {
+                if let Some(backend) = tracked.backend.clone() {
+                    match self.adapter.cancel(&backend).await {
+                        Ok(()) | Err(AdapterError::UnknownJob(_)) => {}
+                        Err(e) => {
+                            tracing::warn!(job = %id, error = %e, "cancel failed; will retry")
+                        }
+                    }
+                }
+            }
+            return Ok(());
+        }
+        if let Event::Job(JobEvent::Dispatched { site, .. }) = &envelope.payload {
+            if *site == self.site {
+                let job = Cached::<Job>::load(&*self.log, id).await?;
+                if job.state.state().is_some_and(|s| !s.is_terminal()) {
+                    self.track(job).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn track(&mut self, job: Cached<Job>) -> Result<(), RunnerError> {
+        let id = job.id;
+        let backend = job
+            .state
+            .backend_job_id()
+            .map(|b| BackendJobId(b.to_string()));
+        let tenant = job.tenant.clone().unwrap_or_else(|| "default".into());
+        self.jobs.insert(
+            id,
+            Tracked {
+                job,
+                backend,
+                tenant,
+            },
+        );
+        self.step(id).await
+    }
+
+    async fn poll_all(&mut self) -> Result<(), RunnerError> {
+        let ids: Vec<Uuid> = self.jobs.keys().copied().collect();
+        for id in ids {
+            self.step(id).await?;
+        }
+        Ok(())
+    }
+
+    async fn spec_of(
+        &mut self,
+        workflow_id: Uuid,
+    ) -> Result<Option<Arc<meridian_spec::Workflow>>, RunnerError> {
+        if let Some(spec) = self.specs.get(&workflow_id) {
+            return Ok(Some(spec.clone()));
+        }
+        let loaded = aggregates::load::<Workflow>(&*self.log, workflow_id).await?;
+        let Some(spec) = loaded.state.spec().cloned().map(Arc::new) else {
+            return Ok(None);
+        };
+        self.specs.insert(workflow_id, spec.clone());
+        Ok(Some(spec))
+    }
+
+    async fn request_for(&mut self, id: Uuid) -> Result<Option<JobRequest>, RunnerError> {
+        let Some(dispatch) = self.jobs[&id].job.state.dispatch().cloned() else {
+            return Ok(None);
+        };
+        let Some(spec) = self.spec_of(dispatch.workflow_id).await? else {
+            return Ok(None);
+        };
+        let (image, command, env, cwd) = if let Some(j) = spec.jobs.get(&dispatch.task.job) {
+            (&j.image, &j.command, &j.env, &j.cwd)
+        } else if let Some(s) = spec.services.get(&dispatch.task.job) {
+            (&s.image, &s.command, &s.env, &s.cwd)
+        } else {
+            return Ok(None);
+        };
+        let r = &dispatch.resources;
+        Ok(Some(JobRequest {
+            job_id: id,
+            workflow_id: dispatch.workflow_id,
+            name: dispatch.task.job.clone(),
+            array_index: dispatch.task.index,
+            image: (!image.is_host()).then(|| image.as_str().to_string()),
+            command: command.clone(),
+            env: env.clone(),
+            cwd: cwd.clone(),
+            resources: meridian_adapter_core::Resources {
+                nodes: r.nodes,
+                cpus: r.cpus,
+                memory_bytes: r.memory.bytes(),
+                walltime: Duration::from_secs(r.walltime.secs()),
+                gpus: r.gpus.as_ref().map(|g| meridian_adapter_core::Gpus {
+                    count: g.count,
+                    vendor: g.vendor.as_str().to_string(),
+                    model: g.model.clone(),
+                }),
+            },
+        }))
+    }
+
+    async fn command(&mut self, id: Uuid, command: JobCommand) -> Result<(), RunnerError> {
+        let log = self.log.clone();
+        let tracked = self.jobs.get_mut(&id).expect("tracked");
+        let ctx = EventContext::new_chain(tracked.tenant.clone());
+        let ctx = EventContext {
+            correlation_id: tracked
+                .job
+                .state
+                .dispatch()
+                .map_or(ctx.correlation_id, |d| d.workflow_id),
+            ..ctx
+        };
+        match tracked.job.execute(&*log, &ctx, |_| command.clone()).await {
+            Ok(_) => Ok(()),
+            // Someone (a previous run of this runner) already recorded it.
+            Err(ExecuteError::Rejected(
+                JobError::AlreadySubmittedToSite
+                | JobError::AlreadyStarted
+                | JobError::AlreadyTerminal { .. },
+            )) => Ok(()),
+            Err(source) => Err(RunnerError::Job { id, source }),
+        }
+    }
+
+    /// Moves one job forward by what its site says now.
+    async fn step(&mut self, id: Uuid) -> Result<(), RunnerError> {
+        let state = self.jobs[&id].job.state.state();
+        match state {
+            None => {
+                self.jobs.remove(&id);
+                return Ok(());
+            }
+            Some(s) if s.is_terminal() => {
+                self.finish_tracking(id).await;
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.jobs[&id].backend.is_none() {
+            return self.submit(id).await;
+        }
+        let backend = self.jobs[&id].backend.clone().expect("checked");
+        let report = match self.adapter.status(&backend).await {
+            Ok(report) => report,
+            Err(AdapterError::Unavailable(e)) => {
+                tracing::warn!(job = %id, error = %e, "site unavailable; will ask again");
+                return Ok(());
+            }
+            Err(AdapterError::UnknownJob(_)) => {
+                return self
+                    .command(
+                        id,
+                        JobCommand::Fail {
+                            ended_at: Utc::now(),
+                            exit_code: None,
+                            reason: FailureReason::Lost,
+                            usage: Usage::default(),
+                        },
+                    )
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "status failed");
+                return Ok(());
+            }
+        };
+        let started = self.jobs[&id].job.state.started_at().is_some();
+        let started_at = match &report.state {
+            SiteState::Running { started_at } | SiteState::Succeeded { started_at, .. } => {
+                Some(*started_at)
+            }
+            SiteState::Failed { started_at, .. } | SiteState::Cancelled { started_at, .. } => {
+                *started_at
+            }
+            SiteState::Pending => None,
+        };
+        if let (false, Some(started_at)) = (started, started_at) {
+            let allocated = self.allocation(id, &report.usage);
+            self.command(
+                id,
+                JobCommand::Start {
+                    started_at,
+                    allocated,
+                    hosts: vec![hostname()],
+                },
+            )
+            .await?;
+        }
+        let usage = usage_of(&report.usage);
+        let end = match report.state {
+            SiteState::Pending | SiteState::Running { .. } => return Ok(()),
+            SiteState::Succeeded { ended_at, .. } => JobCommand::Finish {
+                ended_at,
+                exit_code: 0,
+                usage,
+            },
+            SiteState::Failed {
+                ended_at,
+                exit_code,
+                failure,
+                ..
+            } => JobCommand::Fail {
+                ended_at,
+                exit_code,
+                reason: reason_of(failure),
+                usage,
+            },
+            SiteState::Cancelled { ended_at, .. } => JobCommand::Cancel { ended_at, usage },
+        };
+        self.command(id, end).await?;
+        self.finish_tracking(id).await;
+        Ok(())
+    }
+
+    async fn submit(&mut self, id: Uuid) -> Result<(), RunnerError> {
+        let Some(request) = self.request_for(id).await? else {
+            tracing::warn!(job = %id, "no spec for this job; failing it");
+            return self
+                .command(
+                    id,
+                    JobCommand::Fail {
+                        ended_at: Utc::now(),
+                        exit_code: None,
+                        reason: FailureReason::Other {
+                            message: "its workflow spec has no such job".into(),
+                        },
+                        usage: Usage::default(),
+                    },
+                )
+                .await;
+        };
+        if self.jobs[&id].job.state.cancel_requested() {
+            return self
+                .command(
+                    id,
+                    JobCommand::Cancel {
+                        ended_at: Utc::now(),
+                        usage: Usage::default(),
+                    },
+                )
+                .await;
+        }
+        match self.adapter.submit(&request).await {
+            Ok(backend) => {
+                self.jobs.get_mut(&id).expect("tracked").backend = Some(backend.clone());
+                self.command(
+                    id,
+                    JobCommand::RecordSubmission {
+                        backend_job_id: backend.0,
+                    },
+                )
+                .await
+            }
+            Err(AdapterError::Rejected(message)) => {
+                self.command(
+                    id,
+                    JobCommand::Fail {
+                        ended_at: Utc::now(),
+                        exit_code: None,
+                        reason: FailureReason::Other { message },
+                        usage: Usage::default(),
+                    },
+                )
+                .await
+            }
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "submit failed; will retry");
+                Ok(())
+            }
+        }
+    }
+
+    fn allocation(&self, id: Uuid, usage: &meridian_adapter_core::Usage) -> Allocation {
+        let requested = self.jobs[&id]
+            .job
+            .state
+            .dispatch()
+            .map(|d| d.resources.clone())
+            .unwrap_or_default();
+        let gpus = requested.gpus.as_ref().map(|g| AllocatedGpus {
+            count: usage.gpus.max(g.count * requested.nodes),
+            vendor: match g.vendor {
+                meridian_spec::GpuVendor::Amd => AcceleratorVendor::Amd,
+                _ => AcceleratorVendor::Nvidia,
+            },
+            model: g.model.clone(),
+        });
+        Allocation {
+            nodes: usage.nodes.max(1),
+            cpus: if usage.cpus > 0 {
+                usage.cpus
+            } else {
+                requested.cpus * requested.nodes
+            },
+            memory_bytes: if usage.memory_bytes > 0 {
+                usage.memory_bytes
+            } else {
+                requested.memory.bytes() * u64::from(requested.nodes)
+            },
+            gpus: gpus.filter(|g| g.count > 0),
+        }
+    }
+
+    /// Stops following a job that ended, keeping its output.
+    async fn finish_tracking(&mut self, id: Uuid) {
+        let Some(tracked) = self.jobs.remove(&id) else {
+            return;
+        };
+        let (Some(store), Some(backend), Some(dispatch)) =
+            (&self.store, &tracked.backend, tracked.job.state.dispatch())
+        else {
+            return;
+        };
+        match self.adapter.logs(backend).await {
+            Ok(logs) => {
+                let entry = JobLog {
+                    job_id: id.to_string(),
+                    workflow_id: dispatch.workflow_id.to_string(),
+                    job: dispatch.task.job.clone(),
+                    index: dispatch.task.index.map(i64::from),
+                    attempt: i64::from(dispatch.attempt),
+                    stdout: logs.stdout,
+                    stderr: logs.stderr,
+                    captured_at: Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                };
+                if let Err(e) = job_logs::save(store, &entry).await {
+                    tracing::warn!(job = %id, error = %e, "could not keep the job's output");
+                }
+            }
+            Err(e) => tracing::warn!(job = %id, error = %e, "could not read the job's output"),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+fn usage_of(usage: &meridian_adapter_core::Usage) -> Usage {
+    Usage {
+        cpu_seconds: usage
+            .cpu_seconds
+            .and_then(|s| Decimal::from_f64_retain(s).map(|d| d.round_dp(3))),
+        max_rss_bytes: usage.max_rss_bytes,
+        gpu_seconds: None,
+    }
+}
+
+fn reason_of(failure: Failure) -> FailureReason {
+    match failure {
+        Failure::ExitCode { code } => FailureReason::ExitCode { code },
+        Failure::Timeout => FailureReason::Timeout,
+        Failure::OutOfMemory => FailureReason::OutOfMemory,
+        Failure::NodeFailure => FailureReason::NodeFailure,
+        Failure::Preempted => FailureReason::Preempted,
+        Failure::BootFailure => FailureReason::BootFailure,
+        Failure::Lost => FailureReason::Lost,
+        // Refusals for the job's own sake (a missing container runtime, a bad image) are
+        // not the site's fault: retrying elsewhere would not help either.
+        Failure::Refused { message } => FailureReason::Other { message },
+    }
+}
