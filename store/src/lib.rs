@@ -114,6 +114,16 @@ impl Store {
         self.backend
     }
 
+    /// Starts a write transaction. On SQLite it takes the write lock at once (`BEGIN
+    /// IMMEDIATE`): a transaction that reads first and writes later could not wait for
+    /// the lock and would fail with "database is locked" when another writer went first.
+    pub async fn begin(&self) -> Result<Tx, StoreError> {
+        Ok(match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool.begin().await?,
+        })
+    }
+
     /// Creates a projection's tables (each statement must be idempotent).
     pub async fn migrate(&self, statements: &[&str]) -> Result<(), StoreError> {
         for statement in statements {
@@ -134,7 +144,7 @@ impl Store {
 
     /// Drops a projection's tables and position, so the next run rebuilds it from the log.
     pub async fn reset(&self, projection: &dyn Projection) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         for table in projection.tables() {
             sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
                 .execute(&mut *tx)
@@ -184,7 +194,7 @@ async fn apply_batch(
     projection: &dyn Projection,
     commits: &[Commit],
 ) -> Result<u64, StoreError> {
-    let mut tx = store.pool.begin().await?;
+    let mut tx = store.begin().await?;
     // Re-read the position inside the transaction: another runner of the same
     // projection (a second replica) may have applied these commits meanwhile.
     let row: Option<AnyRow> =
@@ -233,7 +243,19 @@ pub async fn run(
     store.migrate(projection.schema()).await?;
     let mut backoff = Duration::from_millis(100);
     'reconnect: loop {
-        let position = store.position(projection.name()).await?;
+        let position = match store.position(projection.name()).await {
+            Ok(position) => position,
+            Err(StoreError::Database(e)) => {
+                tracing::warn!(projection = projection.name(), error = %e, "database error; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => return Ok(()),
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue 'reconnect;
+            }
+            Err(e) => return Err(e),
+        };
         let mut tail = match log.tail(position).await {
             Ok(tail) => tail,
             Err(e) if e.is_transient() => {
@@ -257,10 +279,21 @@ pub async fn run(
             };
             match commits {
                 Ok(commits) if commits.is_empty() => {}
-                Ok(commits) => {
-                    apply_batch(&store, projection, &commits).await?;
-                    backoff = Duration::from_millis(100);
-                }
+                Ok(commits) => match apply_batch(&store, projection, &commits).await {
+                    Ok(_) => backoff = Duration::from_millis(100),
+                    // A busy or restarting database: nothing was applied (the batch and
+                    // its position roll back together); read from the position again.
+                    Err(StoreError::Database(e)) => {
+                        tracing::warn!(projection = projection.name(), error = %e, "database error; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = shutdown.changed() => return Ok(()),
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue 'reconnect;
+                    }
+                    Err(e) => return Err(e),
+                },
                 Err(e) if e.is_transient() => {
                     tracing::warn!(projection = projection.name(), error = %e, "log unavailable; retrying");
                     continue 'reconnect;

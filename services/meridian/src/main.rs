@@ -1,28 +1,111 @@
-//! `meridian`: the one binary. Today it validates workflow documents and prints the
-//! workflow JSON Schema; the servers and the rest of the CLI grow here.
+//! `meridian`: the one binary. `meridian up` runs everything in one process on the
+//! embedded log; `meridian server NAME` runs one service over NATS and PostgreSQL; the
+//! other verbs are the CLI, talking to a Meridian API.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use serde::Serialize;
+
+mod client;
+mod run;
+mod sites;
+mod validate;
 
 #[derive(Parser)]
 #[command(
     name = "meridian",
     version,
-    about = "Meridian: submit a workflow once; run it on the best site; get one exact bill.",
-    long_about = None
+    about = "Meridian: submit a workflow once; it runs on the best site and comes back with one exact bill.",
+    after_help = "Start with `meridian up` in one terminal and `meridian submit examples/hello.yaml --wait` in another."
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+#[derive(Clone, Copy, Default, ValueEnum)]
+pub enum Output {
+    /// Aligned columns, for people.
+    #[default]
+    Table,
+    /// The API's JSON, for programs.
+    Json,
+}
+
+#[derive(clap::Args)]
+struct Remote {
+    /// The Meridian API to talk to.
+    #[arg(
+        long,
+        env = "MERIDIAN_SERVER",
+        default_value = "http://127.0.0.1:7373",
+        global = true
+    )]
+    server: String,
+    #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Run everything in one process: embedded log and store, a local site, the API.
+    Up(run::UpArgs),
+    /// Run one service of a distributed deployment (NATS JetStream + PostgreSQL).
+    #[command(subcommand)]
+    Server(run::Server),
+    /// Submit a workflow; with --wait, follow it to the end and exit non-zero unless it finished.
+    Submit {
+        file: PathBuf,
+        #[arg(long)]
+        wait: bool,
+        /// Makes a retried submission return the original workflow.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show a workflow's state and its jobs.
+    Status {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List workflows, newest first.
+    List {
+        /// Only workflows in this state (submitted, placed, running, finished, failed, cancelling, cancelled, rejected).
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Print the captured output of a workflow's jobs (or of one job).
+    Logs {
+        id: String,
+        job: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Cancel a workflow: running jobs are stopped, nothing new starts.
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Print a workflow's events (and its jobs'), oldest first.
+    Events {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Print a workflow's bill: one line per charge, totals per currency.
+    Bill {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Check workflow documents (YAML or JSON, `version: v1`) without submitting them.
     ///
     /// Prints every error with its field path. Exits 0 when every file is valid, 1 when
@@ -31,7 +114,7 @@ enum Command {
         /// Files to check; `-` reads standard input.
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
-        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
     /// Print a JSON Schema Meridian generates from its own types.
@@ -42,125 +125,112 @@ enum Command {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum Output {
-    /// One line per error, for people.
-    Text,
-    /// A JSON array with one object per file, for programs.
-    Json,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
 enum SchemaKind {
     /// The workflow spec v1.
     Workflow,
+    /// The HTTP API (OpenAPI 3).
+    Openapi,
 }
 
-#[derive(Serialize)]
-struct FileReport {
-    file: String,
-    valid: bool,
-    /// Set when the file could not be read at all.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    unreadable: Option<String>,
-    errors: Vec<meridian_spec::FieldError>,
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MERIDIAN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,async_nats=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
-fn read(path: &PathBuf) -> anyhow::Result<String> {
-    if path.as_os_str() == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .context("cannot read standard input")?;
-        return Ok(text);
-    }
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", path.display()))
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("start the async runtime")
 }
 
-fn validate(files: &[PathBuf], output: Output) -> ExitCode {
-    let reports: Vec<FileReport> = files
-        .iter()
-        .map(|path| {
-            let file = if path.as_os_str() == "-" {
-                "<stdin>".to_string()
-            } else {
-                path.display().to_string()
-            };
-            match read(path) {
-                Err(e) => FileReport {
-                    file,
-                    valid: false,
-                    unreadable: Some(format!("{e:#}")),
-                    errors: Vec::new(),
-                },
-                Ok(text) => match meridian_spec::parse(&text) {
-                    Ok(_) => FileReport {
-                        file,
-                        valid: true,
-                        unreadable: None,
-                        errors: Vec::new(),
-                    },
-                    Err(e) => FileReport {
-                        file,
-                        valid: false,
-                        unreadable: None,
-                        errors: e.errors,
-                    },
-                },
-            }
-        })
-        .collect();
-
-    match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&reports).expect("reports serialize")
-        ),
-        Output::Text => {
-            for r in &reports {
-                if let Some(why) = &r.unreadable {
-                    eprintln!("{}: {why}", r.file);
-                } else if r.valid {
-                    println!("{}: ok", r.file);
-                } else {
-                    for e in &r.errors {
-                        println!("{}: {e}", r.file);
-                    }
-                }
-            }
-            let bad = reports.iter().filter(|r| !r.valid).count();
-            if reports.len() > 1 || bad > 0 {
-                let errors: usize = reports.iter().map(|r| r.errors.len()).sum();
-                eprintln!(
-                    "{} of {} file(s) valid; {errors} error(s)",
-                    reports.len() - bad,
-                    reports.len()
-                );
-            }
+fn finish(result: anyhow::Result<i32>) -> ExitCode {
+    match result {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code.clamp(1, 255) as u8),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
         }
-    }
-    if reports.iter().any(|r| r.unreadable.is_some()) {
-        ExitCode::from(2)
-    } else if reports.iter().any(|r| !r.valid) {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Validate { files, output } => validate(&files, output),
+        Command::Validate { files, output } => validate::validate(&files, output),
         Command::Schema { kind } => {
-            let schema = match kind {
-                SchemaKind::Workflow => meridian_spec::json_schema(),
-            };
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&schema).expect("schema serializes")
-            );
+            match kind {
+                SchemaKind::Workflow => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&meridian_spec::json_schema())
+                        .expect("schema serializes")
+                ),
+                SchemaKind::Openapi => print!("{}", meridian_intake::openapi_json()),
+            }
             ExitCode::SUCCESS
+        }
+        Command::Up(args) => {
+            init_tracing();
+            finish(runtime().block_on(run::up(args)).map(|_| 0))
+        }
+        Command::Server(which) => {
+            init_tracing();
+            finish(runtime().block_on(run::server(which)).map(|_| 0))
+        }
+        verb => finish(runtime().block_on(remote(verb))),
+    }
+}
+
+async fn remote(verb: Command) -> anyhow::Result<i32> {
+    match verb {
+        Command::Submit {
+            file,
+            wait,
+            idempotency_key,
+            remote,
+        } => {
+            let c = client::Client::new(&remote.server)?;
+            client::submit(&c, &file, wait, idempotency_key.as_deref(), remote.output).await
+        }
+        Command::Status { id, remote } => {
+            let c = client::Client::new(&remote.server)?;
+            client::status(&c, &id, remote.output).await.map(|_| 0)
+        }
+        Command::List {
+            state,
+            limit,
+            remote,
+        } => {
+            let c = client::Client::new(&remote.server)?;
+            client::list(&c, state.as_deref(), limit, remote.output)
+                .await
+                .map(|_| 0)
+        }
+        Command::Logs { id, job, remote } => {
+            let c = client::Client::new(&remote.server)?;
+            client::logs(&c, &id, job.as_deref(), remote.output)
+                .await
+                .map(|_| 0)
+        }
+        Command::Cancel { id, remote } => {
+            let c = client::Client::new(&remote.server)?;
+            client::cancel(&c, &id, remote.output).await.map(|_| 0)
+        }
+        Command::Events { id, remote } => {
+            let c = client::Client::new(&remote.server)?;
+            client::events(&c, &id, remote.output).await.map(|_| 0)
+        }
+        Command::Bill { id, remote } => {
+            let c = client::Client::new(&remote.server)?;
+            client::bill(&c, &id, remote.output).await.map(|_| 0)
+        }
+        Command::Up(_) | Command::Server(_) | Command::Validate { .. } | Command::Schema { .. } => {
+            unreachable!("handled in main")
         }
     }
 }

@@ -35,9 +35,16 @@ fn every_example_is_valid_and_exits_zero() {
         .collect();
     let out = meridian(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for f in &files {
-        assert!(stdout.contains(&format!("{f}: ok")), "{f} reported ok: {stdout}");
+        assert!(
+            stdout.contains(&format!("{f}: ok")),
+            "{f} reported ok: {stdout}"
+        );
     }
 }
 
@@ -74,7 +81,10 @@ fn a_broken_document_prints_every_error_with_its_path_and_exits_one() {
         .iter()
         .map(|e| e["path"].as_str().unwrap())
         .collect();
-    assert!(paths.contains(&"jobs.train.resources.gpus.vendor"), "{paths:?}");
+    assert!(
+        paths.contains(&"jobs.train.resources.gpus.vendor"),
+        "{paths:?}"
+    );
     assert!(paths.contains(&"jobs.train.requires[0]"), "{paths:?}");
 }
 
@@ -113,7 +123,11 @@ fn stdin_is_read_with_a_dash() {
         .write_all(b"{\"version\": \"v1\", \"name\": \"x\", \"jobs\": {\"a\": {\"image\": \"host\", \"command\": [\"true\"]}}}")
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("<stdin>: ok"));
 }
 
@@ -126,5 +140,8 @@ fn the_checked_in_schema_is_what_the_binary_prints() {
         &std::fs::read_to_string(repo().join("schemas/workflow.schema.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(printed, checked_in, "regenerate with `meridian schema workflow`");
+    assert_eq!(
+        printed, checked_in,
+        "regenerate with `meridian schema workflow`"
+    );
 }

@@ -1,0 +1,447 @@
+//! The CLI verbs that talk to a Meridian API: submit, status, list, logs, cancel,
+//! events, bill. Human tables by default, the API's JSON with `--output json`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::Output;
+
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+/// An API answer that is not a success: its status and the server's message.
+fn api_error(status: reqwest::StatusCode, body: &Value) -> anyhow::Error {
+    let message = body
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("no message")
+        .to_string();
+    let mut text = format!("{message} (HTTP {})", status.as_u16());
+    if let Some(errors) = body.get("errors").and_then(Value::as_array) {
+        for e in errors {
+            let path = e.get("path").and_then(Value::as_str).unwrap_or("");
+            let msg = e.get("message").and_then(Value::as_str).unwrap_or("");
+            if path.is_empty() {
+                text.push_str(&format!("\n  {msg}"));
+            } else {
+                text.push_str(&format!("\n  {path}: {msg}"));
+            }
+        }
+    }
+    anyhow::anyhow!(text)
+}
+
+impl Client {
+    pub fn new(base: &str) -> anyhow::Result<Client> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Client {
+            base: base.trim_end_matches('/').to_string(),
+            http,
+        })
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let response = request.send().await.with_context(|| {
+            format!(
+                "cannot reach Meridian at {} (is `meridian up` running? set --server or MERIDIAN_SERVER)",
+                self.base
+            )
+        })?;
+        let status = response.status();
+        let text = response.text().await.context("reading the answer")?;
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if !status.is_success() {
+            return Err(api_error(status, &body));
+        }
+        Ok(body)
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    pub async fn post(&self, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let mut request = self.http.post(format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        self.send(request).await
+    }
+
+    pub async fn submit(
+        &self,
+        document: String,
+        content_type: &str,
+        key: Option<&str>,
+    ) -> anyhow::Result<Value> {
+        let mut request = self
+            .http
+            .post(format!("{}/v1/workflows", self.base))
+            .header("content-type", content_type)
+            .body(document);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        self.send(request).await
+    }
+}
+
+fn s<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("-")
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Prints rows as aligned columns.
+fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut out = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+fn json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).expect("JSON prints"));
+}
+
+fn progress_line(status: &Value) -> String {
+    let tasks = status.get("tasks").cloned().unwrap_or(Value::Null);
+    format!(
+        "{}  {} done · {} running · {} pending{}{}",
+        s(status, "state"),
+        n(&tasks, "succeeded"),
+        n(&tasks, "running"),
+        n(&tasks, "pending"),
+        match n(&tasks, "failed") {
+            0 => String::new(),
+            f => format!(" · {f} failed"),
+        },
+        match n(&tasks, "cancelled") {
+            0 => String::new(),
+            c => format!(" · {c} cancelled"),
+        },
+    )
+}
+
+const TERMINAL: [&str; 4] = ["finished", "failed", "cancelled", "rejected"];
+
+pub async fn submit(
+    client: &Client,
+    file: &PathBuf,
+    wait: bool,
+    key: Option<&str>,
+    output: Output,
+) -> anyhow::Result<i32> {
+    let document =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    // Check locally first: the same errors, without a round trip.
+    if let Err(errors) = meridian_spec::parse(&document) {
+        for e in &errors.errors {
+            eprintln!("{}: {e}", file.display());
+        }
+        bail!(
+            "{} is not a valid workflow; nothing was submitted",
+            file.display()
+        );
+    }
+    let content_type = if document.trim_start().starts_with('{') {
+        "application/json"
+    } else {
+        "application/yaml"
+    };
+    let accepted = client.submit(document, content_type, key).await?;
+    let id = s(&accepted, "id").to_string();
+    if !wait {
+        match output {
+            Output::Json => json(&accepted),
+            Output::Table => println!("{id}"),
+        }
+        return Ok(0);
+    }
+    eprintln!("submitted {} as {id}", s(&accepted, "name"));
+    let status = wait_for(client, &id).await?;
+    match output {
+        Output::Json => json(&status),
+        Output::Table => print_status(&status),
+    }
+    Ok(if s(&status, "state") == "finished" {
+        0
+    } else {
+        1
+    })
+}
+
+/// Polls until the workflow ends, showing progress on standard error.
+async fn wait_for(client: &Client, id: &str) -> anyhow::Result<Value> {
+    let tty = std::io::stderr().is_terminal();
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        let status = client.get(&format!("/v1/workflows/{id}")).await?;
+        let line = progress_line(&status);
+        if tty {
+            eprint!("\r\x1b[2K{line}  [{}s]", start.elapsed().as_secs());
+        } else if line != last {
+            eprintln!("{line}");
+        }
+        last = line;
+        if TERMINAL.contains(&s(&status, "state")) {
+            if tty {
+                eprintln!();
+            }
+            return Ok(status);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+pub fn print_status(status: &Value) {
+    println!("workflow  {}  {}", s(status, "id"), s(status, "name"));
+    println!("state     {}", s(status, "state"));
+    if let Some(reason) = status.get("reason").and_then(Value::as_str) {
+        println!("reason    {reason}");
+    }
+    println!("site      {}", s(status, "site"));
+    println!(
+        "tasks     {}",
+        progress_line(status)
+            .split_once("  ")
+            .map_or("", |(_, r)| r)
+    );
+    let jobs = status
+        .get("jobs")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if jobs.is_empty() {
+        return;
+    }
+    println!();
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                match j.get("index").and_then(Value::as_u64) {
+                    Some(i) => format!("{}[{i}]", s(j, "name")),
+                    None => s(j, "name").to_string(),
+                },
+                s(j, "state").to_string(),
+                j.get("exit_code").map_or("-".into(), |c| {
+                    if c.is_null() {
+                        "-".into()
+                    } else {
+                        c.to_string()
+                    }
+                }),
+                s(j, "started_at").to_string(),
+                s(j, "ended_at").to_string(),
+                j.get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &["JOB", "STATE", "EXIT", "STARTED", "ENDED", "REASON"],
+        &rows,
+    );
+}
+
+pub async fn status(client: &Client, id: &str, output: Output) -> anyhow::Result<()> {
+    let status = client.get(&format!("/v1/workflows/{id}")).await?;
+    match output {
+        Output::Json => json(&status),
+        Output::Table => print_status(&status),
+    }
+    Ok(())
+}
+
+pub async fn list(
+    client: &Client,
+    state: Option<&str>,
+    limit: u32,
+    output: Output,
+) -> anyhow::Result<()> {
+    let mut path = format!("/v1/workflows?limit={limit}");
+    if let Some(state) = state {
+        path.push_str(&format!("&state={state}"));
+    }
+    let page = client.get(&path).await?;
+    match output {
+        Output::Json => json(&page),
+        Output::Table => {
+            let items = page
+                .get("items")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let rows: Vec<Vec<String>> = items
+                .iter()
+                .map(|w| {
+                    vec![
+                        s(w, "id").to_string(),
+                        s(w, "name").to_string(),
+                        s(w, "state").to_string(),
+                        s(w, "submitted_at").to_string(),
+                    ]
+                })
+                .collect();
+            table(&["ID", "NAME", "STATE", "SUBMITTED"], &rows);
+        }
+    }
+    Ok(())
+}
+
+pub async fn cancel(client: &Client, id: &str, output: Output) -> anyhow::Result<()> {
+    let answer = client
+        .post(
+            &format!("/v1/workflows/{id}/cancel"),
+            Some(serde_json::json!({})),
+        )
+        .await?;
+    match output {
+        Output::Json => json(&answer),
+        Output::Table => println!("{id}: {}", s(&answer, "state")),
+    }
+    Ok(())
+}
+
+pub async fn events(client: &Client, id: &str, output: Output) -> anyhow::Result<()> {
+    let answer = client.get(&format!("/v1/workflows/{id}/events")).await?;
+    match output {
+        Output::Json => json(&answer),
+        Output::Table => {
+            let events = answer
+                .get("events")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let rows: Vec<Vec<String>> = events
+                .iter()
+                .map(|e| {
+                    let aggregate = e.get("aggregate").cloned().unwrap_or(Value::Null);
+                    vec![
+                        s(e, "occurred_at").to_string(),
+                        format!("{}/{}", s(&aggregate, "kind"), s(&aggregate, "id")),
+                        e.get("sequence").map_or(String::new(), Value::to_string),
+                        e.get("payload").map_or("-", |p| s(p, "type")).to_string(),
+                    ]
+                })
+                .collect();
+            table(&["TIME", "AGGREGATE", "SEQ", "EVENT"], &rows);
+        }
+    }
+    Ok(())
+}
+
+pub async fn logs(
+    client: &Client,
+    id: &str,
+    job: Option<&str>,
+    output: Output,
+) -> anyhow::Result<()> {
+    let mut path = format!("/v1/workflows/{id}/logs");
+    if let Some(job) = job {
+        path.push_str(&format!("?job={job}"));
+    }
+    let answer = client.get(&path).await?;
+    match output {
+        Output::Json => json(&answer),
+        Output::Table => {
+            let logs = answer
+                .get("logs")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if logs.is_empty() {
+                eprintln!("no output captured yet (output is kept when each run ends)");
+            }
+            for l in logs {
+                let name = match l.get("index").and_then(Value::as_u64) {
+                    Some(i) => format!("{}[{i}]", s(&l, "job")),
+                    None => s(&l, "job").to_string(),
+                };
+                for (stream, text) in [("stdout", s(&l, "stdout")), ("stderr", s(&l, "stderr"))] {
+                    if text.is_empty() || text == "-" {
+                        continue;
+                    }
+                    println!("==> {name} {stream} <==");
+                    print!("{text}");
+                    if !text.ends_with('\n') {
+                        println!();
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn bill(client: &Client, id: &str, output: Output) -> anyhow::Result<()> {
+    let bill = client.get(&format!("/v1/workflows/{id}/bill")).await?;
+    match output {
+        Output::Json => json(&bill),
+        Output::Table => {
+            let lines = bill
+                .get("lines")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let rows: Vec<Vec<String>> = lines
+                .iter()
+                .map(|l| {
+                    vec![
+                        s(l, "category").to_string(),
+                        s(l, "description").to_string(),
+                        format!("{} {}", s(l, "quantity"), s(l, "unit")),
+                        format!("{} {}", s(l, "amount"), s(l, "currency")),
+                    ]
+                })
+                .collect();
+            table(&["CATEGORY", "DESCRIPTION", "QUANTITY", "AMOUNT"], &rows);
+            for t in bill
+                .get("totals")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+            {
+                println!("total {} {}", s(&t, "amount"), s(&t, "currency"));
+            }
+            println!(
+                "(exact amounts; rounding happens only in exports; ledger position {})",
+                n(&bill, "as_of_position")
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,376 @@
+//! Running the services: `meridian up` (all of them in one process on the embedded log
+//! and store) and `meridian server NAME` (one of them, over NATS JetStream and
+//! PostgreSQL). Both start the same tasks; only the log and the store differ.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use meridian_adapter_local::{LocalAdapter, LocalConfig};
+use meridian_eventlog::nats::{NatsConfig, NatsLog};
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+use meridian_intake::Intake;
+use meridian_site_runner::SiteRunner;
+use meridian_store::Store;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::sites::{ensure_local_site, LocalPrices};
+
+/// The tasks of one process, stopped together.
+pub struct Tasks {
+    stop: watch::Sender<bool>,
+    set: JoinSet<(String, anyhow::Result<()>)>,
+}
+
+impl Tasks {
+    pub fn new() -> Tasks {
+        Tasks {
+            stop: watch::channel(false).0,
+            set: JoinSet::new(),
+        }
+    }
+
+    fn shutdown(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    fn spawn<F>(&mut self, name: &str, task: F)
+    where
+        F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        let name = name.to_string();
+        self.set.spawn(async move { (name, task.await) });
+    }
+
+    pub fn router(&mut self, log: Arc<dyn EventLog>) {
+        let stop = self.shutdown();
+        self.spawn("router", async move {
+            let router = meridian_router::Router::new(log).await?;
+            Ok(router.run(stop).await?)
+        });
+    }
+
+    pub fn accounting(&mut self, log: Arc<dyn EventLog>, store: Store) {
+        let stop = self.shutdown();
+        self.spawn("accounting", async move {
+            Ok(meridian_store::run(store, &*log, &meridian_accounting::Ledger, stop).await?)
+        });
+    }
+
+    pub fn intake(
+        &mut self,
+        log: Arc<dyn EventLog>,
+        store: Store,
+        listener: tokio::net::TcpListener,
+    ) {
+        let stop = self.shutdown();
+        let projection_store = store.clone();
+        let projection_log = log.clone();
+        self.spawn("intake status", async move {
+            Ok(meridian_store::run(
+                projection_store,
+                &*projection_log,
+                &meridian_intake::StatusProjection,
+                stop,
+            )
+            .await?)
+        });
+        let mut stop = self.shutdown();
+        self.spawn("intake api", async move {
+            let intake = Intake::new(log, store);
+            meridian_intake::serve(intake, listener, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await?;
+            Ok(())
+        });
+    }
+
+    pub fn site(
+        &mut self,
+        name: &str,
+        adapter: Arc<dyn meridian_adapter_core::SiteAdapter>,
+        log: Arc<dyn EventLog>,
+        store: Store,
+    ) {
+        let stop = self.shutdown();
+        let runner = SiteRunner::new(name, adapter, log, Some(store));
+        self.spawn(&format!("site {name}"), async move {
+            Ok(runner.run(stop).await?)
+        });
+    }
+
+    /// Runs until Ctrl-C (or SIGTERM), or until a task fails; then stops the rest.
+    pub async fn wait(mut self) -> anyhow::Result<()> {
+        let mut failure = None;
+        tokio::select! {
+            _ = shutdown_signal() => tracing::info!("stopping"),
+            Some(done) = self.set.join_next() => {
+                match done {
+                    Ok((name, Ok(()))) => failure = Some(anyhow::anyhow!("{name} stopped unexpectedly")),
+                    Ok((name, Err(e))) => failure = Some(e.context(format!("{name} failed"))),
+                    Err(e) => failure = Some(anyhow::anyhow!("a task panicked: {e}")),
+                }
+            }
+        }
+        let _ = self.stop.send(true);
+        let drain = async {
+            while let Some(done) = self.set.join_next().await {
+                if let Ok((name, Err(e))) = done {
+                    tracing::warn!(task = %name, error = %format!("{e:#}"), "stopped with an error");
+                }
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(10), drain)
+            .await
+            .is_err()
+        {
+            tracing::warn!("some tasks did not stop within 10 s");
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install the SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen).await.with_context(|| {
+        format!("cannot listen on {listen} (is another Meridian running? choose another with --listen)")
+    })
+}
+
+/// Holds an exclusive lock on the data directory: two processes driving the same local
+/// site would run its jobs twice.
+fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if file.try_lock().is_err() {
+        bail!(
+            "{} is in use by another Meridian process; stop it first, or use another --data-dir",
+            dir.display()
+        );
+    }
+    Ok(file)
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// Where the embedded log, the read models and the local site's jobs live.
+    #[arg(long, env = "MERIDIAN_DATA_DIR", default_value = "meridian-data")]
+    pub data_dir: PathBuf,
+    /// Address of the HTTP API.
+    #[arg(long, env = "MERIDIAN_LISTEN", default_value = "127.0.0.1:7373")]
+    pub listen: SocketAddr,
+    /// CPUs the local site offers (default: all of this machine's).
+    #[arg(long)]
+    pub local_cpus: Option<u32>,
+    #[command(flatten)]
+    pub prices: LocalPrices,
+}
+
+/// `meridian up`: everything in one process, no servers needed.
+pub async fn up(args: UpArgs) -> anyhow::Result<()> {
+    let _lock = lock_data_dir(&args.data_dir)?;
+    let log: Arc<dyn EventLog> = Arc::new(
+        SqliteLog::open(&args.data_dir.join("events.sqlite"))
+            .await
+            .context("opening the event log")?,
+    );
+    let store = Store::connect(&format!(
+        "sqlite://{}",
+        args.data_dir.join("meridian.sqlite").display()
+    ))
+    .await
+    .context("opening the read-model store")?;
+    let mut config = LocalConfig::new(args.data_dir.join("sites").join("local"));
+    if let Some(cpus) = args.local_cpus {
+        config.cpus = cpus;
+    }
+    let (cpus, memory) = (config.cpus, config.memory_bytes);
+    let adapter = Arc::new(LocalAdapter::new(config).context("starting the local site")?);
+    ensure_local_site(&*log, "local", cpus, memory, &args.prices).await?;
+    let listener = bind(args.listen).await?;
+
+    let mut tasks = Tasks::new();
+    tasks.intake(log.clone(), store.clone(), listener);
+    tasks.router(log.clone());
+    tasks.accounting(log.clone(), store.clone());
+    tasks.site("local", adapter, log, store);
+    eprintln!(
+        "Meridian is up: API on http://{}, data in {}, local site with {cpus} CPUs. Ctrl-C stops it.",
+        args.listen,
+        args.data_dir.display()
+    );
+    tasks.wait().await
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Distributed {
+    /// NATS server with JetStream (2.10 or newer).
+    #[arg(
+        long,
+        env = "MERIDIAN_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats_url: String,
+    /// JetStream stream that holds the log.
+    #[arg(long, env = "MERIDIAN_STREAM", default_value = "MERIDIAN_EVENTS")]
+    pub stream: String,
+    /// Subject prefix of the log's stream.
+    #[arg(
+        long,
+        env = "MERIDIAN_SUBJECT_PREFIX",
+        default_value = "meridian.events"
+    )]
+    pub subject_prefix: String,
+    /// Stream replicas when the stream is created (3 in a production cluster).
+    #[arg(long, env = "MERIDIAN_REPLICAS", default_value_t = 1)]
+    pub replicas: usize,
+}
+
+impl Distributed {
+    async fn log(&self) -> anyhow::Result<Arc<dyn EventLog>> {
+        let log = NatsLog::connect(NatsConfig {
+            url: self.nats_url.clone(),
+            stream: self.stream.clone(),
+            subject_prefix: self.subject_prefix.clone(),
+            replicas: self.replicas,
+            ..NatsConfig::default()
+        })
+        .await
+        .with_context(|| format!("connecting to the event log at {}", self.nats_url))?;
+        Ok(Arc::new(log))
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Database {
+    /// PostgreSQL database for read models (also takes sqlite://PATH).
+    #[arg(
+        long,
+        env = "MERIDIAN_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/meridian"
+    )]
+    pub database_url: String,
+}
+
+impl Database {
+    async fn store(&self) -> anyhow::Result<Store> {
+        Store::connect(&self.database_url)
+            .await
+            .with_context(|| format!("connecting to the database {}", self.database_url))
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Server {
+    /// The federation API and its status read model.
+    Intake {
+        #[command(flatten)]
+        log: Distributed,
+        #[command(flatten)]
+        db: Database,
+        #[arg(long, env = "MERIDIAN_LISTEN", default_value = "127.0.0.1:7373")]
+        listen: SocketAddr,
+    },
+    /// Placement, and the release of each workflow's jobs.
+    Router {
+        #[command(flatten)]
+        log: Distributed,
+    },
+    /// The ledger.
+    Accounting {
+        #[command(flatten)]
+        log: Distributed,
+        #[command(flatten)]
+        db: Database,
+    },
+    /// Runs one site's jobs.
+    Adapter {
+        /// The site's name in the catalogue.
+        #[arg(long)]
+        site: String,
+        /// The site's kind. Only `local` is available yet.
+        #[arg(long, default_value = "local")]
+        kind: String,
+        /// State directory of a local site.
+        #[arg(long, env = "MERIDIAN_SITE_ROOT")]
+        root: Option<PathBuf>,
+        /// CPUs a local site offers (default: all of this machine's).
+        #[arg(long)]
+        cpus: Option<u32>,
+        #[command(flatten)]
+        prices: LocalPrices,
+        #[command(flatten)]
+        log: Distributed,
+        #[command(flatten)]
+        db: Database,
+    },
+}
+
+/// `meridian server NAME`: one service in this process.
+pub async fn server(which: Server) -> anyhow::Result<()> {
+    let mut tasks = Tasks::new();
+    match which {
+        Server::Intake { log, db, listen } => {
+            let (log, store) = (log.log().await?, db.store().await?);
+            tasks.intake(log, store, bind(listen).await?);
+            tracing::info!(%listen, "intake is up");
+        }
+        Server::Router { log } => tasks.router(log.log().await?),
+        Server::Accounting { log, db } => {
+            tasks.accounting(log.log().await?, db.store().await?);
+        }
+        Server::Adapter {
+            site,
+            kind,
+            root,
+            cpus,
+            prices,
+            log,
+            db,
+        } => {
+            if kind != "local" {
+                bail!("--kind {kind}: not supported yet; the adapters available are: local");
+            }
+            let root =
+                root.unwrap_or_else(|| PathBuf::from("meridian-data").join("sites").join(&site));
+            let _lock = lock_data_dir(&root)?;
+            let mut config = LocalConfig::new(root);
+            if let Some(cpus) = cpus {
+                config.cpus = cpus;
+            }
+            let (log, store) = (log.log().await?, db.store().await?);
+            let (cpus, memory) = (config.cpus, config.memory_bytes);
+            let adapter = Arc::new(LocalAdapter::new(config)?);
+            ensure_local_site(&*log, &site, cpus, memory, &prices).await?;
+            tasks.site(&site, adapter, log, store);
+            // Keep the lock for as long as the site runs.
+            let result = tasks.wait().await;
+            drop(_lock);
+            return result;
+        }
+    }
+    tasks.wait().await
+}
