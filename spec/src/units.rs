@@ -136,7 +136,7 @@ impl FromStr for Size {
             let numerator: u128 = frac.parse().map_err(|_| bad())?;
             let scaled = numerator * u128::from(multiplier);
             let denominator = 10u128.pow(frac.len() as u32);
-            if scaled % denominator != 0 {
+            if !scaled.is_multiple_of(denominator) {
                 return Err(SizeError::Fractional);
             }
             scaled / denominator
@@ -156,7 +156,7 @@ impl fmt::Display for Size {
         // `B` divides everything, so the search always ends there at the latest.
         let (unit, multiplier) = SIZE_UNITS
             .iter()
-            .find(|(_, m)| self.0 % m == 0)
+            .find(|(_, m)| self.0.is_multiple_of(*m))
             .copied()
             .unwrap_or(("B", 1));
         write!(f, "{}{}", self.0 / multiplier, unit)

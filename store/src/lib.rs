@@ -374,7 +374,7 @@ pub mod job_logs {
         captured_at TEXT NOT NULL
     )"];
 
-    #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
     pub struct JobLog {
         pub job_id: String,
         pub workflow_id: String,

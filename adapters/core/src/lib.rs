@@ -66,7 +66,9 @@ impl std::fmt::Display for BackendJobId {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Failure {
     /// The command exited non-zero (or was killed by a signal).
-    ExitCode { code: i32 },
+    ExitCode {
+        code: i32,
+    },
     /// Killed at its walltime limit.
     Timeout,
     OutOfMemory,
@@ -77,7 +79,9 @@ pub enum Failure {
     /// The job cannot be found any more and its outcome is unknown.
     Lost,
     /// The site refused or could not start it (no container runtime, bad image…).
-    Refused { message: String },
+    Refused {
+        message: String,
+    },
 }
 
 impl Failure {

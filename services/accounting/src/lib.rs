@@ -237,7 +237,7 @@ async fn insert_line(tx: &mut Tx, position: u64, line: &NewLine) -> Result<(), S
 }
 
 /// One line of a bill, as stored.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct BillLine {
     pub event_id: String,
     pub job_id: String,
@@ -256,13 +256,13 @@ pub struct BillLine {
     pub price_effective_from: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Total {
     pub currency: String,
     pub amount: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Bill {
     pub workflow_id: Uuid,
     pub lines: Vec<BillLine>,

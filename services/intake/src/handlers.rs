@@ -1,0 +1,804 @@
+//! The handlers of the `/v1` routes. Each validates everything it is given before it
+//! touches the log, so bad input gets a 4xx and changes nothing; commands go through
+//! `meridian_eventlog::aggregates::execute`, reads through the status read model.
+
+use std::collections::BTreeMap;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::{StreamExt, TryStreamExt};
+use meridian_eventlog::aggregates::{execute, load, Loaded};
+use meridian_events::aggregate::{
+    Workflow, WorkflowCommand, WorkflowError, WorkflowState as AggregateState,
+};
+use meridian_events::{AggregateKind, AggregateRef, Event, EventContext, WorkflowEvent};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::api::{
+    Accepted, CancelAccepted, CancelRequest, ErrorBody, EventList, FieldErrorBody, Health,
+    WorkflowPage, WorkflowState, WorkflowStatus,
+};
+use crate::error::ApiError;
+use crate::idempotency::{self, Reservation};
+use crate::read::{self, api_state, last_placement_rejected, ListQuery};
+use crate::{projection, Intake};
+
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const IDEMPOTENT_REPLAY: &str = "idempotent-replay";
+pub const TENANT: &str = "x-meridian-tenant";
+pub const USER: &str = "x-meridian-user";
+const TRACEPARENT: &str = "traceparent";
+
+pub const DEFAULT_TENANT: &str = "default";
+pub const DEFAULT_USER: &str = "anonymous";
+
+/// The content types a workflow document may be sent as.
+pub const WORKFLOW_CONTENT_TYPES: [&str; 4] = [
+    "application/yaml",
+    "application/x-yaml",
+    "text/yaml",
+    "application/json",
+];
+
+/// The cancel body is one short reason; anything bigger is not a cancel request.
+const MAX_CANCEL_BODY: usize = 16 * 1024;
+const MAX_CANCEL_REASON: usize = 1000;
+const MAX_HEADER_TEXT: usize = 200;
+const MAX_LIST_LIMIT: u32 = 500;
+const DEFAULT_LIST_LIMIT: u32 = 50;
+
+// ---------------------------------------------------------------------------------
+// Input checks shared by the handlers.
+
+/// A header's value as text, `None` when absent; refuses repeats and non-ASCII.
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::BadRequest(format!(
+            "header {name} is given more than once"
+        )));
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| ApiError::BadRequest(format!("header {name} must be printable ASCII")))
+}
+
+/// Printable ASCII, space included, of 1..=`max` characters.
+fn printable(value: &str, max: usize) -> bool {
+    (1..=max).contains(&value.len()) && value.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
+fn valid_tenant(value: &str) -> bool {
+    (1..=63).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+fn tenant(headers: &HeaderMap) -> Result<String, ApiError> {
+    match header_text(headers, TENANT)? {
+        None => Ok(DEFAULT_TENANT.to_string()),
+        Some(t) if valid_tenant(t) => Ok(t.to_string()),
+        Some(t) => Err(ApiError::BadRequest(format!(
+            "invalid X-Meridian-Tenant {t:?}: expected 1 to 63 of a-z, 0-9, '-' and '_'"
+        ))),
+    }
+}
+
+fn user(headers: &HeaderMap) -> Result<String, ApiError> {
+    match header_text(headers, USER)? {
+        None => Ok(DEFAULT_USER.to_string()),
+        Some(u) if printable(u, MAX_HEADER_TEXT) => Ok(u.to_string()),
+        Some(_) => Err(ApiError::BadRequest(format!(
+            "invalid X-Meridian-User: expected 1 to {MAX_HEADER_TEXT} printable ASCII characters"
+        ))),
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match header_text(headers, IDEMPOTENCY_KEY)? {
+        None => Ok(None),
+        Some(k) if printable(k, MAX_HEADER_TEXT) => Ok(Some(k.to_string())),
+        Some(_) => Err(ApiError::BadRequest(format!(
+            "invalid Idempotency-Key: expected 1 to {MAX_HEADER_TEXT} printable ASCII characters"
+        ))),
+    }
+}
+
+/// A W3C `traceparent` to carry into the events; an invalid one is ignored, as the
+/// W3C spec says to.
+fn traceparent(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(TRACEPARENT)?.to_str().ok()?;
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let ok = parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && parts[1] != "0".repeat(32)
+        && hex(parts[2], 16)
+        && parts[2] != "0".repeat(16)
+        && hex(parts[3], 2);
+    ok.then(|| value.to_string())
+}
+
+/// The media type of `Content-Type` without parameters, lowercased; `None` if absent.
+fn media_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| {
+        ApiError::UnsupportedMediaType("the Content-Type header is not ASCII".into())
+    })?;
+    let essence = text.split(';').next().unwrap_or_default().trim();
+    Ok(Some(essence.to_ascii_lowercase()))
+}
+
+/// Reads the whole body, refusing more than `limit` bytes without reading them all.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large =
+        || ApiError::PayloadTooLarge(format!("the request body is larger than {limit} bytes"));
+    // A declared length over the limit is refused before reading anything.
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limit as u64 {
+            return Err(too_large());
+        }
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::BadRequest(format!("the request body could not be read: {e}"))
+        })?;
+        if buf.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(buf))
+}
+
+pub(crate) fn workflow_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, ApiError> {
+    let Path(text) =
+        path.map_err(|e| ApiError::BadRequest(format!("invalid workflow id: {}", e.body_text())))?;
+    Uuid::parse_str(&text).map_err(|_| {
+        ApiError::BadRequest(format!(
+            "invalid workflow id {text:?}: expected a UUID such as 0190b6a4-4c1e-7cc3-9a52-4d3f0b1f2e9a"
+        ))
+    })
+}
+
+fn location(id: Uuid) -> HeaderValue {
+    HeaderValue::from_str(&format!("/v1/workflows/{id}")).expect("a UUID path is a valid header")
+}
+
+pub(crate) async fn load_workflow(intake: &Intake, id: Uuid) -> Result<Loaded<Workflow>, ApiError> {
+    load::<Workflow>(&*intake.log, id)
+        .await
+        .map_err(|e| ApiError::from_log("loading the workflow", e))
+}
+
+// ---------------------------------------------------------------------------------
+// POST /v1/workflows
+
+/// Submit a workflow.
+///
+/// The body is a workflow spec v1 document, YAML or JSON (see
+/// `schemas/workflow.schema.json`). An invalid document is answered with every problem
+/// found and appends nothing. With an `Idempotency-Key`, a retry with the same key (per
+/// tenant) and the same body returns the original workflow with 200 and
+/// `Idempotent-Replay: true`, however much later it comes.
+#[utoipa::path(
+    post,
+    path = "/v1/workflows",
+    tag = "workflows",
+    operation_id = "submit_workflow",
+    params(
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "1 to 200 printable ASCII characters; retries with the same key and body return the original workflow"),
+        ("X-Meridian-Tenant" = Option<String>, Header,
+            description = "The tenant, 1 to 63 of a-z, 0-9, '-', '_'; default `default`"),
+        ("X-Meridian-User" = Option<String>, Header,
+            description = "Who submits (a user or an agent's name); default `anonymous`"),
+    ),
+    request_body(
+        description = "A workflow spec v1 document (at most 1 MiB). Without Content-Type, JSON is recognised by a leading `{`.",
+        content(
+            (ref("workflow.schema.json") = "application/yaml"),
+            (ref("workflow.schema.json") = "application/x-yaml"),
+            (ref("workflow.schema.json") = "text/yaml"),
+            (ref("workflow.schema.json") = "application/json"),
+        ),
+    ),
+    responses(
+        (status = 202, description = "Accepted: the workflow was submitted", body = Accepted,
+            headers(("Location" = String, description = "The workflow's status URL"))),
+        (status = 200, description = "An idempotent replay: the workflow first submitted with this key", body = Accepted,
+            headers(
+                ("Location" = String, description = "The workflow's status URL"),
+                ("Idempotent-Replay" = String, description = "`true`"),
+            )),
+        (status = 400, description = "Invalid workflow (every problem in `errors`) or invalid header", body = ErrorBody),
+        (status = 413, description = "The document is larger than 1 MiB", body = ErrorBody),
+        (status = 415, description = "Unsupported Content-Type", body = ErrorBody),
+        (status = 422, description = "The idempotency key was used with a different body", body = ErrorBody),
+        (status = 503, description = "The event log or database is unavailable; retry with the same key", body = ErrorBody),
+    )
+)]
+pub(crate) async fn submit(
+    State(intake): State<Intake>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let json = match media_type(&headers)? {
+        None => false,
+        Some(t) if t == "application/json" => true,
+        Some(t) if WORKFLOW_CONTENT_TYPES.contains(&t.as_str()) => false,
+        Some(t) => {
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "unsupported content type {t:?}: send the workflow as {}",
+                WORKFLOW_CONTENT_TYPES.join(", ")
+            )))
+        }
+    };
+    let tenant = tenant(&headers)?;
+    let user = user(&headers)?;
+    let key = idempotency_key(&headers)?;
+    let bytes = read_body(&headers, body, meridian_spec::MAX_DOCUMENT_BYTES).await?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| ApiError::BadRequest(format!("the body is not UTF-8 text: {e}")))?;
+    if json && !text.trim_start().starts_with('{') {
+        return Err(ApiError::InvalidWorkflow(vec![FieldErrorBody {
+            path: String::new(),
+            message: "expected a JSON object: the body was sent as application/json".into(),
+        }]));
+    }
+    let spec = meridian_spec::parse(text)?;
+    intake.ready().await?;
+
+    let ctx = EventContext {
+        tenant: tenant.clone(),
+        causation_id: None,
+        correlation_id: Uuid::now_v7(),
+        traceparent: traceparent(&headers),
+    };
+    let submission = Submission {
+        spec,
+        user,
+        key: key.clone(),
+        ctx,
+    };
+    let Some(key) = key else {
+        let id = Uuid::now_v7();
+        return submission
+            .append(&intake, id)
+            .await
+            .map_err(Refusal::into_api);
+    };
+
+    let digest = format!("{:x}", Sha256::digest(&bytes));
+    let fresh = Uuid::now_v7();
+    let reservation = idempotency::reserve(&intake.store, &tenant, &key, fresh, &digest)
+        .await
+        .map_err(|e| ApiError::from_db("reserving the idempotency key", e))?;
+    let workflow_id = match reservation {
+        Reservation::Reserved => fresh,
+        Reservation::Existing { body_sha256, .. } if body_sha256 != digest => {
+            return Err(ApiError::IdempotencyMismatch)
+        }
+        Reservation::Existing { workflow_id, .. } => {
+            let loaded = load_workflow(&intake, workflow_id).await?;
+            if loaded.state.state().is_some() {
+                return Ok(replay(workflow_id, &loaded));
+            }
+            // Reserved, never appended: the request that reserved it died in between,
+            // or is still appending. Append under the reserved id; the aggregate lets
+            // only one of us succeed.
+            tracing::info!(%workflow_id, tenant, "appending a submission reserved but not yet appended");
+            workflow_id
+        }
+    };
+    match submission.append(&intake, workflow_id).await {
+        Ok(response) => Ok(response),
+        // A concurrent request with the same key appended it first.
+        Err(Refusal::Rejected(WorkflowError::AlreadySubmitted)) => {
+            let loaded = load_workflow(&intake, workflow_id).await?;
+            Ok(replay(workflow_id, &loaded))
+        }
+        Err(refusal) => {
+            // A refused or oversized workflow will never exist: free the key so the
+            // client can fix the document and reuse it. A log outage keeps the
+            // reservation, since the append may still have landed.
+            if refusal.is_final() {
+                idempotency::release(&intake.store, &tenant, &key, workflow_id)
+                    .await
+                    .map_err(|e| ApiError::from_db("releasing the idempotency key", e))?;
+            }
+            Err(refusal.into_api())
+        }
+    }
+}
+
+struct Submission {
+    spec: meridian_spec::Workflow,
+    user: String,
+    key: Option<String>,
+    ctx: EventContext,
+}
+
+/// Why a submission was not appended.
+enum Refusal {
+    Rejected(WorkflowError),
+    Api(ApiError),
+}
+
+impl Refusal {
+    /// Whether retrying the same document can never succeed.
+    fn is_final(&self) -> bool {
+        match self {
+            Refusal::Rejected(_) => true,
+            Refusal::Api(e) => e.status() == StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
+    fn into_api(self) -> ApiError {
+        match self {
+            Refusal::Rejected(WorkflowError::InvalidSpec { reason }) => {
+                ApiError::InvalidWorkflow(vec![FieldErrorBody {
+                    path: String::new(),
+                    message: reason,
+                }])
+            }
+            Refusal::Rejected(other) => ApiError::Conflict(other.to_string()),
+            Refusal::Api(e) => e,
+        }
+    }
+}
+
+impl Submission {
+    async fn append(&self, intake: &Intake, id: Uuid) -> Result<Response, Refusal> {
+        let name = self.spec.name.clone();
+        execute::<Workflow, _>(&*intake.log, id, &self.ctx, |_| WorkflowCommand::Submit {
+            workflow_id: id,
+            spec: self.spec.clone(),
+            submitted_by: self.user.clone(),
+            idempotency_key: self.key.clone(),
+        })
+        .await
+        .map_err(
+            |e| match ApiError::from_execute("appending the submission", e) {
+                Ok(rejected) => Refusal::Rejected(rejected),
+                Err(api) => Refusal::Api(api),
+            },
+        )?;
+        tracing::info!(workflow_id = %id, tenant = %self.ctx.tenant, name, "workflow submitted");
+        let body = Accepted {
+            id,
+            name,
+            state: WorkflowState::Submitted,
+        };
+        Ok((
+            StatusCode::ACCEPTED,
+            [(header::LOCATION, location(id))],
+            Json(body),
+        )
+            .into_response())
+    }
+}
+
+fn replay(id: Uuid, loaded: &Loaded<Workflow>) -> Response {
+    let state = loaded.state.state().map_or(WorkflowState::Submitted, |s| {
+        api_state(s, last_placement_rejected(loaded))
+    });
+    let body = Accepted {
+        id,
+        name: loaded
+            .state
+            .spec()
+            .map(|s| s.name.clone())
+            .unwrap_or_default(),
+        state,
+    };
+    (
+        StatusCode::OK,
+        [
+            (header::LOCATION, location(id)),
+            (
+                header::HeaderName::from_static(IDEMPOTENT_REPLAY),
+                HeaderValue::from_static("true"),
+            ),
+        ],
+        Json(body),
+    )
+        .into_response()
+}
+
+// ---------------------------------------------------------------------------------
+// GET /v1/workflows/{id}
+
+/// A workflow's status.
+///
+/// From the status read model; a workflow accepted moments ago and not yet projected is
+/// answered from the log, with less detail (no runs yet).
+#[utoipa::path(
+    get,
+    path = "/v1/workflows/{id}",
+    tag = "workflows",
+    operation_id = "get_workflow",
+    params(("id" = Uuid, Path, description = "The workflow's id")),
+    responses(
+        (status = 200, description = "The workflow's status", body = WorkflowStatus),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+    )
+)]
+pub(crate) async fn status(
+    State(intake): State<Intake>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<WorkflowStatus>, ApiError> {
+    let id = workflow_id(path)?;
+    intake.ready().await?;
+    if let Some(status) = read::status(&intake.store, id)
+        .await
+        .map_err(|e| read_error("reading the workflow's status", e))?
+    {
+        return Ok(Json(status));
+    }
+    let loaded = load_workflow(&intake, id).await?;
+    read::status_from_log(id, &loaded)
+        .map(Json)
+        .ok_or_else(|| ApiError::no_workflow(id))
+}
+
+fn read_error(context: &str, e: read::ReadError) -> ApiError {
+    match e {
+        read::ReadError::Database(db) => ApiError::from_db(context, db),
+        corrupt => {
+            tracing::error!(error = %corrupt, "{context}");
+            ApiError::Internal(context.to_string())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// GET /v1/workflows
+
+/// List workflows, newest first.
+///
+/// Keyset-paged: pass the page's `next` as `after` to get the following page. Reads
+/// the status read model, which may lag the log by a moment.
+#[utoipa::path(
+    get,
+    path = "/v1/workflows",
+    tag = "workflows",
+    operation_id = "list_workflows",
+    params(
+        ("state" = Option<WorkflowState>, Query, description = "Only workflows in this state"),
+        ("tenant" = Option<String>, Query, description = "Only this tenant's workflows"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 500, description = "Page size, 1 to 500; default 50"),
+        ("after" = Option<Uuid>, Query, description = "The `next` of the previous page"),
+    ),
+    responses(
+        (status = 200, description = "A page of workflows", body = WorkflowPage),
+        (status = 400, description = "A query parameter is invalid or unknown", body = ErrorBody),
+    )
+)]
+pub(crate) async fn list(
+    State(intake): State<Intake>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Json<WorkflowPage>, ApiError> {
+    let Query(pairs) =
+        query.map_err(|e| ApiError::BadRequest(format!("invalid query: {}", e.body_text())))?;
+    let mut params: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in pairs {
+        if !["state", "tenant", "limit", "after"].contains(&name.as_str()) {
+            return Err(ApiError::BadRequest(format!(
+                "unknown query parameter {name:?}: accepted are state, tenant, limit, after"
+            )));
+        }
+        if params.insert(name.clone(), value).is_some() {
+            return Err(ApiError::BadRequest(format!(
+                "query parameter {name} is given more than once"
+            )));
+        }
+    }
+    let state = match params.get("state") {
+        None => None,
+        Some(s) => Some(WorkflowState::parse(s).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "invalid state {s:?}: expected one of {}",
+                WorkflowState::names()
+            ))
+        })?),
+    };
+    let tenant = match params.get("tenant") {
+        None => None,
+        Some(t) if valid_tenant(t) => Some(t.clone()),
+        Some(t) => {
+            return Err(ApiError::BadRequest(format!(
+                "invalid tenant {t:?}: expected 1 to 63 of a-z, 0-9, '-' and '_'"
+            )))
+        }
+    };
+    let limit = match params.get("limit") {
+        None => DEFAULT_LIST_LIMIT,
+        Some(l) => l
+            .parse::<u32>()
+            .ok()
+            .filter(|l| (1..=MAX_LIST_LIMIT).contains(l))
+            .ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "invalid limit {l:?}: expected an integer from 1 to {MAX_LIST_LIMIT}"
+                ))
+            })?,
+    };
+    let after = match params.get("after") {
+        None => None,
+        Some(a) => Some(Uuid::parse_str(a).map_err(|_| {
+            ApiError::BadRequest(format!(
+                "invalid after {a:?}: expected a workflow id (the `next` of the previous page)"
+            ))
+        })?),
+    };
+    intake.ready().await?;
+    let q = ListQuery {
+        state,
+        tenant,
+        limit,
+        after,
+    };
+    read::list(&intake.store, &q)
+        .await
+        .map(Json)
+        .map_err(|e| read_error("listing workflows", e))
+}
+
+// ---------------------------------------------------------------------------------
+// POST /v1/workflows/{id}/cancel
+
+/// Cancel a workflow.
+///
+/// Releases nothing more and stops running jobs; the workflow ends `cancelled` once the
+/// last running job settles (at once when nothing runs). Asking again while it is being
+/// cancelled is accepted and changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/{id}/cancel",
+    tag = "workflows",
+    operation_id = "cancel_workflow",
+    params(
+        ("id" = Uuid, Path, description = "The workflow's id"),
+        ("X-Meridian-User" = Option<String>, Header, description = "Who cancels; default `anonymous`"),
+    ),
+    request_body(content = Option<CancelRequest>, content_type = "application/json",
+        description = "Optional; `{\"reason\": \"...\"}`"),
+    responses(
+        (status = 202, description = "Cancel accepted", body = CancelAccepted),
+        (status = 400, description = "Invalid id or body", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow already finished, failed or was cancelled", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
+        (status = 415, description = "The body is not JSON", body = ErrorBody),
+    )
+)]
+pub(crate) async fn cancel(
+    State(intake): State<Intake>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<CancelAccepted>), ApiError> {
+    let id = workflow_id(path)?;
+    let by = user(&headers)?;
+    let request = cancel_request(&headers, body).await?;
+
+    let accepted = |state| Ok((StatusCode::ACCEPTED, Json(CancelAccepted { id, state })));
+    let loaded = load_workflow(&intake, id).await?;
+    let (Some(state), Some(first)) = (loaded.state.state(), loaded.history.first()) else {
+        return Err(ApiError::no_workflow(id));
+    };
+    if state == AggregateState::CancelRequested {
+        return accepted(WorkflowState::Cancelling);
+    }
+    // The cancel belongs to the submission's chain: same tenant and correlation.
+    let ctx = EventContext {
+        tenant: first.tenant.clone(),
+        causation_id: None,
+        correlation_id: first.correlation_id,
+        traceparent: traceparent(&headers).or_else(|| first.traceparent.clone()),
+    };
+    let result =
+        execute::<Workflow, _>(&*intake.log, id, &ctx, |_| WorkflowCommand::RequestCancel {
+            by: by.clone(),
+            reason: request.reason.clone(),
+        })
+        .await;
+    match result {
+        Ok(events) => {
+            tracing::info!(workflow_id = %id, by, "workflow cancel requested");
+            let done = events
+                .iter()
+                .any(|e| matches!(e.payload, Event::Workflow(WorkflowEvent::Cancelled { .. })));
+            accepted(if done {
+                WorkflowState::Cancelled
+            } else {
+                WorkflowState::Cancelling
+            })
+        }
+        Err(e) => match ApiError::from_execute("appending the cancel request", e)? {
+            WorkflowError::NotSubmitted => Err(ApiError::no_workflow(id)),
+            // Someone else's cancel landed between our load and our append.
+            WorkflowError::AlreadyCancelled
+                if load_workflow(&intake, id).await?.state.state()
+                    == Some(AggregateState::CancelRequested) =>
+            {
+                accepted(WorkflowState::Cancelling)
+            }
+            refusal => Err(ApiError::Conflict(refusal.to_string())),
+        },
+    }
+}
+
+async fn cancel_request(headers: &HeaderMap, body: Body) -> Result<CancelRequest, ApiError> {
+    let bytes = read_body(headers, body, MAX_CANCEL_BODY).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(CancelRequest::default());
+    }
+    match media_type(headers)? {
+        None => {}
+        Some(t) if t == "application/json" => {}
+        Some(t) => {
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "unsupported content type {t:?}: send the cancel request as application/json"
+            )))
+        }
+    }
+    let invalid = |why: String| {
+        ApiError::BadRequest(format!(
+            "invalid cancel request: {why}; expected {{\"reason\": \"...\"}}"
+        ))
+    };
+    // Through a Value first: serde would also read a struct from a JSON array.
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    if !value.is_object() {
+        return Err(invalid("not a JSON object".into()));
+    }
+    let request: CancelRequest =
+        serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+    if let Some(reason) = &request.reason {
+        if reason.chars().count() > MAX_CANCEL_REASON {
+            return Err(ApiError::BadRequest(format!(
+                "invalid cancel request: reason is longer than {MAX_CANCEL_REASON} characters"
+            )));
+        }
+    }
+    Ok(request)
+}
+
+// ---------------------------------------------------------------------------------
+// GET /v1/workflows/{id}/events
+
+/// A workflow's events and its jobs'.
+///
+/// The Workflow aggregate's history merged with the history of every Job aggregate it
+/// released, ordered by `occurred_at`, then aggregate, then sequence.
+#[utoipa::path(
+    get,
+    path = "/v1/workflows/{id}/events",
+    tag = "workflows",
+    operation_id = "workflow_events",
+    params(("id" = Uuid, Path, description = "The workflow's id")),
+    responses(
+        (status = 200, description = "The events", body = EventList),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+    )
+)]
+pub(crate) async fn events(
+    State(intake): State<Intake>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<EventList>, ApiError> {
+    let id = workflow_id(path)?;
+    let log_error = |e| ApiError::from_log("reading the workflow's events", e);
+    let mut events = intake
+        .log
+        .read_aggregate(AggregateRef::new(AggregateKind::Workflow, id))
+        .await
+        .map_err(log_error)?;
+    if events.is_empty() {
+        return Err(ApiError::no_workflow(id));
+    }
+    // Job ids from the raw payloads: this endpoint shows what is stored and need not
+    // understand every event to do so.
+    let mut job_ids: Vec<Uuid> = events
+        .iter()
+        .filter(|e| {
+            e.payload.get("type").and_then(|t| t.as_str()) == Some("workflow.job_released.v1")
+        })
+        .filter_map(|e| e.payload.get("job_id")?.as_str()?.parse().ok())
+        .collect();
+    job_ids.sort();
+    job_ids.dedup();
+    let log = &intake.log;
+    let jobs: Vec<_> = futures::stream::iter(job_ids)
+        .map(|job| log.read_aggregate(AggregateRef::new(AggregateKind::Job, job)))
+        .buffered(8)
+        .try_collect()
+        .await
+        .map_err(log_error)?;
+    events.extend(jobs.into_iter().flatten());
+    events.sort_by(|a, b| {
+        (a.occurred_at, a.aggregate, a.sequence).cmp(&(b.occurred_at, b.aggregate, b.sequence))
+    });
+    let events = events
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            tracing::error!(error = %e, "serializing events");
+            ApiError::Internal("serializing the events".into())
+        })?;
+    Ok(Json(EventList { events }))
+}
+
+// ---------------------------------------------------------------------------------
+// GET /v1/health
+
+/// Liveness, with the log's head and how far the status read model has reached.
+#[utoipa::path(
+    get,
+    path = "/v1/health",
+    tag = "service",
+    operation_id = "health",
+    responses(
+        (status = 200, description = "The service, its log and its database answer", body = Health),
+        (status = 503, description = "The log or the database does not answer", body = ErrorBody),
+    )
+)]
+pub(crate) async fn health(State(intake): State<Intake>) -> Result<Json<Health>, ApiError> {
+    let log_head = intake.log.head().await.map_err(|e| {
+        match ApiError::from_log("reading the log's head", e) {
+            ApiError::Internal(m) => ApiError::Unavailable(m),
+            other => other,
+        }
+    })?;
+    let projection_position = intake.store.position(projection::NAME).await.map_err(|e| {
+        match ApiError::from_store("reading the projection's position", e) {
+            ApiError::Internal(m) => ApiError::Unavailable(m),
+            other => other,
+        }
+    })?;
+    Ok(Json(Health {
+        status: "ok".into(),
+        log_head,
+        projection_position,
+    }))
+}
+
+// ---------------------------------------------------------------------------------
+// Fallbacks: JSON for unknown routes and wrong methods too.
+
+pub(crate) async fn not_found(uri: Uri) -> ApiError {
+    ApiError::NotFound(format!("no route for {}", uri.path()))
+}
+
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}", uri.path()))
+}

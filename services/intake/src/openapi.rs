@@ -1,0 +1,68 @@
+//! The OpenAPI document, generated from the handlers' annotations and the types in
+//! [`crate::api`]. The checked-in copy is `schemas/openapi.json`; a test keeps the two
+//! equal (`MERIDIAN_UPDATE_SCHEMAS=1` rewrites it).
+
+use utoipa::OpenApi;
+
+use crate::api;
+use crate::handlers;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Meridian federation API",
+        description = "Submit a workflow once; Meridian places it on the best site, runs it and bills it. \
+            Every error is `{\"error\": \"<message>\"}` with the status that fits.",
+        license(name = "Apache-2.0"),
+    ),
+    paths(
+        handlers::submit,
+        handlers::list,
+        handlers::status,
+        handlers::cancel,
+        handlers::events,
+        handlers::health,
+        crate::reports::bill,
+        crate::reports::logs,
+    ),
+    components(schemas(
+        api::Accepted,
+        api::CancelAccepted,
+        api::CancelRequest,
+        api::ErrorBody,
+        api::EventList,
+        api::FieldErrorBody,
+        api::Health,
+        api::JobRun,
+        api::RunState,
+        api::TaskCounts,
+        api::WorkflowPage,
+        api::WorkflowState,
+        api::WorkflowStatus,
+        api::WorkflowSummary,
+        meridian_accounting::Bill,
+        meridian_accounting::BillLine,
+        meridian_accounting::Total,
+        crate::reports::LogList,
+        meridian_store::job_logs::JobLog,
+    )),
+    tags(
+        (name = "workflows", description = "Submit, watch and cancel workflows"),
+        (name = "service", description = "The service itself"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The OpenAPI document.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// The OpenAPI document as the checked-in file holds it: pretty JSON and a newline.
+pub fn openapi_json() -> String {
+    let mut text = openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document serializes");
+    text.push('\n');
+    text
+}

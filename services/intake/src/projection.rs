@@ -1,0 +1,533 @@
+//! The status read model: `intake_workflows` (one row per workflow) and `intake_tasks`
+//! (one row per run of a task), folded from workflow.* and job.* events.
+//!
+//! Every row is derived from events alone (times are the events' `occurred_at`), so a
+//! replay from position 0 after [`meridian_store::Store::reset`] yields identical rows.
+//! Job events carry only the Job aggregate's id, so they find their workflow through
+//! the task row their release (or dispatch) created.
+
+use async_trait::async_trait;
+use chrono::{DateTime, SecondsFormat, Utc};
+use meridian_eventlog::Commit;
+use meridian_events::{AggregateKind, JobEvent, JobOutcome, RawEnvelope, WorkflowEvent};
+use meridian_store::{Projection, StoreError, Tx};
+use sqlx::Row;
+use uuid::Uuid;
+
+/// The projection's name, which keys its position in `projection_positions`.
+pub const NAME: &str = "intake_status";
+
+/// `task_index` for a task that is not part of an array: a real value rather than
+/// NULL, so that equality and indexes work the same on SQLite and PostgreSQL.
+pub(crate) const NO_INDEX: i64 = -1;
+
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS intake_workflows (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        state TEXT NOT NULL,
+        site TEXT,
+        submitted_by TEXT NOT NULL,
+        submitted_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        reason TEXT,
+        task_total BIGINT NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS intake_workflows_state ON intake_workflows (state, id)",
+    "CREATE INDEX IF NOT EXISTS intake_workflows_tenant ON intake_workflows (tenant, id)",
+    "CREATE TABLE IF NOT EXISTS intake_tasks (
+        job_id TEXT PRIMARY KEY,
+        workflow_id TEXT NOT NULL,
+        job TEXT NOT NULL,
+        task_index BIGINT NOT NULL,
+        attempt BIGINT NOT NULL,
+        latest BIGINT NOT NULL,
+        released_position BIGINT NOT NULL,
+        site TEXT NOT NULL,
+        state TEXT NOT NULL,
+        retried BIGINT NOT NULL,
+        backend_job_id TEXT,
+        exit_code BIGINT,
+        released_at TEXT NOT NULL,
+        started_at TEXT,
+        ended_at TEXT,
+        reason TEXT
+    )",
+    "CREATE INDEX IF NOT EXISTS intake_tasks_task ON intake_tasks (workflow_id, job, task_index)",
+    "CREATE INDEX IF NOT EXISTS intake_tasks_release ON intake_tasks (workflow_id, released_position, job_id)",
+];
+
+/// The status read model; run it with `meridian_store::run` or `catch_up`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatusProjection;
+
+/// The status read model as a trait object's worth of [`Projection`].
+pub fn projection() -> StatusProjection {
+    StatusProjection
+}
+
+/// Times as the read model stores and the API shows them: RFC 3339, UTC, fixed width,
+/// so that text order is time order.
+pub(crate) fn timestamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+#[async_trait]
+impl Projection for StatusProjection {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn schema(&self) -> &'static [&'static str] {
+        SCHEMA
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &["intake_workflows", "intake_tasks"]
+    }
+
+    async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError> {
+        for envelope in &commit.events {
+            let failed = |message: String| StoreError::Apply {
+                projection: NAME.to_string(),
+                position: commit.position,
+                message: format!("{} #{}: {message}", envelope.aggregate, envelope.sequence),
+            };
+            match envelope.aggregate.kind {
+                AggregateKind::Workflow => {
+                    let event: WorkflowEvent = serde_json::from_value(envelope.payload.clone())
+                        .map_err(|e| failed(e.to_string()))?;
+                    apply_workflow(tx, commit.position, envelope, &event).await?;
+                }
+                AggregateKind::Job => {
+                    let event: JobEvent = serde_json::from_value(envelope.payload.clone())
+                        .map_err(|e| failed(e.to_string()))?;
+                    apply_job(tx, commit.position, envelope, &event).await?;
+                }
+                // Sites, transfers and tenants are other read models' business.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many tasks a spec defines: one per job, one per index of an array job.
+pub(crate) fn task_total(spec: &meridian_spec::Workflow) -> u64 {
+    spec.jobs
+        .values()
+        .map(|job| {
+            job.array.as_ref().map_or(1, |a| {
+                u64::from(a.end)
+                    .saturating_sub(u64::from(a.start))
+                    .saturating_add(1)
+            })
+        })
+        .sum()
+}
+
+fn index_column(index: Option<u32>) -> i64 {
+    index.map_or(NO_INDEX, i64::from)
+}
+
+fn outcome_state(outcome: &JobOutcome) -> &'static str {
+    match outcome {
+        JobOutcome::Succeeded => "succeeded",
+        JobOutcome::Failed { .. } => "failed",
+        JobOutcome::Cancelled => "cancelled",
+    }
+}
+
+/// Moves the workflow's `updated_at` forward (never back: events of different
+/// aggregates may carry times slightly out of log order).
+async fn touch(tx: &mut Tx, workflow_id: &str, at: &str) -> Result<(), StoreError> {
+    sqlx::query("UPDATE intake_workflows SET updated_at = $1 WHERE id = $2 AND updated_at < $3")
+        .bind(at)
+        .bind(workflow_id)
+        .bind(at)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn apply_workflow(
+    tx: &mut Tx,
+    position: u64,
+    envelope: &RawEnvelope,
+    event: &WorkflowEvent,
+) -> Result<(), StoreError> {
+    let id = envelope.aggregate.id.to_string();
+    let at = timestamp(envelope.occurred_at);
+    match event {
+        WorkflowEvent::Submitted {
+            name,
+            spec,
+            submitted_by,
+            ..
+        } => {
+            sqlx::query(
+                "INSERT INTO intake_workflows
+                    (id, name, tenant, state, site, submitted_by, submitted_at, updated_at,
+                     reason, task_total)
+                 VALUES ($1, $2, $3, 'submitted', NULL, $4, $5, $6, NULL, $7)
+                 ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(&id)
+            .bind(name)
+            .bind(&envelope.tenant)
+            .bind(submitted_by)
+            .bind(&at)
+            .bind(&at)
+            .bind(i64::try_from(task_total(spec)).unwrap_or(i64::MAX))
+            .execute(&mut **tx)
+            .await?;
+        }
+        WorkflowEvent::PlacementDecided { site, .. } => {
+            // A re-placement keeps a running workflow running; only a workflow not yet
+            // placed (or last rejected) becomes `placed`.
+            sqlx::query(
+                "UPDATE intake_workflows SET
+                    site = $1,
+                    reason = CASE WHEN state = 'rejected' THEN NULL ELSE reason END,
+                    state = CASE WHEN state IN ('submitted', 'rejected') THEN 'placed'
+                                 ELSE state END
+                 WHERE id = $2",
+            )
+            .bind(site)
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        WorkflowEvent::PlacementRejected {
+            attempt,
+            rejections,
+        } => {
+            let why = if rejections.is_empty() {
+                "no site is available".to_string()
+            } else {
+                rejections
+                    .iter()
+                    .map(|r| format!("{}: {}", r.site, r.reason))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            let reason = format!("no site could take the workflow (attempt {attempt}): {why}");
+            sqlx::query(
+                "UPDATE intake_workflows SET
+                    reason = CASE WHEN state IN ('submitted', 'rejected') THEN $1
+                                  ELSE reason END,
+                    state = CASE WHEN state IN ('submitted', 'rejected') THEN 'rejected'
+                                 ELSE state END
+                 WHERE id = $2",
+            )
+            .bind(reason)
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        WorkflowEvent::JobReleased {
+            job,
+            index,
+            job_id,
+            site,
+            attempt,
+        } => {
+            let task = NewTask {
+                workflow_id: &id,
+                job,
+                index: *index,
+                job_id: *job_id,
+                attempt: *attempt,
+                site,
+                at: &at,
+                position,
+            };
+            ensure_task(tx, &task).await?;
+        }
+        WorkflowEvent::JobSettled {
+            job_id,
+            outcome,
+            retry,
+            ..
+        } => {
+            // The Job aggregate's own terminal event normally set the run's state
+            // already; this covers a run settled without one (cancelled from outside).
+            let reason = match outcome {
+                JobOutcome::Failed { reason } => Some(reason.to_string()),
+                _ => None,
+            };
+            sqlx::query(
+                "UPDATE intake_tasks SET
+                    reason = CASE WHEN state IN ('pending', 'running') THEN $1 ELSE reason END,
+                    state = CASE WHEN state IN ('pending', 'running') THEN $2 ELSE state END,
+                    retried = $3
+                 WHERE job_id = $4",
+            )
+            .bind(reason)
+            .bind(outcome_state(outcome))
+            .bind(i64::from(*retry))
+            .bind(job_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+        }
+        WorkflowEvent::CancelRequested { by, reason, .. } => {
+            let why = match reason {
+                Some(r) => format!("cancel requested by {by}: {r}"),
+                None => format!("cancel requested by {by}"),
+            };
+            sqlx::query(
+                "UPDATE intake_workflows SET
+                    reason = $1,
+                    state = 'cancelling'
+                 WHERE id = $2 AND state NOT IN ('finished', 'failed', 'cancelled')",
+            )
+            .bind(why)
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        WorkflowEvent::Finished { .. } => set_state(tx, &id, "finished", None).await?,
+        WorkflowEvent::Failed { reason, .. } => {
+            set_state(tx, &id, "failed", Some(reason.as_str())).await?
+        }
+        // Keeps the cancel request's reason: it says who cancelled and why.
+        WorkflowEvent::Cancelled { .. } => set_state(tx, &id, "cancelled", None).await?,
+        // The bill has its own endpoint and read model.
+        WorkflowEvent::Billed { .. } => return Ok(()),
+    }
+    touch(tx, &id, &at).await
+}
+
+async fn set_state(
+    tx: &mut Tx,
+    id: &str,
+    state: &str,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE intake_workflows SET state = $1, reason = COALESCE($2, reason) WHERE id = $3",
+    )
+    .bind(state)
+    .bind(reason)
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+struct NewTask<'a> {
+    workflow_id: &'a str,
+    job: &'a str,
+    index: Option<u32>,
+    job_id: Uuid,
+    attempt: u32,
+    site: &'a str,
+    at: &'a str,
+    position: u64,
+}
+
+/// Creates the run's row unless it exists. Both the workflow's `job_released` and the
+/// job's `dispatched` call this, so the row exists whichever the log holds first. The
+/// run with the highest attempt is the task's `latest`, the one its counts go by.
+async fn ensure_task(tx: &mut Tx, t: &NewTask<'_>) -> Result<(), StoreError> {
+    let job_id = t.job_id.to_string();
+    let exists = sqlx::query("SELECT 1 FROM intake_tasks WHERE job_id = $1")
+        .bind(&job_id)
+        .fetch_optional(&mut **tx)
+        .await?
+        .is_some();
+    if exists {
+        return Ok(());
+    }
+    let index = index_column(t.index);
+    let max_attempt: Option<i64> = sqlx::query(
+        "SELECT MAX(attempt) FROM intake_tasks
+         WHERE workflow_id = $1 AND job = $2 AND task_index = $3",
+    )
+    .bind(t.workflow_id)
+    .bind(t.job)
+    .bind(index)
+    .fetch_one(&mut **tx)
+    .await?
+    .try_get(0)?;
+    let attempt = i64::from(t.attempt);
+    let latest = max_attempt.is_none_or(|m| attempt > m);
+    if latest {
+        sqlx::query(
+            "UPDATE intake_tasks SET latest = 0
+             WHERE workflow_id = $1 AND job = $2 AND task_index = $3",
+        )
+        .bind(t.workflow_id)
+        .bind(t.job)
+        .bind(index)
+        .execute(&mut **tx)
+        .await?;
+    }
+    sqlx::query(
+        "INSERT INTO intake_tasks
+            (job_id, workflow_id, job, task_index, attempt, latest, released_position, site,
+             state, retried, released_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9)",
+    )
+    .bind(&job_id)
+    .bind(t.workflow_id)
+    .bind(t.job)
+    .bind(index)
+    .bind(attempt)
+    .bind(i64::from(latest))
+    .bind(i64::try_from(t.position).unwrap_or(i64::MAX))
+    .bind(t.site)
+    .bind(t.at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The workflow a run belongs to, from its row.
+async fn workflow_of(tx: &mut Tx, job_id: &str) -> Result<Option<String>, StoreError> {
+    let row = sqlx::query("SELECT workflow_id FROM intake_tasks WHERE job_id = $1")
+        .bind(job_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(match row {
+        Some(row) => Some(row.try_get(0)?),
+        None => None,
+    })
+}
+
+async fn apply_job(
+    tx: &mut Tx,
+    position: u64,
+    envelope: &RawEnvelope,
+    event: &JobEvent,
+) -> Result<(), StoreError> {
+    let job_id = envelope.aggregate.id.to_string();
+    let at = timestamp(envelope.occurred_at);
+    match event {
+        JobEvent::Dispatched {
+            workflow_id,
+            job,
+            index,
+            attempt,
+            site,
+            ..
+        } => {
+            let workflow_id = workflow_id.to_string();
+            let task = NewTask {
+                workflow_id: &workflow_id,
+                job,
+                index: *index,
+                job_id: envelope.aggregate.id,
+                attempt: *attempt,
+                site,
+                at: &at,
+                position,
+            };
+            ensure_task(tx, &task).await?;
+        }
+        JobEvent::SubmittedToSite { backend_job_id, .. } => {
+            sqlx::query("UPDATE intake_tasks SET backend_job_id = $1 WHERE job_id = $2")
+                .bind(backend_job_id)
+                .bind(&job_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        JobEvent::Started { started_at, .. } => {
+            sqlx::query(
+                "UPDATE intake_tasks SET state = 'running', started_at = $1
+                 WHERE job_id = $2 AND state = 'pending'",
+            )
+            .bind(timestamp(*started_at))
+            .bind(&job_id)
+            .execute(&mut **tx)
+            .await?;
+            if let Some(workflow_id) = workflow_of(tx, &job_id).await? {
+                sqlx::query(
+                    "UPDATE intake_workflows SET state = 'running'
+                     WHERE id = $1 AND state = 'placed'",
+                )
+                .bind(&workflow_id)
+                .execute(&mut **tx)
+                .await?;
+            }
+        }
+        JobEvent::Finished {
+            started_at,
+            ended_at,
+            exit_code,
+            ..
+        } => {
+            end_run(
+                tx,
+                &job_id,
+                "succeeded",
+                Some(*started_at),
+                *ended_at,
+                Some(*exit_code),
+                None,
+            )
+            .await?;
+        }
+        JobEvent::Failed {
+            started_at,
+            ended_at,
+            exit_code,
+            reason,
+            ..
+        } => {
+            end_run(
+                tx,
+                &job_id,
+                "failed",
+                *started_at,
+                *ended_at,
+                *exit_code,
+                Some(reason.to_string()),
+            )
+            .await?;
+        }
+        JobEvent::Cancelled {
+            started_at,
+            ended_at,
+            ..
+        } => {
+            end_run(tx, &job_id, "cancelled", *started_at, *ended_at, None, None).await?;
+        }
+        // The workflow's own cancel request shows the state; nothing to show per run.
+        JobEvent::CancelRequested { .. } => return Ok(()),
+    }
+    if let Some(workflow_id) = workflow_of(tx, &job_id).await? {
+        touch(tx, &workflow_id, &at).await?;
+    }
+    Ok(())
+}
+
+async fn end_run(
+    tx: &mut Tx,
+    job_id: &str,
+    state: &str,
+    started_at: Option<DateTime<Utc>>,
+    ended_at: DateTime<Utc>,
+    exit_code: Option<i32>,
+    reason: Option<String>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE intake_tasks SET
+            state = $1,
+            started_at = COALESCE($2, started_at),
+            ended_at = $3,
+            exit_code = $4,
+            reason = $5
+         WHERE job_id = $6",
+    )
+    .bind(state)
+    .bind(started_at.map(timestamp))
+    .bind(timestamp(ended_at))
+    .bind(exit_code.map(i64::from))
+    .bind(reason)
+    .bind(job_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
