@@ -102,8 +102,9 @@ impl Store {
             })
             .connect(&url)
             .await?;
-        sqlx::query(POSITIONS).execute(&pool).await?;
-        Ok(Store { pool, backend })
+        let store = Store { pool, backend };
+        store.migrate(&[POSITIONS]).await?;
+        Ok(store)
     }
 
     pub fn pool(&self) -> &AnyPool {
@@ -124,11 +125,21 @@ impl Store {
         })
     }
 
-    /// Creates a projection's tables (each statement must be idempotent).
+    /// Creates a projection's tables (each statement must be idempotent). Runs in one
+    /// transaction under a lock: PostgreSQL's `CREATE TABLE IF NOT EXISTS` is not safe
+    /// against itself, and several services create their tables as they start.
     pub async fn migrate(&self, statements: &[&str]) -> Result<(), StoreError> {
-        for statement in statements {
-            sqlx::query(statement).execute(&self.pool).await?;
+        let mut tx = self.begin().await?;
+        if self.backend == Backend::Postgres {
+            // Any fixed key: every Meridian process migrating this database waits here.
+            sqlx::query("SELECT pg_advisory_xact_lock(7373)")
+                .execute(&mut *tx)
+                .await?;
         }
+        for statement in statements {
+            sqlx::query(statement).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 

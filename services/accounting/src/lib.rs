@@ -184,7 +184,7 @@ fn line_for(raw: &RawEnvelope, event: &JobEvent) -> Option<Result<NewLine, Strin
 }
 
 fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 
 async fn insert_line(tx: &mut Tx, position: u64, line: &NewLine) -> Result<(), StoreError> {

@@ -1070,8 +1070,24 @@ async fn garbage_to_every_endpoint_changes_nothing(b: &mut Bench) {
         (Req::get("/"), StatusCode::NOT_FOUND),
         (Req::get("/v1"), StatusCode::NOT_FOUND),
         (Req::get("/v2/workflows"), StatusCode::NOT_FOUND),
-        (Req::get(&format!("{w}/bill")), StatusCode::NOT_FOUND),
-        (Req::get(&format!("{w}/logs")), StatusCode::NOT_FOUND),
+        // Bills and logs of nothing, or asked for wrongly.
+        (
+            Req::get("/v1/workflows/01936f3e-8a5c-7cc2-9b9e-3f1c2d4e5f60/bill"),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            Req::get("/v1/workflows/01936f3e-8a5c-7cc2-9b9e-3f1c2d4e5f60/logs"),
+            StatusCode::NOT_FOUND,
+        ),
+        (Req::get("/v1/workflows/nope/bill"), StatusCode::BAD_REQUEST),
+        (
+            Req::get(&format!("{w}/logs?jobb=x")),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            Req::post(&format!("{w}/bill")),
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
         (Req::new(Method::DELETE, &w), StatusCode::METHOD_NOT_ALLOWED),
         (
             Req::new(Method::PUT, "/v1/workflows"),

@@ -1,0 +1,421 @@
+//! Shared by the end-to-end tests: running `meridian` processes, talking to them with
+//! the CLI as a user would, and the scenarios both deployments must pass.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_meridian");
+
+/// A child process killed (SIGKILL) when dropped; its output goes to a log file.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(BIN)
+            .args(args)
+            .envs(env.iter().copied())
+            .env("MERIDIAN_LOG", "info,sqlx=warn")
+            .current_dir(dir)
+            .stdout(Stdio::from(file.try_clone().unwrap()))
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("spawn meridian");
+        Proc {
+            child,
+            name: name.into(),
+            log,
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs the CLI against `server`.
+pub fn cli(server: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("MERIDIAN_SERVER", server)
+        .output()
+        .expect("run meridian")
+}
+
+pub fn cli_json(server: &str, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--output", "json"]);
+    let out = cli(server, &all);
+    assert!(
+        out.status.success(),
+        "meridian {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+/// Waits until the API answers, or panics with the processes' output.
+pub fn wait_ready(server: &str, procs: &[&Proc]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if cli(server, &["list"]).status.success() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let logs: Vec<String> = procs
+        .iter()
+        .map(|p| format!("--- {} ---\n{}", p.name, p.output()))
+        .collect();
+    panic!("Meridian at {server} never answered:\n{}", logs.join("\n"));
+}
+
+pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+/// Submits `file` and waits for the end with the CLI's `--wait`; returns the status.
+pub fn submit_wait(server: &str, file: &Path) -> Value {
+    let out = cli(
+        server,
+        &[
+            "submit",
+            file.to_str().unwrap(),
+            "--wait",
+            "--output",
+            "json",
+        ],
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "submit --wait gave no status: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+pub fn submit(server: &str, file: &Path) -> String {
+    let accepted = cli_json(server, &["submit", file.to_str().unwrap()]);
+    accepted["id"].as_str().expect("an id").to_string()
+}
+
+pub fn wait_state(server: &str, id: &str, want: &[&str]) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let status = cli_json(server, &["status", id]);
+        if want.contains(&status["state"].as_str().unwrap_or("")) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workflow {id} never reached {want:?}: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn time(v: &Value) -> DateTime<Utc> {
+    v.as_str().unwrap().parse().unwrap()
+}
+
+/// (task name, started, ended) of every job run, from the event history.
+pub fn runs(server: &str, id: &str) -> Vec<(String, DateTime<Utc>, DateTime<Utc>, String)> {
+    let events = cli_json(server, &["events", id]);
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    let mut started: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for e in events["events"].as_array().unwrap() {
+        let job = e["aggregate"]["id"].as_str().unwrap().to_string();
+        let p = &e["payload"];
+        match p["type"].as_str().unwrap() {
+            "job.dispatched.v1" => {
+                let name = match p["index"].as_u64() {
+                    Some(i) => format!("{}[{i}]", p["job"].as_str().unwrap()),
+                    None => p["job"].as_str().unwrap().to_string(),
+                };
+                names.insert(job, name);
+            }
+            "job.started.v1" => {
+                started.insert(job, time(&p["started_at"]));
+            }
+            kind @ ("job.finished.v1" | "job.failed.v1" | "job.cancelled.v1") => {
+                if let Some(s) = p["started_at"].as_str() {
+                    out.push((
+                        names[&job].clone(),
+                        s.parse().unwrap(),
+                        time(&p["ended_at"]),
+                        kind.to_string(),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    let _ = started;
+    out
+}
+
+/// Waits for the bill to have `lines` lines (the ledger follows the log by a moment).
+pub fn bill(server: &str, id: &str, lines: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let bill = cli_json(server, &["bill", id]);
+        if bill["lines"].as_array().unwrap().len() >= lines {
+            return bill;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bill never had {lines} lines: {bill:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn dec(v: &Value) -> Decimal {
+    Decimal::from_str(v.as_str().unwrap()).unwrap()
+}
+
+/// Every line is the run's time at the local site's default rates (0.01 per core-hour,
+/// 0.001 per GiB-hour) for `cpus` cores and `memory_gib` GiB, computed here by hand;
+/// the total is the lines' sum.
+pub fn check_bill(bill: &Value, cpus: u32, memory_gib: Decimal) {
+    let per_hour = Decimal::from(cpus) * Decimal::from_str("0.01").unwrap()
+        + memory_gib * Decimal::from_str("0.001").unwrap();
+    let mut sum = Decimal::ZERO;
+    for line in bill["lines"].as_array().unwrap() {
+        let seconds = (time(&line["ended_at"]) - time(&line["started_at"]))
+            .num_microseconds()
+            .unwrap();
+        let hours = Decimal::from(seconds) / Decimal::from(3_600_000_000u64);
+        let expected = per_hour * hours;
+        let amount = dec(&line["amount"]);
+        assert!(
+            (amount - expected).abs() < Decimal::from_str("0.0000000001").unwrap(),
+            "line {line:#} should be {expected}"
+        );
+        assert_eq!(line["currency"], "USD");
+        sum += amount;
+    }
+    let totals = bill["totals"].as_array().unwrap();
+    assert_eq!(totals.len(), 1, "one currency, one total: {bill:#}");
+    assert_eq!(dec(&totals[0]["amount"]), sum.normalize());
+}
+
+pub const DAG: &str = r#"
+version: v1
+name: dag-and-array
+jobs:
+  prep:
+    image: host
+    command: [sh, -c, "echo prep; sleep 0.3"]
+    resources: {cpus: 1, memory: 64MiB, walltime: 1m}
+  sweep:
+    requires: [prep]
+    image: host
+    command: [sh, -c, "echo cell ${ARRAY_INDEX}; sleep 0.4"]
+    array: {start: 1, end: 6, parallelism: 2}
+    resources: {cpus: 1, memory: 64MiB, walltime: 1m}
+  report:
+    requires: [sweep]
+    image: host
+    command: [sh, -c, "echo report"]
+    resources: {cpus: 1, memory: 64MiB, walltime: 1m}
+"#;
+
+/// A DAG with a task array runs in order, within the array's cap, and is billed.
+pub fn dag_and_array(server: &str, dir: &Path) {
+    let file = write(dir, "dag.yaml", DAG);
+    let status = submit_wait(server, &file);
+    assert_eq!(status["state"], "finished", "{status:#}");
+    assert_eq!(status["tasks"]["succeeded"], 8, "{status:#}");
+    let id = status["id"].as_str().unwrap();
+
+    let runs = runs(server, id);
+    assert_eq!(runs.len(), 8, "{runs:?}");
+    let of = |prefix: &'static str| runs.iter().filter(move |r| r.0.starts_with(prefix));
+    let prep_end = of("prep").map(|r| r.2).max().unwrap();
+    let sweep_start = of("sweep").map(|r| r.1).min().unwrap();
+    let sweep_end = of("sweep").map(|r| r.2).max().unwrap();
+    let report_start = of("report").map(|r| r.1).min().unwrap();
+    assert!(prep_end <= sweep_start, "sweep waits for prep");
+    assert!(
+        sweep_end <= report_start,
+        "report waits for the whole sweep"
+    );
+    for (name, start, _, _) in of("sweep") {
+        let overlapping = of("sweep")
+            .filter(|r| r.1 <= *start && *start < r.2)
+            .count();
+        assert!(
+            overlapping <= 2,
+            "{name} started with {overlapping} sweep tasks running (cap 2)"
+        );
+    }
+
+    let logs = cli(server, &["logs", id, "sweep"]);
+    let text = String::from_utf8_lossy(&logs.stdout);
+    for i in 1..=6 {
+        assert!(
+            text.contains(&format!("cell {i}")),
+            "sweep[{i}]'s output: {text}"
+        );
+    }
+
+    let bill = bill(server, id, 8);
+    check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
+}
+
+pub const FAILING: &str = r#"
+version: v1
+name: one-fails
+jobs:
+  ok:
+    image: host
+    command: [sh, -c, "sleep 0.2"]
+    resources: {cpus: 1, memory: 64MiB, walltime: 1m}
+  bad:
+    requires: [ok]
+    image: host
+    command: [sh, -c, "echo about to fail >&2; sleep 0.2; exit 3"]
+    resources: {cpus: 1, memory: 64MiB, walltime: 1m}
+  never:
+    requires: [bad]
+    image: host
+    command: [sh, -c, "echo should not run"]
+    resources: {cpus: 1, memory: 64MiB, walltime: 1m}
+"#;
+
+/// A failing job fails its dependents and the workflow; what ran is still billed.
+pub fn failing_job(server: &str, dir: &Path) {
+    let file = write(dir, "failing.yaml", FAILING);
+    let out = cli(
+        server,
+        &[
+            "submit",
+            file.to_str().unwrap(),
+            "--wait",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "--wait exits 1 when the workflow fails"
+    );
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["state"], "failed", "{status:#}");
+    let id = status["id"].as_str().unwrap();
+    let jobs = status["jobs"].as_array().unwrap();
+    let bad = jobs.iter().find(|j| j["name"] == "bad").expect("bad ran");
+    assert_eq!(bad["state"], "failed");
+    assert_eq!(bad["exit_code"], 3);
+    assert!(
+        jobs.iter().all(|j| j["name"] != "never"),
+        "never was never released: {status:#}"
+    );
+    let runs = runs(server, id);
+    assert_eq!(runs.len(), 2, "ok and bad ran, once each: {runs:?}");
+
+    let bill = bill(server, id, 2);
+    assert_eq!(bill["lines"].as_array().unwrap().len(), 2);
+    check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
+}
+
+pub const SLOW: &str = r#"
+version: v1
+name: slow
+jobs:
+  wait:
+    image: host
+    command: [sh, -c, "echo started; sleep 120"]
+    resources: {cpus: 1, memory: 64MiB, walltime: 10m}
+"#;
+
+/// Cancelling a workflow stops its running job, and the time it ran is billed.
+pub fn cancel_running(server: &str, dir: &Path) {
+    let file = write(dir, "slow.yaml", SLOW);
+    let id = submit(server, &file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = cli_json(server, &["status", &id]);
+        if status["tasks"]["running"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the job never ran: {status:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let answer = cli_json(server, &["cancel", &id]);
+    assert!(
+        answer["state"] == "cancelling" || answer["state"] == "cancelled",
+        "{answer}"
+    );
+    let status = wait_state(server, &id, &["cancelled"]);
+    assert_eq!(status["jobs"][0]["state"], "cancelled", "{status:#}");
+    let runs = runs(server, &id);
+    assert_eq!(runs.len(), 1);
+    assert!(
+        runs[0].2 - runs[0].1 < chrono::Duration::seconds(60),
+        "stopped long before its sleep ended"
+    );
+    let bill = bill(server, &id, 1);
+    check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
+}
+
+/// Garbage gets a 4xx with a message, and nothing is appended.
+pub fn garbage_is_refused(server: &str, dir: &Path) {
+    let file = write(
+        dir,
+        "garbage.yaml",
+        "version: v1\nname: x\njobs: {a: {image: host}}\n",
+    );
+    let out = cli(server, &["submit", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("jobs.a.command"));
+    let out = cli(server, &["status", "not-a-uuid"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("HTTP 400"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(server, &["bill", "01936f3e-8a5c-7cc2-9b9e-3f1c2d4e5f60"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 404"));
+}

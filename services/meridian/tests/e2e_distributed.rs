@@ -1,0 +1,94 @@
+//! End to end with one process per service, over a real nats-server (JetStream) and the
+//! machine's PostgreSQL: `meridian server intake|router|accounting|adapter`.
+
+mod common;
+
+use common::*;
+use meridian_eventlog::testkit::NatsServer;
+
+struct Deployment {
+    server: String,
+    dir: tempfile::TempDir,
+    database: String,
+    _procs: Vec<Proc>,
+    _nats: NatsServer,
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        self._procs.clear();
+        let database = self.database.clone();
+        let _ = tokio::runtime::Runtime::new()
+            .map(|rt| rt.block_on(meridian_store::testing::drop_postgres(&database)));
+    }
+}
+
+fn deploy() -> Deployment {
+    let nats = NatsServer::start().expect("a nats-server 2.10+ (set MERIDIAN_NATS_SERVER)");
+    let database = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(meridian_store::testing::fresh_postgres())
+        .expect("PostgreSQL (set MERIDIAN_TEST_POSTGRES)");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let url = nats.url();
+    let env = [
+        ("MERIDIAN_NATS_URL", url.as_str()),
+        ("MERIDIAN_DATABASE_URL", database.as_str()),
+    ];
+    let root = dir.path().join("site");
+    let procs = vec![
+        Proc::spawn(
+            "intake",
+            dir.path(),
+            &["server", "intake", "--listen", &listen],
+            &env,
+        ),
+        Proc::spawn("router", dir.path(), &["server", "router"], &env),
+        Proc::spawn("accounting", dir.path(), &["server", "accounting"], &env),
+        Proc::spawn(
+            "adapter",
+            dir.path(),
+            &[
+                "server",
+                "adapter",
+                "--site",
+                "local",
+                "--cpus",
+                "2",
+                "--root",
+                root.to_str().unwrap(),
+            ],
+            &env,
+        ),
+    ];
+    let server = format!("http://127.0.0.1:{port}");
+    wait_ready(&server, &procs.iter().collect::<Vec<_>>());
+    // The adapter registers its site at start; placement needs it in the catalogue.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !procs[3].output().contains("registered the local site") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the adapter never registered its site:\n{}",
+            procs[3].output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Deployment {
+        server,
+        dir,
+        database,
+        _procs: procs,
+        _nats: nats,
+    }
+}
+
+#[test]
+fn distributed_services_run_a_dag_fail_a_job_cancel_and_bill() {
+    let d = deploy();
+    dag_and_array(&d.server, d.dir.path());
+    failing_job(&d.server, d.dir.path());
+    cancel_running(&d.server, d.dir.path());
+    garbage_is_refused(&d.server, d.dir.path());
+}
