@@ -86,19 +86,23 @@ async fn other_parts_add_routes_with_one_line() {
     let bench = Bench::new(Db::Sqlite).await;
     let id = bench.submit(HELLO_YAML).await;
     let extra = Router::new().route(
-        "/v1/workflows/{id}/bill",
+        "/v1/workflows/{id}/quote",
         get(|| async { Json(json!({"total": "0.00"})) }),
     );
     let router = bench.intake.router_with(extra);
-    let res = call(&router, Req::get(&format!("/v1/workflows/{id}/bill"))).await;
+    let res = call(&router, Req::get(&format!("/v1/workflows/{id}/quote"))).await;
     assert_eq!(res.status, StatusCode::OK);
     assert_eq!(res.body, json!({"total": "0.00"}));
     // The intake's own routes and fallbacks are still there.
     let res = call(&router, Req::get(&format!("/v1/workflows/{id}"))).await;
     assert_eq!(res.status, StatusCode::OK);
-    let res = call(&router, Req::post(&format!("/v1/workflows/{id}/bill"))).await;
+    let res = call(&router, Req::post(&format!("/v1/workflows/{id}/quote"))).await;
     assert_eq!(res.status, StatusCode::METHOD_NOT_ALLOWED);
     let res = call(&router, Req::get(&format!("/v1/workflows/{id}/logs"))).await;
-    assert_eq!(res.status, StatusCode::NOT_FOUND);
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.body, json!({"logs": []}));
+    let res = call(&router, Req::get(&format!("/v1/workflows/{id}/bill"))).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.body["lines"], json!([]));
     bench.finish().await;
 }

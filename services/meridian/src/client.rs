@@ -407,6 +407,26 @@ pub async fn logs(
     Ok(())
 }
 
+/// A line's run time for people (the exact quantity is in `--output json`).
+fn run_time(line: &Value) -> String {
+    let at = |k: &str| {
+        line.get(k)
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+    };
+    match (at("started_at"), at("ended_at")) {
+        (Some(start), Some(end)) => {
+            let ms = (end - start).num_milliseconds();
+            if ms < 60_000 {
+                format!("{:.3} s", ms as f64 / 1000.0)
+            } else {
+                format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
+            }
+        }
+        _ => format!("{} {}", s(line, "quantity"), s(line, "unit")),
+    }
+}
+
 pub async fn bill(client: &Client, id: &str, output: Output) -> anyhow::Result<()> {
     let bill = client.get(&format!("/v1/workflows/{id}/bill")).await?;
     match output {
@@ -423,12 +443,12 @@ pub async fn bill(client: &Client, id: &str, output: Output) -> anyhow::Result<(
                     vec![
                         s(l, "category").to_string(),
                         s(l, "description").to_string(),
-                        format!("{} {}", s(l, "quantity"), s(l, "unit")),
+                        run_time(l),
                         format!("{} {}", s(l, "amount"), s(l, "currency")),
                     ]
                 })
                 .collect();
-            table(&["CATEGORY", "DESCRIPTION", "QUANTITY", "AMOUNT"], &rows);
+            table(&["CATEGORY", "DESCRIPTION", "RAN", "AMOUNT"], &rows);
             for t in bill
                 .get("totals")
                 .and_then(Value::as_array)
