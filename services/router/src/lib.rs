@@ -351,6 +351,7 @@ impl Router {
     }
 
     async fn release_runnable(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let mut released = std::collections::HashSet::new();
         loop {
             let (runnable, site) = {
                 let wf = &self.workflow(id).await?.state;
@@ -360,6 +361,12 @@ impl Router {
             let (Some(task), Some(site)) = (runnable.into_iter().next(), site) else {
                 return Ok(());
             };
+            if !released.insert(task.clone()) {
+                // The aggregate still calls it runnable after releasing it: a bug, and
+                // looping would fill the log. Stop and say so.
+                tracing::error!(workflow = %id, job = %task.job, index = ?task.index, "task still runnable after its release");
+                return Ok(());
+            }
             let job_id = Uuid::now_v7();
             let events = self
                 .on_workflow(id, |_| WorkflowCommand::ReleaseJob {
