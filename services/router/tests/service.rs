@@ -1,0 +1,378 @@
+//! The router as a service, over a real SQLite log: what it appends in answer to what
+//! it reads. Jobs are "run" here by driving the Job aggregate directly, as a site
+//! runner would, so every step of the router is visible.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use meridian_eventlog::aggregates::{decode_all, execute, load};
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+use meridian_events::aggregate::{
+    Job, JobCommand, Site, SiteCommand, Workflow, WorkflowCommand, WorkflowState,
+};
+use meridian_events::vocabulary::Usage;
+use meridian_events::{
+    Allocation, ComputeOffer, ComputePricing, Currency, Event, EventContext, JobEvent, PriceSheet,
+    SiteKind, WorkflowEvent,
+};
+use meridian_router::Router;
+use rust_decimal::Decimal;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+struct Bench {
+    log: Arc<dyn EventLog>,
+    stop: watch::Sender<bool>,
+    router: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Bench {
+    async fn new() -> Bench {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn EventLog> =
+            Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+        register_site(&*log).await;
+        let (stop, stopped) = watch::channel(false);
+        let router = Self::spawn(log.clone(), stopped);
+        Bench {
+            log,
+            stop,
+            router,
+            _dir: dir,
+        }
+    }
+
+    fn spawn(
+        log: Arc<dyn EventLog>,
+        stopped: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            Router::new(log).await.unwrap().run(stopped).await.unwrap();
+        })
+    }
+
+    /// Stops the router (as a crash would: no clean hand-over) and starts a new one.
+    async fn restart(&mut self) {
+        self.router.abort();
+        let _ = (&mut self.router).await;
+        let (stop, stopped) = watch::channel(false);
+        self.stop = stop;
+        self.router = Self::spawn(self.log.clone(), stopped);
+    }
+
+    async fn submit(&self, yaml: &str) -> Uuid {
+        let id = Uuid::now_v7();
+        let spec = meridian_spec::parse(yaml).unwrap();
+        execute::<Workflow, _>(&*self.log, id, &EventContext::new_chain("t"), |_| {
+            WorkflowCommand::Submit {
+                workflow_id: id,
+                spec: spec.clone(),
+                submitted_by: "tester".into(),
+                idempotency_key: None,
+            }
+        })
+        .await
+        .unwrap();
+        id
+    }
+
+    async fn workflow(&self, id: Uuid) -> Workflow {
+        load::<Workflow>(&*self.log, id).await.unwrap().state
+    }
+
+    /// Job ids dispatched for workflow `id`, with their task names, in log order.
+    async fn dispatched(&self, id: Uuid) -> Vec<(Uuid, String)> {
+        let mut out = Vec::new();
+        for commit in self.log.read_from(0, 100_000).await.unwrap() {
+            for e in decode_all(commit.events).unwrap() {
+                if let Event::Job(JobEvent::Dispatched {
+                    workflow_id,
+                    job,
+                    index,
+                    ..
+                }) = &e.payload
+                {
+                    if *workflow_id == id {
+                        let name = match index {
+                            Some(i) => format!("{job}[{i}]"),
+                            None => job.clone(),
+                        };
+                        out.push((e.aggregate.id, name));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    async fn wait_for<T>(&self, what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn run_job(&self, job_id: Uuid, exit_code: i32) {
+        let ctx = EventContext::new_chain("t");
+        let now = Utc::now();
+        for cmd in [
+            JobCommand::RecordSubmission {
+                backend_job_id: "1".into(),
+            },
+            JobCommand::Start {
+                started_at: now,
+                allocated: Allocation {
+                    nodes: 1,
+                    cpus: 1,
+                    memory_bytes: 1 << 30,
+                    gpus: None,
+                },
+                hosts: vec![],
+            },
+            JobCommand::Finish {
+                ended_at: now,
+                exit_code,
+                usage: Usage::default(),
+            },
+        ] {
+            execute::<Job, _>(&*self.log, job_id, &ctx, |_| cmd.clone())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+async fn register_site(log: &dyn EventLog) {
+    let prices = PriceSheet {
+        currency: Currency::USD,
+        effective_from: Utc::now() - chrono::Duration::days(1),
+        source: "test".into(),
+        compute: vec![ComputeOffer {
+            offer: "node".into(),
+            pricing: ComputePricing::Resource {
+                per_core_hour: Decimal::ONE,
+                per_gib_memory_hour: Decimal::ZERO,
+                per_gpu_hour: Decimal::ZERO,
+            },
+        }],
+        storage_per_gib_hour: Decimal::ZERO,
+        egress_per_gb: Decimal::ZERO,
+    };
+    execute::<Site, _>(
+        log,
+        Uuid::now_v7(),
+        &EventContext::new_chain("system"),
+        |_| SiteCommand::Register {
+            name: "only".into(),
+            kind: SiteKind::Local,
+            region: "here".into(),
+            jurisdiction: "eu".into(),
+            credentials_secret: None,
+            labels: BTreeMap::from([("max_cpus".into(), "8".into())]),
+            prices: Some(prices.clone()),
+        },
+    )
+    .await
+    .unwrap();
+}
+
+const DAG: &str = r#"
+version: v1
+name: dag
+jobs:
+  prep: {image: host, command: ["true"]}
+  sweep: {requires: [prep], image: host, command: ["true"], array: {start: 1, end: 5, parallelism: 2}}
+  report: {requires: [sweep], image: host, command: ["true"]}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_follow_the_dag_and_the_array_cap() {
+    let b = Bench::new().await;
+    let id = b.submit(DAG).await;
+    let first = b
+        .wait_for("prep dispatched", async || {
+            let d = b.dispatched(id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    assert_eq!(
+        first.iter().map(|d| d.1.as_str()).collect::<Vec<_>>(),
+        ["prep"]
+    );
+    let wf = b.workflow(id).await;
+    assert_eq!(wf.placement().unwrap().site, "only");
+
+    b.run_job(first[0].0, 0).await;
+    let sweep = b
+        .wait_for("two sweep tasks", async || {
+            let d = b.dispatched(id).await;
+            (d.len() >= 3).then_some(d)
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let now = b.dispatched(id).await;
+    assert_eq!(
+        now.len(),
+        3,
+        "only two sweep tasks at once (cap 2): {now:?}"
+    );
+    assert!(sweep[1..].iter().all(|d| d.1.starts_with("sweep[")));
+
+    // Finish tasks one by one; each frees a slot for the next, then report runs last.
+    let mut done = 1;
+    while done < 6 {
+        let all = b.dispatched(id).await;
+        let (job, name) = all[done].clone();
+        assert!(name.starts_with("sweep["), "{all:?}");
+        b.run_job(job, 0).await;
+        done += 1;
+        b.wait_for("the next release", async || {
+            let d = b.dispatched(id).await;
+            (d.len() > done.min(5) || d.len() == 7).then_some(())
+        })
+        .await;
+    }
+    let all = b
+        .wait_for("report dispatched", async || {
+            let d = b.dispatched(id).await;
+            (d.len() == 7).then_some(d)
+        })
+        .await;
+    assert_eq!(all[6].1, "report");
+    b.run_job(all[6].0, 0).await;
+    b.wait_for("the workflow finishes", async || {
+        (b.workflow(id).await.state() == Some(WorkflowState::Finished)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_fails_the_workflow_without_releasing_its_dependents() {
+    let b = Bench::new().await;
+    let id = b.submit(DAG).await;
+    let first = b
+        .wait_for("prep", async || {
+            let d = b.dispatched(id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    b.run_job(first[0].0, 2).await;
+    b.wait_for("the workflow fails", async || {
+        (b.workflow(id).await.state() == Some(WorkflowState::Failed)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        b.dispatched(id).await.len(),
+        1,
+        "nothing after prep was released"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_request_reaches_running_jobs() {
+    let b = Bench::new().await;
+    let id = b.submit(DAG).await;
+    let first = b
+        .wait_for("prep", async || {
+            let d = b.dispatched(id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    execute::<Workflow, _>(&*b.log, id, &EventContext::new_chain("t"), |_| {
+        WorkflowCommand::RequestCancel {
+            by: "tester".into(),
+            reason: None,
+        }
+    })
+    .await
+    .unwrap();
+    b.wait_for("the job's cancel request", async || {
+        load::<Job>(&*b.log, first[0].0)
+            .await
+            .unwrap()
+            .state
+            .cancel_requested()
+            .then_some(())
+    })
+    .await;
+    // The site confirms; the workflow ends cancelled.
+    execute::<Job, _>(&*b.log, first[0].0, &EventContext::new_chain("t"), |_| {
+        JobCommand::Cancel {
+            ended_at: Utc::now(),
+            usage: Usage::default(),
+        }
+    })
+    .await
+    .unwrap();
+    b.wait_for("cancelled", async || {
+        (b.workflow(id).await.state() == Some(WorkflowState::Cancelled)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unplaceable_workflow_is_rejected_with_reasons_and_fails() {
+    let b = Bench::new().await;
+    let id = b.submit("version: v1\nname: big\njobs:\n  t: {image: host, command: [\"true\"], resources: {cpus: 64}}\n").await;
+    b.wait_for("failed", async || {
+        (b.workflow(id).await.state() == Some(WorkflowState::Failed)).then_some(())
+    })
+    .await;
+    let history = load::<Workflow>(&*b.log, id).await.unwrap().history;
+    let rejected = history.iter().find_map(|e| match &e.payload {
+        Event::Workflow(WorkflowEvent::PlacementRejected { rejections, .. }) => {
+            Some(rejections.clone())
+        }
+        _ => None,
+    });
+    let rejections = rejected.expect("a placement_rejected event");
+    assert_eq!(rejections[0].site, "only");
+    assert!(rejections[0].reason.contains("64 CPUs"), "{rejections:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_router_decides_nothing_twice() {
+    let mut b = Bench::new().await;
+    let id = b.submit(DAG).await;
+    let first = b
+        .wait_for("prep", async || {
+            let d = b.dispatched(id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    b.restart().await;
+    b.run_job(first[0].0, 0).await;
+    b.wait_for("sweep", async || {
+        let d = b.dispatched(id).await;
+        (d.len() >= 3).then_some(())
+    })
+    .await;
+    b.restart().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let all = b.dispatched(id).await;
+    assert_eq!(all.len(), 3, "a restart re-releases nothing: {all:?}");
+    let placements = load::<Workflow>(&*b.log, id)
+        .await
+        .unwrap()
+        .history
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.payload,
+                Event::Workflow(WorkflowEvent::PlacementDecided { .. })
+            )
+        })
+        .count();
+    assert_eq!(placements, 1);
+}
