@@ -6,7 +6,7 @@ use chrono::Utc;
 use meridian_events::{Aggregate, AggregateRef, Envelope, Event, EventContext, RawEnvelope};
 use uuid::Uuid;
 
-use crate::{Appended, EventLog, LogError};
+use crate::{EventLog, LogError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecuteError<E: std::error::Error + 'static> {
@@ -74,7 +74,7 @@ pub async fn execute<A, F>(
     log: &dyn EventLog,
     id: Uuid,
     ctx: &EventContext,
-    mut make: F,
+    make: F,
 ) -> Result<Vec<Envelope<Event>>, ExecuteError<A::Error>>
 where
     A: Aggregate,
@@ -82,39 +82,7 @@ where
     A::Error: 'static,
     F: FnMut(&A) -> A::Command,
 {
-    const ATTEMPTS: u32 = 8;
-    let aggregate = AggregateRef::new(A::KIND, id);
-    for _ in 0..ATTEMPTS {
-        let loaded = load::<A>(log, id).await?;
-        let events = loaded
-            .state
-            .handle(make(&loaded.state), Utc::now())
-            .map_err(ExecuteError::Rejected)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        let envelopes = Envelope::sequence_after(
-            aggregate,
-            loaded.sequence,
-            ctx,
-            Utc::now(),
-            events.into_iter().map(Into::into).collect::<Vec<Event>>(),
-        );
-        let raw = envelopes
-            .iter()
-            .map(Envelope::to_raw)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ExecuteError::Decode(e.to_string()))?;
-        match log.append(raw).await {
-            Ok(Appended::Stored { .. }) | Ok(Appended::Duplicate { .. }) => return Ok(envelopes),
-            Err(LogError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(ExecuteError::Contended {
-        aggregate,
-        attempts: ATTEMPTS,
-    })
+    Cached::<A>::load(log, id).await?.execute(log, ctx, make).await
 }
 
 /// An aggregate kept in memory by a long-running service, so that each new event costs
