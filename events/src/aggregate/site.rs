@@ -32,6 +32,10 @@ pub enum SiteCommand {
         capacity: Capacity,
         message: Option<String>,
     },
+    /// Declares the shapes the site offers now (replacing earlier ones).
+    DeclareShapes {
+        shapes: Vec<crate::vocabulary::site::Shape>,
+    },
     Drain {
         by: String,
         reason: Option<String>,
@@ -58,6 +62,8 @@ pub enum SiteError {
     InvalidPrices { reason: String },
     #[error("the site is already drained")]
     AlreadyDrained,
+    #[error("invalid shapes: {reason}")]
+    InvalidShapes { reason: String },
     #[error("the site is not drained")]
     NotDrained,
 }
@@ -81,11 +87,16 @@ pub struct Site {
     prices: Vec<PriceSheet>,
     health: Option<HealthReport>,
     drained: bool,
+    shapes: Vec<crate::vocabulary::site::Shape>,
 }
 
 impl Site {
     pub fn is_registered(&self) -> bool {
         self.registered
+    }
+
+    pub fn shapes(&self) -> &[crate::vocabulary::site::Shape] {
+        &self.shapes
     }
 
     pub fn name(&self) -> &str {
@@ -220,6 +231,29 @@ impl Aggregate for Site {
                     observed_at: now,
                 }])
             }
+            SiteCommand::DeclareShapes { shapes } => {
+                self.registered()?;
+                let mut names = BTreeSet::new();
+                for shape in &shapes {
+                    if !names.insert(shape.name.as_str()) {
+                        return Err(SiteError::InvalidShapes {
+                            reason: format!("shape {} is declared twice", shape.name),
+                        });
+                    }
+                    if shape.cpus == 0 || shape.memory_bytes == 0 || shape.max_nodes == 0 {
+                        return Err(SiteError::InvalidShapes {
+                            reason: format!(
+                                "shape {} needs at least one CPU, some memory and one node",
+                                shape.name
+                            ),
+                        });
+                    }
+                }
+                if self.shapes == shapes {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![SiteEvent::ShapesDeclared { shapes }])
+            }
             SiteCommand::Drain { by, reason } => {
                 self.registered()?;
                 if self.drained {
@@ -273,6 +307,7 @@ impl Aggregate for Site {
                     observed_at: *observed_at,
                 });
             }
+            SiteEvent::ShapesDeclared { shapes } => self.shapes = shapes.clone(),
             SiteEvent::Drained { .. } => self.drained = true,
             SiteEvent::Undrained { .. } => self.drained = false,
         }

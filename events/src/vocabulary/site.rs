@@ -39,6 +39,11 @@ pub enum SiteEvent {
         observed_at: DateTime<Utc>,
     },
 
+    /// The shapes (instance types, partitions) the site offers now; replaces the set
+    /// declared before. Placement fits each job to one of them.
+    #[serde(rename = "site.shapes_declared.v1")]
+    ShapesDeclared { shapes: Vec<Shape> },
+
     /// An admin took the site out of placement.
     #[serde(rename = "site.drained.v1")]
     Drained {
@@ -62,6 +67,7 @@ impl SiteEvent {
             SiteEvent::Registered { .. } => "site.registered.v1",
             SiteEvent::PricesChanged { .. } => "site.prices_changed.v1",
             SiteEvent::HealthReported { .. } => "site.health_reported.v1",
+            SiteEvent::ShapesDeclared { .. } => "site.shapes_declared.v1",
             SiteEvent::Drained { .. } => "site.drained.v1",
             SiteEvent::Undrained { .. } => "site.undrained.v1",
         }
@@ -76,4 +82,39 @@ pub struct Capacity {
     pub free_gpus: u32,
     /// Jobs queued at the site, ours and others'.
     pub pending_jobs: u32,
+}
+
+/// One kind of node a site offers: a cloud instance type, or an HPC partition's node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shape {
+    /// The site's name for it: `p5.48xlarge`, `gpu` (a partition).
+    pub name: String,
+    /// The compute offer in the site's price sheet that prices it.
+    pub offer: String,
+    /// Its spot (preemptible) offer, where the site has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot_offer: Option<String>,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<ShapeGpus>,
+    /// How many of these nodes one job may use.
+    #[serde(default = "one")]
+    pub max_nodes: u32,
+    /// The longest job it runs, when limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_walltime_secs: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The accelerators on one node of a shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapeGpus {
+    pub count: u32,
+    pub vendor: super::AcceleratorVendor,
+    pub model: String,
+    pub memory_bytes: u64,
 }

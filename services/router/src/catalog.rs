@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use meridian_eventlog::{EventLog, LogError};
-use meridian_events::vocabulary::site::Capacity;
+use meridian_events::vocabulary::site::{Capacity, Shape};
 use meridian_events::{AggregateKind, Envelope, Event, PriceSheet, SiteEvent, SiteKind};
 use uuid::Uuid;
 
@@ -30,6 +30,8 @@ pub struct SiteEntry {
     pub drained: bool,
     pub healthy: bool,
     pub capacity: Option<Capacity>,
+    /// Declared shapes; a site without any is judged by its labels.
+    pub shapes: Vec<Shape>,
 }
 
 impl SiteEntry {
@@ -103,6 +105,7 @@ impl Catalog {
                 drained: false,
                 healthy: true,
                 capacity: None,
+                shapes: Vec::new(),
             });
             return;
         }
@@ -125,6 +128,7 @@ impl Catalog {
                 site.healthy = *healthy;
                 site.capacity = Some(capacity.clone());
             }
+            SiteEvent::ShapesDeclared { shapes } => site.shapes = shapes.clone(),
             SiteEvent::Drained { .. } => site.drained = true,
             SiteEvent::Undrained { .. } => site.drained = false,
         }

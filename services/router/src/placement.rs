@@ -6,11 +6,13 @@
 //! [`crate::catalog::labels`]). Ties go to the site name, so decisions are repeatable.
 
 use chrono::{DateTime, Utc};
+use meridian_events::vocabulary::site::Shape;
 use meridian_events::vocabulary::workflow::{
     Candidate, CostTerms, PlacementExplanation, SiteRejection, Verdict,
 };
+use meridian_events::vocabulary::AcceleratorVendor;
 use meridian_events::{Allocation, ComputeRate, Money, StorageRate};
-use meridian_spec::{GpuVendor, Resources, Workflow};
+use meridian_spec::{GpuVendor, Resources, Size, Walltime, Workflow};
 use rust_decimal::Decimal;
 
 use crate::catalog::{labels, Catalog, SiteEntry};
@@ -19,7 +21,9 @@ use crate::catalog::{labels, Catalog, SiteEntry};
 pub struct Placed {
     pub site: String,
     pub region: String,
+    /// The rate of the first job's shape; `job_rates` holds every job's.
     pub rate: ComputeRate,
+    pub job_rates: std::collections::BTreeMap<String, ComputeRate>,
     pub storage_rate: StorageRate,
     pub estimated_cost: Money,
     pub explanation: PlacementExplanation,
@@ -100,11 +104,148 @@ fn misfit(site: &SiteEntry, job: &str, resources: &Resources) -> Option<String> 
     None
 }
 
+/// Why `shape` cannot run a task of `resources`, if it cannot.
+fn shape_misfit(shape: &Shape, resources: &Resources) -> Option<String> {
+    if resources.cpus > shape.cpus {
+        return Some(format!(
+            "{} has {} CPUs, needs {}",
+            shape.name, shape.cpus, resources.cpus
+        ));
+    }
+    if resources.memory.bytes() > shape.memory_bytes {
+        return Some(format!(
+            "{} has {} of memory, needs {}",
+            shape.name,
+            Size::from_bytes(shape.memory_bytes),
+            resources.memory
+        ));
+    }
+    if resources.nodes > shape.max_nodes {
+        return Some(format!(
+            "{} runs at most {} node(s) per job, needs {}",
+            shape.name, shape.max_nodes, resources.nodes
+        ));
+    }
+    if let Some(limit) = shape.max_walltime_secs {
+        if resources.walltime.secs() > limit {
+            return Some(format!(
+                "{} runs jobs of at most {}, needs {}",
+                shape.name,
+                Walltime::from_secs(limit),
+                resources.walltime
+            ));
+        }
+    }
+    let Some(want) = &resources.gpus else {
+        return None;
+    };
+    let Some(have) = &shape.gpus else {
+        return Some(format!("{} has no GPUs, needs {}", shape.name, want.count));
+    };
+    let vendor_ok = match want.vendor {
+        GpuVendor::Any => true,
+        GpuVendor::Nvidia => have.vendor == AcceleratorVendor::Nvidia,
+        GpuVendor::Amd => have.vendor == AcceleratorVendor::Amd,
+    };
+    let vendor_name = |v: AcceleratorVendor| match v {
+        AcceleratorVendor::Nvidia => "NVIDIA",
+        AcceleratorVendor::Amd => "AMD",
+    };
+    if !vendor_ok {
+        return Some(format!(
+            "{} has {} GPUs, needs {}",
+            shape.name,
+            vendor_name(have.vendor),
+            want.vendor.as_str()
+        ));
+    }
+    if let Some(model) = &want.model {
+        if !have
+            .model
+            .to_ascii_lowercase()
+            .starts_with(&model.to_ascii_lowercase())
+        {
+            return Some(format!("{} has {}, needs {model}", shape.name, have.model));
+        }
+    }
+    if want.count > have.count {
+        return Some(format!(
+            "{} has {} GPUs per node, needs {}",
+            shape.name, have.count, want.count
+        ));
+    }
+    if let Some(memory) = want.memory {
+        if memory.bytes() > have.memory_bytes {
+            return Some(format!(
+                "{}'s GPUs have {}, need {memory}",
+                shape.name,
+                Size::from_bytes(have.memory_bytes)
+            ));
+        }
+    }
+    None
+}
+
+/// The cheapest way to run `tasks` tasks of `resources` on one of `site`'s shapes: the
+/// rate and the compute cost, or why no shape fits.
+fn cheapest_shape(
+    site: &SiteEntry,
+    sheet: &meridian_events::PriceSheet,
+    job: &str,
+    resources: &Resources,
+    tasks: u32,
+    spot: bool,
+) -> Result<(ComputeRate, Decimal), String> {
+    let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(tasks);
+    let mut best: Option<(ComputeRate, Decimal)> = None;
+    let mut misfits = Vec::new();
+    for shape in &site.shapes {
+        if let Some(why) = shape_misfit(shape, resources) {
+            misfits.push(why);
+            continue;
+        }
+        let offers = std::iter::once(&shape.offer)
+            .chain(spot.then_some(shape.spot_offer.as_ref()).flatten());
+        for offer in offers {
+            let Some(rate) = sheet.compute_rate(offer) else {
+                misfits.push(format!("{} has no price for offer {offer}", shape.name));
+                continue;
+            };
+            let Ok(cost) = rate.cost(&allocation(resources), seconds) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|(_, c)| cost.amount < *c) {
+                best = Some((rate, cost.amount));
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        let shown: Vec<String> = misfits.iter().take(3).cloned().collect();
+        let more = misfits.len().saturating_sub(3);
+        format!(
+            "no shape fits job {job}: {}{}",
+            shown.join("; "),
+            if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            }
+        )
+    })
+}
+
 /// Decides where `spec` runs at `now` among the catalogue's sites.
 pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decision {
     let work = workloads(spec);
     let mut candidates = Vec::new();
-    let mut priced: Vec<(Money, &SiteEntry, ComputeRate, StorageRate)> = Vec::new();
+    #[allow(clippy::type_complexity)]
+    let mut priced: Vec<(
+        Money,
+        &SiteEntry,
+        ComputeRate,
+        StorageRate,
+        std::collections::BTreeMap<String, ComputeRate>,
+    )> = Vec::new();
     for site in catalog.sites.values() {
         let reject = |reason: String| Candidate {
             site: site.name.clone(),
@@ -143,38 +284,69 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
             candidates.push(reject("has no prices in force".into()));
             continue;
         };
-        let Some(offer) = sheet.compute.first() else {
-            candidates.push(reject("its price sheet has no compute offer".into()));
-            continue;
-        };
-        if let Some(reason) = work.iter().find_map(|(job, r, _)| misfit(site, job, r)) {
+        let mut job_rates = std::collections::BTreeMap::new();
+        let mut compute = Decimal::ZERO;
+        let mut misfit_reason = None;
+        if site.shapes.is_empty() {
+            // A site without declared shapes is judged by its labels and first offer.
+            let Some(offer) = sheet.compute.first() else {
+                candidates.push(reject("its price sheet has no compute offer".into()));
+                continue;
+            };
+            if let Some(reason) = work.iter().find_map(|(job, r, _)| misfit(site, job, r)) {
+                candidates.push(reject(reason));
+                continue;
+            }
+            let rate = sheet
+                .compute_rate(&offer.offer)
+                .expect("the offer comes from this sheet");
+            for (job, resources, tasks) in &work {
+                let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(*tasks);
+                match rate.cost(&allocation(resources), seconds) {
+                    Ok(cost) => compute += cost.amount,
+                    Err(_) => misfit_reason = Some("the estimate overflows".to_string()),
+                }
+                job_rates.insert(job.clone(), rate.clone());
+            }
+        } else {
+            for (job, resources, tasks) in &work {
+                match cheapest_shape(site, sheet, job, resources, *tasks, spec.placement.spot) {
+                    Ok((rate, cost)) => {
+                        compute += cost;
+                        job_rates.insert(job.clone(), rate);
+                    }
+                    Err(reason) => {
+                        misfit_reason = Some(reason);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(reason) = misfit_reason {
             candidates.push(reject(reason));
             continue;
         }
-        let rate = sheet
-            .compute_rate(&offer.offer)
-            .expect("the offer comes from this sheet");
-        let mut compute = Decimal::ZERO;
-        let mut overflow = false;
-        for (_, resources, tasks) in &work {
-            let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(*tasks);
-            match rate.cost(&allocation(resources), seconds) {
-                Ok(cost) => compute += cost.amount,
-                Err(_) => overflow = true,
-            }
-        }
-        if overflow {
-            candidates.push(reject("the estimate overflows".into()));
+        let Some(rate) = job_rates.values().next().cloned() else {
+            candidates.push(reject("the workflow has nothing to run".into()));
+            continue;
+        };
+        if job_rates.values().any(|r| r.currency != rate.currency) {
+            candidates.push(reject("its offers are priced in several currencies".into()));
             continue;
         }
+        let storage = storage_estimate(spec, sheet);
+        let data_out = egress_estimate(spec, sheet);
         let terms = CostTerms {
             currency: rate.currency,
             compute,
             data_in: Decimal::ZERO,
-            storage: Decimal::ZERO,
-            data_out: Decimal::ZERO,
+            storage,
+            data_out,
         };
-        let total = terms.total().expect("no overflow on zero terms");
+        let Ok(total) = terms.total() else {
+            candidates.push(reject("the estimate overflows".into()));
+            continue;
+        };
         if let Some(budget) = &spec.placement.budget {
             if budget.currency == rate.currency.to_string() && total.amount > budget.amount {
                 candidates.push(Candidate {
@@ -195,7 +367,7 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
             verdict: Verdict::Fitted,
             cost: Some(terms),
         });
-        priced.push((total, site, rate, sheet.storage_rate()));
+        priced.push((total, site, rate, sheet.storage_rate(), job_rates));
     }
 
     // Cheapest first; sites priced in different currencies are not compared by amount
@@ -207,7 +379,7 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
             &b.1.name,
         ))
     });
-    let Some((total, site, rate, storage_rate)) = priced.into_iter().next() else {
+    let Some((total, site, rate, storage_rate, job_rates)) = priced.into_iter().next() else {
         let rejections = candidates
             .into_iter()
             .map(|c| SiteRejection {
@@ -237,8 +409,38 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
         site: site.name.clone(),
         region: site.region.clone(),
         rate,
+        job_rates,
         storage_rate,
         estimated_cost: total,
         explanation: PlacementExplanation { candidates },
     }))
+}
+
+/// Storage: every volume held for the sum of the walltimes of the jobs that mount it
+/// (an upper bound: they may overlap), at the site's storage rate.
+fn storage_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Decimal {
+    let mut total = Decimal::ZERO;
+    for (name, volume) in &spec.volumes {
+        let seconds: u64 = spec
+            .jobs
+            .values()
+            .filter(|j| j.mounts.contains_key(name))
+            .map(|j| j.resources.walltime.secs() * u64::from(j.array.map_or(1, |a| a.len())))
+            .sum();
+        let gib = Decimal::from(volume.size.bytes()) / Decimal::from(1u64 << 30);
+        total += gib * Decimal::from(seconds) / Decimal::from(3600) * sheet.storage_per_gib_hour;
+    }
+    total
+}
+
+/// Results leaving the site: each volume with egress steps, at most its size, at the
+/// site's egress price per GB.
+fn egress_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Decimal {
+    spec.volumes
+        .values()
+        .filter(|v| !v.egress.is_empty())
+        .map(|v| {
+            Decimal::from(v.size.bytes()) / Decimal::from(1_000_000_000u64) * sheet.egress_per_gb
+        })
+        .sum()
 }

@@ -260,3 +260,175 @@ fn placement_hints_and_the_budget_filter_sites() {
         "{rejections:?}"
     );
 }
+
+/// Sites that declare shapes, each shape priced per instance-hour.
+fn shaped(sites: &[(&str, &[(&str, u32, &str, u32, &str)])]) -> Catalog {
+    use meridian_events::vocabulary::site::{Shape, ShapeGpus};
+    use meridian_events::vocabulary::AcceleratorVendor;
+    let mut catalog = Catalog::default();
+    let at = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+    for (name, shapes) in sites {
+        let id = AggregateRef::new(AggregateKind::Site, Uuid::now_v7());
+        let compute = shapes
+            .iter()
+            .map(|(shape, _, _, _, price)| ComputeOffer {
+                offer: shape.to_string(),
+                pricing: ComputePricing::Instance {
+                    per_instance_hour: d(price),
+                },
+            })
+            .collect();
+        let declared = shapes
+            .iter()
+            .map(|(shape, gpus, vendor, _, _)| Shape {
+                name: shape.to_string(),
+                offer: shape.to_string(),
+                spot_offer: None,
+                cpus: 96,
+                memory_bytes: 1 << 40,
+                gpus: (*gpus > 0).then(|| ShapeGpus {
+                    count: *gpus,
+                    vendor: if vendor.starts_with("MI") {
+                        AcceleratorVendor::Amd
+                    } else {
+                        AcceleratorVendor::Nvidia
+                    },
+                    model: vendor.to_string(),
+                    memory_bytes: 80 << 30,
+                }),
+                max_nodes: 1,
+                max_walltime_secs: Some(u64::from(shapes[0].3) * 3600),
+            })
+            .collect();
+        let events = vec![
+            Event::Site(SiteEvent::Registered {
+                name: name.to_string(),
+                kind: SiteKind::Aws,
+                region: "r".into(),
+                jurisdiction: "us".into(),
+                credentials_secret: None,
+                labels: BTreeMap::new(),
+            }),
+            Event::Site(SiteEvent::PricesChanged {
+                prices: PriceSheet {
+                    currency: Currency::USD,
+                    effective_from: at,
+                    source: "test".into(),
+                    compute,
+                    storage_per_gib_hour: d("0"),
+                    egress_per_gb: d("0"),
+                },
+            }),
+            Event::Site(SiteEvent::ShapesDeclared { shapes: declared }),
+        ];
+        for e in Envelope::sequence_after(id, 0, &EventContext::new_chain("t"), at, events) {
+            catalog.observe(&e);
+        }
+    }
+    catalog
+}
+
+const TRAIN: &str = r#"
+version: v1
+name: t
+jobs:
+  prep: {image: host, command: ["true"], resources: {cpus: 4, memory: 16GiB, walltime: 1h}}
+  train:
+    requires: [prep]
+    image: host
+    command: ["true"]
+    resources: {cpus: 32, memory: 256GiB, walltime: 2h, gpus: {count: 8, vendor: VENDOR}}
+"#;
+
+fn train(vendor: &str) -> meridian_spec::Workflow {
+    meridian_spec::parse(&TRAIN.replace("VENDOR", vendor)).unwrap()
+}
+
+#[test]
+fn each_job_gets_its_cheapest_fitting_shape_and_its_rate_is_recorded() {
+    let catalog = shaped(&[(
+        "cloud",
+        &[
+            ("small", 0, "", 24, "1.00"),
+            ("h100x8", 8, "H100", 24, "98.32"),
+            ("a100x8", 8, "A100", 24, "40.00"),
+        ],
+    )]);
+    let Decision::Placed(placed) = decide(&train("nvidia"), &catalog, now()) else {
+        panic!("expected a placement");
+    };
+    assert_eq!(placed.job_rates["prep"].offer, "small");
+    assert_eq!(
+        placed.job_rates["train"].offer, "a100x8",
+        "the cheaper 8-GPU NVIDIA shape"
+    );
+    // prep 1 h × 1.00 + train 2 h × 40.00
+    assert_eq!(placed.estimated_cost.amount.normalize(), d("81"));
+}
+
+#[test]
+fn nvidia_and_amd_requests_are_filtered_and_any_considers_both() {
+    let catalog = shaped(&[
+        (
+            "nv",
+            &[
+                ("small", 0, "", 24, "1.00"),
+                ("h100x8", 8, "H100", 24, "98.32"),
+            ],
+        ),
+        (
+            "amd",
+            &[
+                ("small", 0, "", 24, "1.00"),
+                ("mi300x8", 8, "MI300X", 24, "48.00"),
+            ],
+        ),
+    ]);
+    let Decision::Placed(p) = decide(&train("amd"), &catalog, now()) else {
+        panic!()
+    };
+    assert_eq!(p.site, "amd");
+    let Decision::Placed(p) = decide(&train("nvidia"), &catalog, now()) else {
+        panic!()
+    };
+    assert_eq!(p.site, "nv");
+    let nv = p
+        .explanation
+        .candidates
+        .iter()
+        .find(|c| c.site == "amd")
+        .unwrap();
+    assert!(
+        matches!(&nv.verdict, Verdict::Rejected { reason } if reason.contains("has AMD GPUs, needs nvidia")),
+        "{nv:?}"
+    );
+    let Decision::Placed(p) = decide(&train("any"), &catalog, now()) else {
+        panic!()
+    };
+    assert_eq!(p.site, "amd", "any: both fit, the cheaper wins");
+    assert!(p
+        .explanation
+        .candidates
+        .iter()
+        .all(|c| !matches!(c.verdict, Verdict::Rejected { .. })));
+}
+
+#[test]
+fn a_walltime_over_every_shapes_limit_is_a_reason() {
+    let catalog = shaped(&[(
+        "short",
+        &[
+            ("small", 0, "", 1, "1.00"),
+            ("h100x8", 8, "H100", 1, "98.32"),
+        ],
+    )]);
+    let Decision::Rejected { rejections } = decide(&train("nvidia"), &catalog, now()) else {
+        panic!("2 h cannot run where jobs stop at 1 h");
+    };
+    assert!(
+        rejections[0]
+            .reason
+            .contains("runs jobs of at most 1h, needs 2h"),
+        "{rejections:?}"
+    );
+}
