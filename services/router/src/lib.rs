@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 pub mod catalog;
+pub mod catalog_file;
 pub mod placement;
 
 pub use catalog::Catalog;
