@@ -105,7 +105,7 @@ fn n(v: &Value, key: &str) -> u64 {
 }
 
 /// Prints rows as aligned columns.
-fn table(header: &[&str], rows: &[Vec<String>]) {
+pub fn table(header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod catalog_cli;
 mod client;
 mod run;
 mod sites;
@@ -24,7 +25,7 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Clone, Copy, Default, ValueEnum)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     /// Aligned columns, for people.
     #[default]
@@ -106,6 +107,28 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Price a workflow at every site of a catalogue, without submitting it (offline).
+    Quote {
+        file: PathBuf,
+        /// A catalogue file (default: the built-in reference catalogue).
+        #[arg(long)]
+        catalog: Option<PathBuf>,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Why a workflow runs where it runs: every candidate site and each cost term.
+    Explain {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Manage the site catalogue: apply a catalogue file, drain, undrain, list.
+    Site {
+        #[command(subcommand)]
+        verb: catalog_cli::SiteVerb,
+        #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
+        output: Output,
+    },
     /// Check workflow documents (YAML or JSON, `version: v1`) without submitting them.
     ///
     /// Prints every error with its field path. Exits 0 when every file is valid, 1 when
@@ -182,6 +205,14 @@ fn main() -> ExitCode {
             init_tracing();
             finish(runtime().block_on(run::server(which)).map(|_| 0))
         }
+        Command::Quote {
+            file,
+            catalog,
+            output,
+        } => finish(catalog_cli::quote(&file, catalog.as_deref(), output)),
+        Command::Site { verb, output } => {
+            finish(runtime().block_on(catalog_cli::site(verb, output)))
+        }
         verb => finish(runtime().block_on(remote(verb))),
     }
 }
@@ -225,11 +256,22 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
             let c = client::Client::new(&remote.server)?;
             client::events(&c, &id, remote.output).await.map(|_| 0)
         }
+        Command::Explain { id, remote } => {
+            let c = client::Client::new(&remote.server)?;
+            catalog_cli::explain(&c, &id, remote.output)
+                .await
+                .map(|_| 0)
+        }
         Command::Bill { id, remote } => {
             let c = client::Client::new(&remote.server)?;
             client::bill(&c, &id, remote.output).await.map(|_| 0)
         }
-        Command::Up(_) | Command::Server(_) | Command::Validate { .. } | Command::Schema { .. } => {
+        Command::Up(_)
+        | Command::Server(_)
+        | Command::Validate { .. }
+        | Command::Schema { .. }
+        | Command::Quote { .. }
+        | Command::Site { .. } => {
             unreachable!("handled in main")
         }
     }

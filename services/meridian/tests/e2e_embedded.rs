@@ -121,3 +121,98 @@ fn a_second_up_on_the_same_data_dir_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_drained_site_takes_no_work_and_explain_says_why() {
+    let up = up();
+    let data = up.dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "site",
+            "drain",
+            "local",
+            "--reason",
+            "maintenance",
+            "--data-dir",
+            data,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = std::process::Command::new(BIN)
+        .args(["site", "list", "--data-dir", data])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("drained"));
+
+    let file = write(up.dir.path(), "hello.yaml", "version: v1\nname: h\njobs:\n  a: {image: host, command: [\"true\"], resources: {memory: 64MiB}}\n");
+    let id = submit(&up.server, &file);
+    let status = wait_state(&up.server, &id, &["failed"]);
+    assert!(
+        status["reason"].as_str().unwrap_or("").contains("drained"),
+        "{status:#}"
+    );
+    let explained = cli(&up.server, &["explain", &id]);
+    let text = String::from_utf8_lossy(&explained.stdout);
+    assert!(
+        text.contains("no site could take it") && text.contains("drained by an admin"),
+        "{text}"
+    );
+
+    // Undrained, the same workflow runs.
+    let out = std::process::Command::new(BIN)
+        .args(["site", "undrain", "local", "--data-dir", data])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(status["state"], "finished", "{status:#}");
+    let explained = cli_json(&up.server, &["explain", status["id"].as_str().unwrap()]);
+    assert_eq!(explained["decisions"][0]["payload"]["site"], "local");
+}
+
+#[test]
+fn quote_prices_a_workflow_offline_against_the_reference() {
+    let out = std::process::Command::new(BIN)
+        .args(["quote", "examples/train-h100.yaml", "--output", "json"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let quote: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let site = quote["site"].as_str().unwrap();
+    let chosen = quote["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["site"] == site)
+        .unwrap();
+    assert_eq!(chosen["verdict"]["verdict"], "chosen");
+    // The explanation's terms add up to the quoted total.
+    let cost = &chosen["cost"];
+    let sum: rust_decimal::Decimal = ["compute", "data_in", "storage", "data_out"]
+        .iter()
+        .map(|k| {
+            cost[*k]
+                .as_str()
+                .unwrap()
+                .parse::<rust_decimal::Decimal>()
+                .unwrap()
+        })
+        .sum();
+    let total: rust_decimal::Decimal = quote["estimated_cost"]["amount"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(sum, total);
+}

@@ -1,0 +1,408 @@
+//! Verbs about sites and placement: `quote` (price a workflow at every fitting site,
+//! offline), `explain` (why a workflow went where it went), and `site` (apply a
+//! catalogue file, drain, undrain, list) against the log of a deployment.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use meridian_eventlog::aggregates::{execute, ExecuteError};
+use meridian_eventlog::nats::{NatsConfig, NatsLog};
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+use meridian_events::aggregate::{Site, SiteCommand, SiteError};
+use meridian_events::vocabulary::workflow::{Candidate, Verdict};
+use meridian_events::EventContext;
+use meridian_router::catalog_file::{self, SiteSpec};
+use meridian_router::placement::{decide, Decision};
+use meridian_router::Catalog;
+use serde_json::{json, Value};
+
+use crate::client::{self, Client};
+use crate::Output;
+
+/// Which log a site command writes to.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogTarget {
+    /// An embedded deployment's data directory (Meridian may be running).
+    #[arg(long, env = "MERIDIAN_DATA_DIR", conflicts_with = "nats_url")]
+    pub data_dir: Option<PathBuf>,
+    /// A distributed deployment's NATS server.
+    #[arg(long, env = "MERIDIAN_NATS_URL")]
+    pub nats_url: Option<String>,
+    /// JetStream stream that holds the log.
+    #[arg(long, env = "MERIDIAN_STREAM", default_value = "MERIDIAN_EVENTS")]
+    pub stream: String,
+}
+
+impl LogTarget {
+    pub async fn open(&self) -> anyhow::Result<Arc<dyn EventLog>> {
+        match (&self.data_dir, &self.nats_url) {
+            (_, Some(url)) => Ok(Arc::new(
+                NatsLog::connect(NatsConfig {
+                    url: url.clone(),
+                    stream: self.stream.clone(),
+                    ..NatsConfig::default()
+                })
+                .await
+                .with_context(|| format!("connecting to {url}"))?,
+            )),
+            (dir, None) => {
+                let dir = dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("meridian-data"));
+                let path = dir.join("events.sqlite");
+                if !path.exists() {
+                    bail!(
+                        "{} has no event log; give --data-dir of a `meridian up`, or --nats-url",
+                        dir.display()
+                    );
+                }
+                Ok(Arc::new(SqliteLog::open(&path).await?))
+            }
+        }
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum SiteVerb {
+    /// Register or update the sites a catalogue file describes (new prices, shapes).
+    Apply {
+        file: PathBuf,
+        #[command(flatten)]
+        target: LogTarget,
+    },
+    /// Take a site out of placement; work already there carries on.
+    Drain {
+        name: String,
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        target: LogTarget,
+    },
+    /// Put a drained site back into placement.
+    Undrain {
+        name: String,
+        #[command(flatten)]
+        target: LogTarget,
+    },
+    /// The sites in the log, with their state and shapes.
+    List {
+        #[command(flatten)]
+        target: LogTarget,
+    },
+}
+
+fn load_specs(extra: Option<&Path>) -> anyhow::Result<Vec<SiteSpec>> {
+    match extra {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            catalog_file::parse(&text).with_context(|| format!("in {}", path.display()))
+        }
+        None => Ok(catalog_file::parse(catalog_file::REFERENCE).expect("the reference parses")),
+    }
+}
+
+fn candidate_rows(candidates: &[Candidate]) -> Vec<Vec<String>> {
+    candidates
+        .iter()
+        .map(|c| {
+            let (verdict, reason) = match &c.verdict {
+                Verdict::Chosen => ("chosen".to_string(), String::new()),
+                Verdict::Fitted => ("fits".to_string(), String::new()),
+                Verdict::Rejected { reason } => ("rejected".to_string(), reason.clone()),
+            };
+            let money = |v: rust_decimal::Decimal| v.round_dp(2).to_string();
+            match &c.cost {
+                Some(cost) => vec![
+                    c.site.clone(),
+                    verdict,
+                    money(cost.compute),
+                    money(cost.data_in),
+                    money(cost.storage),
+                    money(cost.data_out),
+                    cost.total()
+                        .map(|t| format!("{} {}", money(t.amount), t.currency))
+                        .unwrap_or_default(),
+                    reason,
+                ],
+                None => vec![
+                    c.site.clone(),
+                    verdict,
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    reason,
+                ],
+            }
+        })
+        .collect()
+}
+
+const COLUMNS: [&str; 8] = [
+    "SITE", "VERDICT", "COMPUTE", "DATA IN", "STORAGE", "DATA OUT", "TOTAL", "WHY NOT",
+];
+
+/// `meridian quote FILE`: prices a workflow at every site of a catalogue, offline.
+pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Result<i32> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let spec = match meridian_spec::parse(&text) {
+        Ok(spec) => spec,
+        Err(errors) => {
+            for e in &errors.errors {
+                eprintln!("{}: {e}", file.display());
+            }
+            bail!("{} is not a valid workflow", file.display());
+        }
+    };
+    let sites = load_specs(catalog)?;
+    let decision = decide(
+        &spec,
+        &catalog_file::offline_catalog(&sites),
+        chrono::Utc::now(),
+    );
+    let (value, candidates, code) = match &decision {
+        Decision::Placed(p) => (
+            json!({
+                "site": p.site,
+                "region": p.region,
+                "estimated_cost": {"amount": p.estimated_cost.amount.to_string(), "currency": p.estimated_cost.currency.to_string()},
+                "job_rates": p.job_rates,
+                "candidates": p.explanation.candidates,
+            }),
+            p.explanation.candidates.clone(),
+            0,
+        ),
+        Decision::Rejected { rejections } => (
+            json!({"site": null, "rejections": rejections}),
+            rejections
+                .iter()
+                .map(|r| Candidate {
+                    site: r.site.clone(),
+                    verdict: Verdict::Rejected {
+                        reason: r.reason.clone(),
+                    },
+                    cost: None,
+                })
+                .collect(),
+            1,
+        ),
+    };
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&value)?),
+        Output::Table => {
+            client::table(&COLUMNS, &candidate_rows(&candidates));
+            match &decision {
+                Decision::Placed(p) => {
+                    println!(
+                        "\ncheapest: {} at {} {} (estimate over the requested walltimes)",
+                        p.site,
+                        p.estimated_cost.amount.round_dp(2),
+                        p.estimated_cost.currency
+                    );
+                    for (job, rate) in &p.job_rates {
+                        println!("  {job}: {}", rate.offer);
+                    }
+                }
+                Decision::Rejected { .. } => println!("\nno site can run it"),
+            }
+            if catalog.is_none() {
+                eprintln!("(prices from the built-in reference catalogue: list prices with their sources, not yours; --catalog FILE for your own)");
+            }
+        }
+    }
+    Ok(code)
+}
+
+/// `meridian explain ID`: the placement decisions recorded in a workflow's history.
+pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()> {
+    let events = c.get(&format!("/v1/workflows/{id}/events")).await?;
+    let decisions: Vec<Value> = events["events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            matches!(
+                e["payload"]["type"].as_str(),
+                Some("workflow.placement_decided.v1" | "workflow.placement_rejected.v1")
+            )
+        })
+        .collect();
+    if output == Output::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"decisions": decisions}))?
+        );
+        return Ok(());
+    }
+    if decisions.is_empty() {
+        println!("{id} has not been placed yet");
+    }
+    for d in decisions {
+        let p = &d["payload"];
+        let attempt = p["attempt"].as_u64().unwrap_or(1);
+        let when = d["occurred_at"].as_str().unwrap_or("-");
+        if p["type"] == "workflow.placement_rejected.v1" {
+            println!("attempt {attempt} at {when}: no site could take it");
+            let rows: Vec<Vec<String>> = p["rejections"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|r| {
+                    vec![
+                        r["site"].as_str().unwrap_or("-").to_string(),
+                        r["reason"].as_str().unwrap_or("").to_string(),
+                    ]
+                })
+                .collect();
+            client::table(&["SITE", "WHY NOT"], &rows);
+            continue;
+        }
+        println!(
+            "attempt {attempt} at {when}: {} ({}), estimated {} {}",
+            p["site"].as_str().unwrap_or("-"),
+            p["region"].as_str().unwrap_or("-"),
+            p["estimated_cost"]["amount"].as_str().unwrap_or("-"),
+            p["estimated_cost"]["currency"].as_str().unwrap_or(""),
+        );
+        let candidates: Vec<Candidate> =
+            serde_json::from_value(p["explanation"]["candidates"].clone()).unwrap_or_default();
+        client::table(&COLUMNS, &candidate_rows(&candidates));
+        println!(
+            "prices in force: {} from {} (source: {})",
+            p["rate"]["offer"].as_str().unwrap_or("-"),
+            p["rate"]["effective_from"].as_str().unwrap_or("-"),
+            p["rate"]["source"].as_str().unwrap_or("-"),
+        );
+    }
+    Ok(())
+}
+
+async fn on_site(
+    log: &dyn EventLog,
+    catalog: &Catalog,
+    name: &str,
+    command: SiteCommand,
+) -> anyhow::Result<bool> {
+    let site = catalog.find(name).with_context(|| {
+        let known: Vec<&str> = catalog.sites.keys().map(String::as_str).collect();
+        format!("no site named {name:?}; sites are: {}", known.join(", "))
+    })?;
+    match execute::<Site, _>(log, site.id, &EventContext::new_chain("admin"), |_| {
+        command.clone()
+    })
+    .await
+    {
+        Ok(events) => Ok(!events.is_empty()),
+        Err(ExecuteError::Rejected(e @ (SiteError::AlreadyDrained | SiteError::NotDrained))) => {
+            eprintln!("{name}: {e}; nothing changed");
+            Ok(false)
+        }
+        Err(e) => Err(anyhow::anyhow!("{name}: {e}")),
+    }
+}
+
+pub async fn site(verb: SiteVerb, output: Output) -> anyhow::Result<i32> {
+    match verb {
+        SiteVerb::Apply { file, target } => {
+            let specs = load_specs(Some(&file))?;
+            let log = target.open().await?;
+            let catalog = Catalog::load(&*log).await?;
+            for spec in &specs {
+                let current = catalog.find(&spec.name);
+                let commands = spec.commands(current);
+                if commands.is_empty() {
+                    println!("{}: unchanged", spec.name);
+                    continue;
+                }
+                let id = current.map_or_else(uuid::Uuid::now_v7, |s| s.id);
+                for command in commands {
+                    execute::<Site, _>(&*log, id, &EventContext::new_chain("admin"), |_| {
+                        command.clone()
+                    })
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", spec.name))?;
+                }
+                println!(
+                    "{}: {}",
+                    spec.name,
+                    if current.is_some() {
+                        "updated"
+                    } else {
+                        "registered"
+                    }
+                );
+            }
+            Ok(0)
+        }
+        SiteVerb::Drain {
+            name,
+            reason,
+            target,
+        } => {
+            let log = target.open().await?;
+            let catalog = Catalog::load(&*log).await?;
+            let by = std::env::var("USER").unwrap_or_else(|_| "admin".into());
+            if on_site(&*log, &catalog, &name, SiteCommand::Drain { by, reason }).await? {
+                println!("{name}: drained; new work goes elsewhere");
+            }
+            Ok(0)
+        }
+        SiteVerb::Undrain { name, target } => {
+            let log = target.open().await?;
+            let catalog = Catalog::load(&*log).await?;
+            let by = std::env::var("USER").unwrap_or_else(|_| "admin".into());
+            if on_site(&*log, &catalog, &name, SiteCommand::Undrain { by }).await? {
+                println!("{name}: back in placement");
+            }
+            Ok(0)
+        }
+        SiteVerb::List { target } => {
+            let log = target.open().await?;
+            let catalog = Catalog::load(&*log).await?;
+            let now = chrono::Utc::now();
+            let rows: Vec<Vec<String>> = catalog
+                .sites
+                .values()
+                .map(|s| {
+                    vec![
+                        s.name.clone(),
+                        s.kind.as_str().to_string(),
+                        s.region.clone(),
+                        if s.drained {
+                            "drained".into()
+                        } else if !s.healthy {
+                            "unhealthy".into()
+                        } else {
+                            "ok".into()
+                        },
+                        s.shapes
+                            .iter()
+                            .map(|x| x.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                        s.prices_at(now)
+                            .map(|p| {
+                                format!("{} since {}", p.currency, p.effective_from.date_naive())
+                            })
+                            .unwrap_or_else(|| "none".into()),
+                    ]
+                })
+                .collect();
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+                Output::Table => client::table(
+                    &["SITE", "KIND", "REGION", "STATE", "SHAPES", "PRICES"],
+                    &rows,
+                ),
+            }
+            Ok(0)
+        }
+    }
+}
