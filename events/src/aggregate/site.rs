@@ -32,6 +32,10 @@ pub enum SiteCommand {
         capacity: Capacity,
         message: Option<String>,
     },
+    /// Declares the data sets the site holds at origin (replacing earlier ones).
+    DeclareDatasets {
+        datasets: Vec<crate::vocabulary::site::Dataset>,
+    },
     /// Declares the shapes the site offers now (replacing earlier ones).
     DeclareShapes {
         shapes: Vec<crate::vocabulary::site::Shape>,
@@ -62,7 +66,7 @@ pub enum SiteError {
     InvalidPrices { reason: String },
     #[error("the site is already drained")]
     AlreadyDrained,
-    #[error("invalid shapes: {reason}")]
+    #[error("invalid shapes or data sets: {reason}")]
     InvalidShapes { reason: String },
     #[error("the site is not drained")]
     NotDrained,
@@ -88,6 +92,7 @@ pub struct Site {
     health: Option<HealthReport>,
     drained: bool,
     shapes: Vec<crate::vocabulary::site::Shape>,
+    datasets: Vec<crate::vocabulary::site::Dataset>,
 }
 
 impl Site {
@@ -231,6 +236,24 @@ impl Aggregate for Site {
                     observed_at: now,
                 }])
             }
+            SiteCommand::DeclareDatasets { datasets } => {
+                self.registered()?;
+                if let Some(d) = datasets
+                    .iter()
+                    .find(|d| d.uri.is_empty() || !d.digest.contains(':'))
+                {
+                    return Err(SiteError::InvalidShapes {
+                        reason: format!(
+                            "data set {:?} needs a URI and a digest such as sha256:<hex>",
+                            d.uri
+                        ),
+                    });
+                }
+                if self.datasets == datasets {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![SiteEvent::DatasetsDeclared { datasets }])
+            }
             SiteCommand::DeclareShapes { shapes } => {
                 self.registered()?;
                 let mut names = BTreeSet::new();
@@ -308,6 +331,7 @@ impl Aggregate for Site {
                 });
             }
             SiteEvent::ShapesDeclared { shapes } => self.shapes = shapes.clone(),
+            SiteEvent::DatasetsDeclared { datasets } => self.datasets = datasets.clone(),
             SiteEvent::Drained { .. } => self.drained = true,
             SiteEvent::Undrained { .. } => self.drained = false,
         }

@@ -44,6 +44,12 @@ pub enum SiteEvent {
     #[serde(rename = "site.shapes_declared.v1")]
     ShapesDeclared { shapes: Vec<Shape> },
 
+    /// Data sets the site holds at origin (a bucket in its region, a shared file
+    /// system); replaces the set declared before. Copies made later are known from
+    /// `transfer.completed.v1`.
+    #[serde(rename = "site.datasets_declared.v1")]
+    DatasetsDeclared { datasets: Vec<Dataset> },
+
     /// An admin took the site out of placement.
     #[serde(rename = "site.drained.v1")]
     Drained {
@@ -68,6 +74,7 @@ impl SiteEvent {
             SiteEvent::PricesChanged { .. } => "site.prices_changed.v1",
             SiteEvent::HealthReported { .. } => "site.health_reported.v1",
             SiteEvent::ShapesDeclared { .. } => "site.shapes_declared.v1",
+            SiteEvent::DatasetsDeclared { .. } => "site.datasets_declared.v1",
             SiteEvent::Drained { .. } => "site.drained.v1",
             SiteEvent::Undrained { .. } => "site.undrained.v1",
         }
@@ -117,4 +124,14 @@ pub struct ShapeGpus {
     pub vendor: super::AcceleratorVendor,
     pub model: String,
     pub memory_bytes: u64,
+}
+
+/// A data set known by where it can be read from and what its bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dataset {
+    /// Where workflows name it from, e.g. `s3://datasets/imagenet-mini/`.
+    pub uri: String,
+    /// `"<algorithm>:<hex>"`: the same bytes anywhere have the same digest.
+    pub digest: String,
+    pub bytes: u64,
 }

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use meridian_eventlog::{EventLog, LogError};
-use meridian_events::vocabulary::site::{Capacity, Shape};
+use meridian_events::vocabulary::site::{Capacity, Dataset, Shape};
+use meridian_events::vocabulary::{Location, TransferEvent};
 use meridian_events::{AggregateKind, Envelope, Event, PriceSheet, SiteEvent, SiteKind};
 use uuid::Uuid;
 
@@ -32,6 +33,8 @@ pub struct SiteEntry {
     pub capacity: Option<Capacity>,
     /// Declared shapes; a site without any is judged by its labels.
     pub shapes: Vec<Shape>,
+    /// Data sets it declared it holds at origin.
+    pub datasets: Vec<Dataset>,
 }
 
 impl SiteEntry {
@@ -48,6 +51,10 @@ impl SiteEntry {
 pub struct Catalog {
     pub sites: BTreeMap<String, SiteEntry>,
     by_id: BTreeMap<Uuid, String>,
+    /// Known data sets: URI → (digest, bytes).
+    pub datasets: BTreeMap<String, (String, u64)>,
+    /// The locality map: digest → the sites holding those bytes.
+    pub holdings: BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 impl Catalog {
@@ -62,7 +69,10 @@ impl Catalog {
             };
             after = last.position;
             for raw in commits.into_iter().flat_map(|c| c.events) {
-                if raw.aggregate.kind != AggregateKind::Site {
+                if !matches!(
+                    raw.aggregate.kind,
+                    AggregateKind::Site | AggregateKind::Transfer
+                ) {
                     continue;
                 }
                 let envelope = raw.decode::<Event>().map_err(|e| LogError::Corrupt {
@@ -78,8 +88,34 @@ impl Catalog {
         self.sites.get(name)
     }
 
-    /// Folds in one event (non-Site events are ignored).
+    /// The data set a workflow names by `uri` (the longest declared prefix of it).
+    pub fn dataset_for(&self, uri: &str) -> Option<(&str, u64)> {
+        self.datasets
+            .iter()
+            .filter(|(known, _)| uri.starts_with(known.as_str()))
+            .max_by_key(|(known, _)| known.len())
+            .map(|(_, (digest, bytes))| (digest.as_str(), *bytes))
+    }
+
+    /// Folds in one event: Site events, and finished transfers for the locality map
+    /// (a finished transfer means those bytes are now at that site). Others are ignored.
     pub fn observe(&mut self, envelope: &Envelope<Event>) {
+        if let Event::Transfer(TransferEvent::Completed { digest, to, .. }) = &envelope.payload {
+            let sites: Vec<String> = match to {
+                Location::Site { site } => vec![site.clone()],
+                Location::Region { region } => self
+                    .sites
+                    .values()
+                    .filter(|s| &s.region == region)
+                    .map(|s| s.name.clone())
+                    .collect(),
+            };
+            self.holdings
+                .entry(digest.clone())
+                .or_default()
+                .extend(sites);
+            return;
+        }
         let Event::Site(event) = &envelope.payload else {
             return;
         };
@@ -106,6 +142,7 @@ impl Catalog {
                 healthy: true,
                 capacity: None,
                 shapes: Vec::new(),
+                datasets: Vec::new(),
             });
             return;
         }
@@ -129,6 +166,18 @@ impl Catalog {
                 site.capacity = Some(capacity.clone());
             }
             SiteEvent::ShapesDeclared { shapes } => site.shapes = shapes.clone(),
+            SiteEvent::DatasetsDeclared { datasets } => {
+                site.datasets = datasets.clone();
+                let name = site.name.clone();
+                for d in datasets {
+                    self.datasets
+                        .insert(d.uri.clone(), (d.digest.clone(), d.bytes));
+                    self.holdings
+                        .entry(d.digest.clone())
+                        .or_default()
+                        .insert(name.clone());
+                }
+            }
             SiteEvent::Drained { .. } => site.drained = true,
             SiteEvent::Undrained { .. } => site.drained = false,
         }

@@ -29,7 +29,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use meridian_events::aggregate::SiteCommand;
-use meridian_events::vocabulary::site::{Shape, ShapeGpus};
+use meridian_events::vocabulary::site::{Dataset, Shape, ShapeGpus};
 use meridian_events::vocabulary::AcceleratorVendor;
 use meridian_events::{
     AggregateKind, AggregateRef, ComputeOffer, ComputePricing, Currency, Envelope, Event,
@@ -78,6 +78,16 @@ struct SiteFile {
     prices: PricesFile,
     #[serde(default)]
     shapes: Vec<ShapeFile>,
+    #[serde(default)]
+    datasets: Vec<DatasetFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DatasetFile {
+    uri: String,
+    digest: String,
+    size: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -139,6 +149,7 @@ pub struct SiteSpec {
     pub labels: BTreeMap<String, String>,
     pub prices: PriceSheet,
     pub shapes: Vec<Shape>,
+    pub datasets: Vec<Dataset>,
 }
 
 fn decimal(path: &str, text: &str) -> Result<Decimal, CatalogFileError> {
@@ -267,6 +278,24 @@ pub fn parse(text: &str) -> Result<Vec<SiteSpec>, CatalogFileError> {
                 },
             });
         }
+        let mut datasets = Vec::new();
+        for (j, d) in site.datasets.iter().enumerate() {
+            let here = format!("{at}.datasets[{j}]");
+            if !d.digest.contains(':') {
+                return Err(error(
+                    format!("{here}.digest"),
+                    format!(
+                        "expected \"<algorithm>:<hex>\" such as sha256:9f86d0…; got {:?}",
+                        d.digest
+                    ),
+                ));
+            }
+            datasets.push(Dataset {
+                uri: d.uri.clone(),
+                digest: d.digest.clone(),
+                bytes: size(&format!("{here}.size"), &d.size)?,
+            });
+        }
         sites.push(SiteSpec {
             name: site.name,
             kind: site.kind,
@@ -275,6 +304,7 @@ pub fn parse(text: &str) -> Result<Vec<SiteSpec>, CatalogFileError> {
             labels: site.labels,
             prices,
             shapes,
+            datasets,
         });
     }
     Ok(sites)
@@ -298,6 +328,9 @@ impl SiteSpec {
                 SiteCommand::DeclareShapes {
                     shapes: self.shapes.clone(),
                 },
+                SiteCommand::DeclareDatasets {
+                    datasets: self.datasets.clone(),
+                },
             ];
         };
         let mut commands = Vec::new();
@@ -309,6 +342,11 @@ impl SiteSpec {
         if site.shapes != self.shapes {
             commands.push(SiteCommand::DeclareShapes {
                 shapes: self.shapes.clone(),
+            });
+        }
+        if site.datasets != self.datasets {
+            commands.push(SiteCommand::DeclareDatasets {
+                datasets: self.datasets.clone(),
             });
         }
         commands
@@ -334,6 +372,9 @@ pub fn offline_catalog(specs: &[SiteSpec]) -> Catalog {
             }),
             Event::Site(SiteEvent::ShapesDeclared {
                 shapes: spec.shapes.clone(),
+            }),
+            Event::Site(SiteEvent::DatasetsDeclared {
+                datasets: spec.datasets.clone(),
             }),
         ];
         let aggregate = AggregateRef::new(AggregateKind::Site, Uuid::now_v7());

@@ -137,7 +137,7 @@ impl Router {
     async fn observe(&mut self, envelope: &Envelope<Event>) -> Result<Option<Uuid>, RouterError> {
         let id = envelope.aggregate.id;
         match envelope.aggregate.kind {
-            AggregateKind::Site => {
+            AggregateKind::Site | AggregateKind::Transfer => {
                 self.catalog.observe(envelope);
                 Ok(None)
             }
@@ -187,7 +187,7 @@ impl Router {
                 }
                 Ok(workflow)
             }
-            AggregateKind::Transfer | AggregateKind::Tenant => Ok(None),
+            AggregateKind::Tenant => Ok(None),
         }
     }
 

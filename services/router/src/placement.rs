@@ -335,11 +335,12 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
             continue;
         }
         let storage = storage_estimate(spec, sheet);
+        let data_in = ingress_estimate(spec, catalog, site, now);
         let data_out = egress_estimate(spec, sheet);
         let terms = CostTerms {
             currency: rate.currency,
             compute,
-            data_in: Decimal::ZERO,
+            data_in,
             storage,
             data_out,
         };
@@ -443,4 +444,37 @@ fn egress_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Deci
             Decimal::from(v.size.bytes()) / Decimal::from(1_000_000_000u64) * sheet.egress_per_gb
         })
         .sum()
+}
+
+/// Inputs not already at `site`: each ingress source that names a known data set costs
+/// its bytes at the cheapest egress price among the sites holding it. Sources that name
+/// no known data set cost nothing here: their size is not known.
+fn ingress_estimate(
+    spec: &Workflow,
+    catalog: &Catalog,
+    site: &SiteEntry,
+    now: DateTime<Utc>,
+) -> Decimal {
+    let mut total = Decimal::ZERO;
+    for volume in spec.volumes.values() {
+        for step in &volume.ingress {
+            let Some((digest, bytes)) = catalog.dataset_for(&step.source) else {
+                continue;
+            };
+            let holders = catalog.holdings.get(digest);
+            if holders.is_some_and(|h| h.contains(&site.name)) {
+                continue;
+            }
+            let cheapest = holders
+                .into_iter()
+                .flatten()
+                .filter_map(|h| catalog.find(h)?.prices_at(now))
+                .map(|p| p.egress_per_gb)
+                .min();
+            if let Some(per_gb) = cheapest {
+                total += Decimal::from(bytes) / Decimal::from(1_000_000_000u64) * per_gb;
+            }
+        }
+    }
+    total
 }

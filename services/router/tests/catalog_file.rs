@@ -100,3 +100,148 @@ fn a_bad_file_names_the_field() {
         "{e}"
     );
 }
+
+const TWO_SITES: &str = r#"
+sites:
+  - name: cheap
+    kind: aws
+    region: us-east-1
+    jurisdiction: us
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: test
+      egress_per_gb: "0.09"
+      compute: [{offer: c, per_instance_hour: "1.00"}]
+    shapes: [{name: c, offer: c, cpus: 16, memory: 64GiB}]
+    datasets: [DATASETS_CHEAP]
+  - name: pricey
+    kind: gcp
+    region: us-central1
+    jurisdiction: us
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: test
+      egress_per_gb: "0.12"
+      compute: [{offer: c, per_instance_hour: "3.00"}]
+    shapes: [{name: c, offer: c, cpus: 16, memory: 64GiB}]
+    datasets: [DATASETS_PRICEY]
+"#;
+
+const DATA_JOB: &str = r#"
+version: v1
+name: d
+volumes:
+  data:
+    size: 600GiB
+    ingress: [{source: "gs://corpus/v2/shards/", destination: /in/}]
+jobs:
+  crunch:
+    image: host
+    command: ["true"]
+    mounts: {data: /data}
+    resources: {cpus: 8, memory: 32GiB, walltime: 10h}
+"#;
+
+fn place_with(cheap: &str, pricey: &str) -> meridian_router::placement::Placed {
+    let file = TWO_SITES
+        .replace("DATASETS_CHEAP", cheap)
+        .replace("DATASETS_PRICEY", pricey);
+    let catalog = offline_catalog(&parse(&file).unwrap());
+    let spec = meridian_spec::parse(DATA_JOB).unwrap();
+    match decide(&spec, &catalog, chrono::Utc::now()) {
+        Decision::Placed(p) => *p,
+        Decision::Rejected { rejections } => panic!("{rejections:?}"),
+    }
+}
+
+#[test]
+fn a_dataset_held_at_a_pricier_site_flips_the_choice_when_egress_outweighs_the_price() {
+    let corpus = r#"{uri: "gs://corpus/v2/", digest: "sha256:aa", size: 500GB}"#;
+    // Compute: cheap 10 h × 1.00 = 10; pricey 10 h × 3.00 = 30. Moving 500 GB out of
+    // pricey costs 500 × 0.12 = 60 more at cheap, so the data's site wins: 30 < 70.
+    let p = place_with("", corpus);
+    assert_eq!(p.site, "pricey");
+    let cheap = p
+        .explanation
+        .candidates
+        .iter()
+        .find(|c| c.site == "cheap")
+        .unwrap();
+    let terms = cheap.cost.as_ref().unwrap();
+    assert_eq!(terms.data_in.normalize().to_string(), "60");
+    assert_eq!(terms.total().unwrap().amount.normalize().to_string(), "70");
+    let chosen = p
+        .explanation
+        .candidates
+        .iter()
+        .find(|c| c.site == "pricey")
+        .unwrap();
+    assert_eq!(
+        chosen
+            .cost
+            .as_ref()
+            .unwrap()
+            .data_in
+            .normalize()
+            .to_string(),
+        "0"
+    );
+    assert_eq!(p.estimated_cost.amount.normalize().to_string(), "30");
+
+    // A small data set does not outweigh the compute difference: 5 GB × 0.12 = 0.6.
+    let small = r#"{uri: "gs://corpus/v2/", digest: "sha256:bb", size: 5GB}"#;
+    assert_eq!(place_with("", small).site, "cheap");
+    // Held at both: no data term anywhere, the cheaper compute wins.
+    assert_eq!(place_with(corpus, corpus).site, "cheap");
+}
+
+#[test]
+fn a_finished_transfer_puts_the_bytes_at_its_destination() {
+    use meridian_events::vocabulary::{Location, TransferEvent};
+    use meridian_events::{AggregateKind, AggregateRef, Envelope, Event, EventContext};
+    let corpus = r#"{uri: "gs://corpus/v2/", digest: "sha256:aa", size: 500GB}"#;
+    let file = TWO_SITES
+        .replace("DATASETS_CHEAP", "")
+        .replace("DATASETS_PRICEY", corpus);
+    let mut catalog = offline_catalog(&parse(&file).unwrap());
+    let spec = meridian_spec::parse(DATA_JOB).unwrap();
+    let Decision::Placed(p) = decide(&spec, &catalog, chrono::Utc::now()) else {
+        panic!()
+    };
+    assert_eq!(p.site, "pricey");
+
+    let now = chrono::Utc::now();
+    let copied = Event::Transfer(TransferEvent::Completed {
+        workflow_id: uuid::Uuid::now_v7(),
+        bytes: 500_000_000_000,
+        digest: "sha256:aa".into(),
+        from: Location::Site {
+            site: "pricey".into(),
+        },
+        to: Location::Site {
+            site: "cheap".into(),
+        },
+        started_at: now,
+        ended_at: now,
+        egress: None,
+    });
+    let aggregate = AggregateRef::new(AggregateKind::Transfer, uuid::Uuid::now_v7());
+    for e in Envelope::sequence_after(
+        aggregate,
+        0,
+        &EventContext::new_chain("t"),
+        now,
+        vec![copied],
+    ) {
+        catalog.observe(&e);
+    }
+    let Decision::Placed(p) = decide(&spec, &catalog, chrono::Utc::now()) else {
+        panic!()
+    };
+    assert_eq!(
+        p.site, "cheap",
+        "the bytes are at cheap now: no data term there"
+    );
+}
