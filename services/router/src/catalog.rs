@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use meridian_eventlog::{EventLog, LogError};
 use meridian_events::vocabulary::site::{Capacity, Dataset, Shape};
 use meridian_events::vocabulary::{Location, TransferEvent};
+use meridian_events::JobEvent;
 use meridian_events::{AggregateKind, Envelope, Event, PriceSheet, SiteEvent, SiteKind};
 use uuid::Uuid;
 
@@ -31,6 +32,12 @@ pub struct SiteEntry {
     pub drained: bool,
     pub healthy: bool,
     pub capacity: Option<Capacity>,
+    /// Set for one decision only: why this site may not be chosen now.
+    pub excluded: Option<String>,
+    /// Runs that ended, and how many of them the site failed (node failure, preemption,
+    /// lost): the reliability score is (ok + 1) / (runs + 2).
+    pub runs: u64,
+    pub faults: u64,
     /// Declared shapes; a site without any is judged by its labels.
     pub shapes: Vec<Shape>,
     /// Data sets it declared it holds at origin.
@@ -40,6 +47,11 @@ pub struct SiteEntry {
 impl SiteEntry {
     pub fn label_u64(&self, key: &str) -> Option<u64> {
         self.labels.get(key).and_then(|v| v.parse().ok())
+    }
+
+    /// The share of runs it did not fail, smoothed so that a new site starts at 0.5.
+    pub fn reliability(&self) -> f64 {
+        (self.runs.saturating_sub(self.faults) + 1) as f64 / (self.runs + 2) as f64
     }
 
     pub fn prices_at(&self, at: chrono::DateTime<chrono::Utc>) -> Option<&PriceSheet> {
@@ -88,6 +100,13 @@ impl Catalog {
         self.sites.get(name)
     }
 
+    /// Keeps `site` out of decisions made on this copy of the catalogue.
+    pub fn exclude(&mut self, site: &str, reason: String) {
+        if let Some(s) = self.sites.get_mut(site) {
+            s.excluded = Some(reason);
+        }
+    }
+
     /// The data set a workflow names by `uri` (the longest declared prefix of it).
     pub fn dataset_for(&self, uri: &str) -> Option<(&str, u64)> {
         self.datasets
@@ -100,6 +119,21 @@ impl Catalog {
     /// Folds in one event: Site events, and finished transfers for the locality map
     /// (a finished transfer means those bytes are now at that site). Others are ignored.
     pub fn observe(&mut self, envelope: &Envelope<Event>) {
+        if let Event::Job(job) = &envelope.payload {
+            let site = match job {
+                JobEvent::Finished { site, .. }
+                | JobEvent::Failed { site, .. }
+                | JobEvent::Cancelled { site, .. } => site,
+                _ => return,
+            };
+            if let Some(s) = self.sites.get_mut(site) {
+                s.runs += 1;
+                if matches!(job, JobEvent::Failed { reason, .. } if reason.is_site_fault()) {
+                    s.faults += 1;
+                }
+            }
+            return;
+        }
         if let Event::Transfer(TransferEvent::Completed { digest, to, .. }) = &envelope.payload {
             let sites: Vec<String> = match to {
                 Location::Site { site } => vec![site.clone()],
@@ -141,6 +175,9 @@ impl Catalog {
                 drained: false,
                 healthy: true,
                 capacity: None,
+                excluded: None,
+                runs: 0,
+                faults: 0,
                 shapes: Vec::new(),
                 datasets: Vec::new(),
             });

@@ -12,7 +12,9 @@
 //! Every reaction re-derives what should happen from aggregate state, so delivering a
 //! commit twice (after a crash) decides nothing twice.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,6 +72,28 @@ pub struct Router {
     /// job id → its workflow, for routing job events to the workflow they belong to.
     job_workflow: HashMap<Uuid, Uuid>,
     releases: HashMap<Uuid, Release>,
+    /// Per workflow: sites that failed its work for site reasons, and until when each
+    /// is kept out of its placement.
+    exclusions: HashMap<Uuid, BTreeMap<String, Exclusion>>,
+    /// Per workflow: no release before this instant (the backoff after a site fault).
+    not_before: BTreeMap<Uuid, DateTime<Utc>>,
+    backoff_base: chrono::Duration,
+    /// Job runs whose site fault was already counted.
+    faulted_jobs: std::collections::HashSet<Uuid>,
+}
+
+/// A site kept out of one workflow's placement after failing its work.
+#[derive(Debug, Clone)]
+pub struct Exclusion {
+    pub faults: u32,
+    pub until: DateTime<Utc>,
+}
+
+/// How long a site stays excluded (and releases wait) after its `faults`-th fault:
+/// `base` (30 s by default), doubling each time, at most an hour.
+pub fn backoff(base: chrono::Duration, faults: u32) -> chrono::Duration {
+    let doubled = base * (1i32 << faults.saturating_sub(1).min(7));
+    doubled.min(chrono::Duration::hours(1))
 }
 
 impl Router {
@@ -82,7 +106,17 @@ impl Router {
             jobs: HashMap::new(),
             job_workflow: HashMap::new(),
             releases: HashMap::new(),
+            exclusions: HashMap::new(),
+            not_before: BTreeMap::new(),
+            backoff_base: chrono::Duration::seconds(30),
+            faulted_jobs: std::collections::HashSet::new(),
         })
+    }
+
+    /// The first backoff after a site fault (then doubling); 30 s unless set.
+    pub fn with_backoff(mut self, base: Duration) -> Router {
+        self.backoff_base = chrono::Duration::from_std(base).unwrap_or(self.backoff_base);
+        self
     }
 
     /// Runs until `shutdown` turns true. Transient log errors are retried.
@@ -114,6 +148,18 @@ impl Router {
                 next = sub.next(256, Duration::from_secs(1)) => next?,
                 _ = shutdown.changed() => return Ok(()),
             };
+            // Workflows whose backoff ended get their turn again.
+            let now = Utc::now();
+            let due: Vec<Uuid> = self
+                .not_before
+                .iter()
+                .filter(|(_, t)| **t <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in due {
+                self.not_before.remove(&id);
+                self.reconcile(id).await?;
+            }
             for commit in commits {
                 let mut touched = BTreeSet::new();
                 for raw in commit.events {
@@ -160,6 +206,7 @@ impl Router {
                         },
                     );
                 }
+                self.note_settlement(id, envelope);
                 let fresh = match self.workflows.get_mut(&id) {
                     Some(cached) => !cached.observe(envelope),
                     None => true,
@@ -171,6 +218,7 @@ impl Router {
                 Ok(Some(id))
             }
             AggregateKind::Job => {
+                self.catalog.observe(envelope);
                 let fresh = match self.jobs.get_mut(&id) {
                     Some(cached) => !cached.observe(envelope),
                     None => true,
@@ -189,6 +237,117 @@ impl Router {
             }
             AggregateKind::Tenant => Ok(None),
         }
+    }
+
+    /// A settlement for a site's fault excludes that site (once per job run, however
+    /// often the event is seen: once when appended here, once when delivered).
+    fn note_settlement(&mut self, id: Uuid, envelope: &Envelope<Event>) {
+        let Event::Workflow(WorkflowEvent::JobSettled {
+            job_id,
+            outcome: JobOutcome::Failed { reason },
+            ..
+        }) = &envelope.payload
+        else {
+            return;
+        };
+        if !reason.is_site_fault() || !self.faulted_jobs.insert(*job_id) {
+            return;
+        }
+        let site = match self.releases.get(job_id) {
+            Some(r) => Some(r.site.clone()),
+            None => self
+                .jobs
+                .get(job_id)
+                .and_then(|j| j.state.dispatch().map(|d| d.site.clone())),
+        };
+        if let Some(site) = site {
+            self.site_fault(id, site, envelope.occurred_at);
+        }
+    }
+
+    /// Records that `site` failed workflow `id`'s work at `at` for a site reason: the site
+    /// is kept out of the workflow's next placement, and releases back off.
+    fn site_fault(&mut self, id: Uuid, site: String, at: DateTime<Utc>) {
+        let entry = self
+            .exclusions
+            .entry(id)
+            .or_default()
+            .entry(site.clone())
+            .or_insert(Exclusion {
+                faults: 0,
+                until: at,
+            });
+        entry.faults += 1;
+        entry.until = at + backoff(self.backoff_base, entry.faults);
+        let until = entry.until;
+        self.not_before.insert(id, until);
+        tracing::info!(workflow = %id, %site, until = %until, "site fault: excluded from re-placement");
+    }
+
+    /// After a site fault: places the workflow again without the sites that failed it,
+    /// if another site can take it; otherwise its work waits out the backoff where it is.
+    async fn replace(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let now = Utc::now();
+        let excluded: BTreeMap<String, Exclusion> = self
+            .exclusions
+            .get(&id)
+            .map(|e| {
+                e.iter()
+                    .filter(|(_, x)| x.until > now)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (spec, current) = {
+            let wf = &self.workflow(id).await?.state;
+            (wf.spec().cloned(), wf.placement().map(|p| p.site.clone()))
+        };
+        let (Some(spec), Some(current)) = (spec, current) else {
+            return Ok(());
+        };
+        if !excluded.contains_key(&current) {
+            return Ok(());
+        }
+        let mut catalog = self.catalog.clone();
+        for (site, exclusion) in &excluded {
+            catalog.exclude(
+                site,
+                format!(
+                    "excluded after {} site fault(s) with this workflow, until {}",
+                    exclusion.faults,
+                    exclusion
+                        .until
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+            );
+        }
+        let placement::Decision::Placed(placed) = placement::decide(&spec, &catalog, now) else {
+            tracing::info!(workflow = %id, site = %current, "no other site fits; retrying where it is after the backoff");
+            return Ok(());
+        };
+        let placement::Placed {
+            site,
+            region,
+            rate,
+            job_rates,
+            storage_rate,
+            estimated_cost,
+            explanation,
+        } = *placed;
+        tracing::info!(workflow = %id, from = %current, to = %site, "re-placed after a site fault");
+        self.on_workflow(id, |_| WorkflowCommand::RecordPlacement {
+            site: site.clone(),
+            region: region.clone(),
+            rate: rate.clone(),
+            job_rates: job_rates.clone(),
+            storage_rate: storage_rate.clone(),
+            estimated_cost: estimated_cost.clone(),
+            explanation: explanation.clone(),
+        })
+        .await?;
+        // The new site has no reason to wait.
+        self.not_before.remove(&id);
+        Ok(())
     }
 
     async fn workflow(&mut self, id: Uuid) -> Result<&mut Cached<Workflow>, RouterError> {
@@ -238,6 +397,12 @@ impl Router {
             Some(WorkflowState::Submitted) => self.place(id).await,
             Some(_) => {
                 self.follow_jobs(id).await?;
+                if self.exclusions.contains_key(&id) {
+                    self.replace(id).await?;
+                }
+                if self.not_before.get(&id).is_some_and(|t| *t > Utc::now()) {
+                    return Ok(());
+                }
                 self.release_runnable(id).await
             }
         }
@@ -328,11 +493,15 @@ impl Router {
                         .outcome()
                         .cloned()
                         .unwrap_or(JobOutcome::Cancelled);
-                    self.on_workflow(id, |_| WorkflowCommand::SettleJob {
-                        job_id,
-                        outcome: outcome.clone(),
-                    })
-                    .await?;
+                    let events = self
+                        .on_workflow(id, |_| WorkflowCommand::SettleJob {
+                            job_id,
+                            outcome: outcome.clone(),
+                        })
+                        .await?;
+                    for e in &events {
+                        self.note_settlement(id, e);
+                    }
                 }
                 Some(_) if cancelling && !self.jobs[&job_id].state.cancel_requested() => {
                     let by = self.workflow(id).await?.state.submitted_by().to_string();

@@ -276,6 +276,10 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
             candidates.push(reject("drained by an admin".into()));
             continue;
         }
+        if let Some(reason) = &site.excluded {
+            candidates.push(reject(reason.clone()));
+            continue;
+        }
         if !site.healthy {
             candidates.push(reject("unhealthy at its last report".into()));
             continue;
@@ -371,14 +375,28 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
         priced.push((total, site, rate, sheet.storage_rate(), job_rates));
     }
 
-    // Cheapest first; sites priced in different currencies are not compared by amount
-    // alone (no exchange rates yet), so currency orders first, then amount, then name.
+    // Sites priced in different currencies are not compared by amount alone (there are
+    // no exchange rates yet): currency orders first. `prefer: cheapest` then takes the
+    // lowest estimate, ties going to the more reliable site, then the shorter queue;
+    // `prefer: fastest` takes the shortest queue, then reliability, then the estimate.
+    // The site's name breaks what is left, so decisions repeat.
+    let queue = |s: &SiteEntry| s.capacity.as_ref().map_or(0, |c| c.pending_jobs);
+    let unreliability = |s: &SiteEntry| ((1.0 - s.reliability()) * 1e6) as u64;
     priced.sort_by(|a, b| {
-        (a.0.currency.to_string(), a.0.amount, &a.1.name).cmp(&(
-            b.0.currency.to_string(),
-            b.0.amount,
-            &b.1.name,
-        ))
+        let currency = a.0.currency.to_string().cmp(&b.0.currency.to_string());
+        let by_cost = a.0.amount.cmp(&b.0.amount);
+        let by_speed = queue(a.1)
+            .cmp(&queue(b.1))
+            .then(unreliability(a.1).cmp(&unreliability(b.1)));
+        let order = match spec.placement.prefer {
+            meridian_spec::Preference::Cheapest => by_cost.then(
+                unreliability(a.1)
+                    .cmp(&unreliability(b.1))
+                    .then(queue(a.1).cmp(&queue(b.1))),
+            ),
+            meridian_spec::Preference::Fastest => by_speed.then(by_cost),
+        };
+        currency.then(order).then(a.1.name.cmp(&b.1.name))
     });
     let Some((total, site, rate, storage_rate, job_rates)) = priced.into_iter().next() else {
         let rejections = candidates

@@ -32,10 +32,16 @@ struct Bench {
 
 impl Bench {
     async fn new() -> Bench {
+        Bench::with_sites(&[("only", "1")]).await
+    }
+
+    async fn with_sites(sites: &[(&str, &str)]) -> Bench {
         let dir = tempfile::tempdir().unwrap();
         let log: Arc<dyn EventLog> =
             Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
-        register_site(&*log).await;
+        for (name, price) in sites {
+            register_site(&*log, name, price).await;
+        }
         let (stop, stopped) = watch::channel(false);
         let router = Self::spawn(log.clone(), stopped);
         Bench {
@@ -51,7 +57,13 @@ impl Bench {
         stopped: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            Router::new(log).await.unwrap().run(stopped).await.unwrap();
+            Router::new(log)
+                .await
+                .unwrap()
+                .with_backoff(Duration::from_millis(300))
+                .run(stopped)
+                .await
+                .unwrap();
         })
     }
 
@@ -123,6 +135,37 @@ impl Bench {
         }
     }
 
+    /// The site loses the job's node while it runs.
+    async fn lose_node(&self, job_id: Uuid) {
+        let ctx = EventContext::new_chain("t");
+        let now = Utc::now();
+        for cmd in [
+            JobCommand::RecordSubmission {
+                backend_job_id: "1".into(),
+            },
+            JobCommand::Start {
+                started_at: now,
+                allocated: Allocation {
+                    nodes: 1,
+                    cpus: 1,
+                    memory_bytes: 1 << 30,
+                    gpus: None,
+                },
+                hosts: vec![],
+            },
+            JobCommand::Fail {
+                ended_at: now,
+                exit_code: None,
+                reason: meridian_events::FailureReason::NodeFailure,
+                usage: Usage::default(),
+            },
+        ] {
+            execute::<Job, _>(&*self.log, job_id, &ctx, |_| cmd.clone())
+                .await
+                .unwrap();
+        }
+    }
+
     async fn run_job(&self, job_id: Uuid, exit_code: i32) {
         let ctx = EventContext::new_chain("t");
         let now = Utc::now();
@@ -153,7 +196,7 @@ impl Bench {
     }
 }
 
-async fn register_site(log: &dyn EventLog) {
+async fn register_site(log: &dyn EventLog, name: &str, core_hour: &str) {
     let prices = PriceSheet {
         currency: Currency::USD,
         effective_from: Utc::now() - chrono::Duration::days(1),
@@ -161,7 +204,7 @@ async fn register_site(log: &dyn EventLog) {
         compute: vec![ComputeOffer {
             offer: "node".into(),
             pricing: ComputePricing::Resource {
-                per_core_hour: Decimal::ONE,
+                per_core_hour: core_hour.parse().unwrap(),
                 per_gib_memory_hour: Decimal::ZERO,
                 per_gpu_hour: Decimal::ZERO,
             },
@@ -174,7 +217,7 @@ async fn register_site(log: &dyn EventLog) {
         Uuid::now_v7(),
         &EventContext::new_chain("system"),
         |_| SiteCommand::Register {
-            name: "only".into(),
+            name: name.into(),
             kind: SiteKind::Local,
             region: "here".into(),
             jurisdiction: "eu".into(),
@@ -375,4 +418,110 @@ async fn a_restarted_router_decides_nothing_twice() {
         })
         .count();
     assert_eq!(placements, 1);
+}
+
+/// (job id, task, site) of every dispatch of workflow `id`, in log order.
+async fn dispatch_sites(log: &dyn EventLog, id: Uuid) -> Vec<(Uuid, String)> {
+    let mut out = Vec::new();
+    for commit in log.read_from(0, 100_000).await.unwrap() {
+        for e in decode_all(commit.events).unwrap() {
+            if let Event::Job(JobEvent::Dispatched {
+                workflow_id, site, ..
+            }) = &e.payload
+            {
+                if *workflow_id == id {
+                    out.push((e.aggregate.id, site.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_failure_re_places_the_work_elsewhere_and_both_attempts_are_recorded() {
+    let b = Bench::with_sites(&[("cheap", "1"), ("backup", "2")]).await;
+    let id = b
+        .submit("version: v1\nname: one\njobs:\n  a: {image: host, command: [\"true\"]}\n")
+        .await;
+    let first = b
+        .wait_for("the first dispatch", async || {
+            let d = dispatch_sites(&*b.log, id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    assert_eq!(first[0].1, "cheap");
+    b.lose_node(first[0].0).await;
+    let both = b
+        .wait_for("a second dispatch", async || {
+            let d = dispatch_sites(&*b.log, id).await;
+            (d.len() == 2).then_some(d)
+        })
+        .await;
+    assert_eq!(
+        both[1].1, "backup",
+        "the failed site is excluded for a while"
+    );
+    b.run_job(both[1].0, 0).await;
+    b.wait_for("finished", async || {
+        (b.workflow(id).await.state() == Some(WorkflowState::Finished)).then_some(())
+    })
+    .await;
+
+    let decisions: Vec<(
+        u32,
+        String,
+        Vec<meridian_events::vocabulary::workflow::Candidate>,
+    )> = load::<Workflow>(&*b.log, id)
+        .await
+        .unwrap()
+        .history
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Event::Workflow(WorkflowEvent::PlacementDecided {
+                attempt,
+                site,
+                explanation,
+                ..
+            }) => Some((*attempt, site.clone(), explanation.candidates.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(decisions.len(), 2);
+    assert_eq!((decisions[0].0, decisions[0].1.as_str()), (1, "cheap"));
+    assert_eq!((decisions[1].0, decisions[1].1.as_str()), (2, "backup"));
+    let cheap = decisions[1].2.iter().find(|c| c.site == "cheap").unwrap();
+    assert!(
+        matches!(&cheap.verdict, meridian_events::vocabulary::workflow::Verdict::Rejected { reason } if reason.starts_with("excluded after 1 site fault")),
+        "{cheap:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_nowhere_else_to_go_the_work_retries_in_place_after_a_backoff() {
+    let b = Bench::new().await;
+    let id = b
+        .submit("version: v1\nname: one\njobs:\n  a: {image: host, command: [\"true\"]}\n")
+        .await;
+    let first = b
+        .wait_for("the first dispatch", async || {
+            let d = dispatch_sites(&*b.log, id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    b.lose_node(first[0].0).await;
+    let settled_at = Utc::now();
+    let both = b
+        .wait_for("a retry", async || {
+            let d = dispatch_sites(&*b.log, id).await;
+            (d.len() == 2).then_some(d)
+        })
+        .await;
+    assert_eq!(both[1].1, "only");
+    let retried_at = load::<Job>(&*b.log, both[1].0).await.unwrap().history[0].occurred_at;
+    assert!(
+        retried_at - settled_at >= chrono::Duration::milliseconds(250),
+        "the retry waited out the backoff (300 ms): {}",
+        retried_at - settled_at
+    );
 }
