@@ -82,7 +82,10 @@ where
     A::Error: 'static,
     F: FnMut(&A) -> A::Command,
 {
-    Cached::<A>::load(log, id).await?.execute(log, ctx, make).await
+    Cached::<A>::load(log, id)
+        .await?
+        .execute(log, ctx, make)
+        .await
 }
 
 /// An aggregate kept in memory by a long-running service, so that each new event costs
@@ -110,6 +113,17 @@ where
             state: loaded.state,
             sequence: loaded.sequence,
         })
+    }
+
+    /// An aggregate with no history yet: for one this process is about to create, or
+    /// whose first event it is looking at, so nothing needs reading from the log.
+    pub fn fresh(id: Uuid) -> Cached<A> {
+        Cached {
+            id,
+            state: A::default(),
+            sequence: 0,
+            tenant: None,
+        }
     }
 
     /// Folds in events of this aggregate as they are delivered. Events already folded are

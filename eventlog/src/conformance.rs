@@ -92,6 +92,21 @@ pub async fn append_then_read(open: Open) {
     assert!(log.read_from(p2, 10).await.unwrap().is_empty());
 }
 
+pub async fn long_history_reads_back_whole(open: Open) {
+    let log = open().await;
+    let a = workflow();
+    let other = workflow();
+    let mut written = Vec::new();
+    for s in 1..=100u64 {
+        let e = event(a, s, json!({"step": s}));
+        written.push(e.clone());
+        append_ok(&*log, vec![e]).await;
+        // Interleave another aggregate so the history is not contiguous in the log.
+        append_ok(&*log, vec![event(other, s, json!(s))]).await;
+    }
+    assert_eq!(log.read_aggregate(a).await.unwrap(), written);
+}
+
 pub async fn conflict_on_stale_sequence(open: Open) {
     let log = open().await;
     let a = workflow();
@@ -399,7 +414,8 @@ pub async fn tail_follows_from_a_position(open: Open) {
 macro_rules! conformance_suite {
     ($fresh:expr) => {
         $crate::conformance_suite!(@tests $fresh;
-            empty_log, append_then_read, conflict_on_stale_sequence,
+            empty_log, append_then_read, long_history_reads_back_whole,
+            conflict_on_stale_sequence,
             concurrent_writers_one_wins, duplicate_event_id_stored_once,
             invalid_batches_change_nothing, large_and_non_ascii_payloads,
             replay_returns_everything_in_order,

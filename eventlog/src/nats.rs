@@ -18,7 +18,9 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{self, pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::{ConsumerInfoErrorKind, Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, StorageType};
+use async_nats::jetstream::stream::{
+    self, DirectGetErrorKind, LastRawMessageErrorKind, StorageType,
+};
 use async_trait::async_trait;
 use futures::StreamExt;
 use meridian_events::{AggregateRef, RawEnvelope};
@@ -235,11 +237,39 @@ impl NatsLog {
     }
 
     async fn read_commits(&self, aggregate: AggregateRef) -> Result<Vec<Commit>, LogError> {
+        // Most histories are short: fetch them commit by commit with direct gets (one
+        // round trip each). A long one switches to an ordered consumer, which streams.
+        const DIRECT_GETS: usize = 32;
         let Some((_, last)) = self.last_of(aggregate).await? else {
             return Ok(Vec::new());
         };
-        self.read_ordered(self.subject(aggregate), 1, last, usize::MAX)
-            .await
+        let subject = self.subject(aggregate);
+        let mut commits = Vec::new();
+        let mut next = 1;
+        while commits.len() < DIRECT_GETS {
+            let msg = match self
+                .stream
+                .direct_get_builder()
+                .next_by_subject(subject.clone())
+                .sequence(next)
+                .send()
+                .await
+            {
+                Ok(msg) => msg,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(commits),
+                Err(e) => return Err(unavailable(e)),
+            };
+            commits.push(Commit {
+                position: msg.sequence,
+                events: decode_commit(msg.sequence, &msg.payload)?,
+            });
+            if msg.sequence >= last {
+                return Ok(commits);
+            }
+            next = msg.sequence + 1;
+        }
+        commits.extend(self.read_ordered(subject, next, last, usize::MAX).await?);
+        Ok(commits)
     }
 }
 

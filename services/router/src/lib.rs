@@ -207,23 +207,14 @@ impl Router {
                     );
                 }
                 self.note_settlement(id, envelope);
-                let fresh = match self.workflows.get_mut(&id) {
-                    Some(cached) => !cached.observe(envelope),
-                    None => true,
-                };
-                if fresh {
-                    self.workflows
-                        .insert(id, Cached::load(&*self.log, id).await?);
-                }
+                self.observe_into_workflow(envelope).await?;
                 Ok(Some(id))
             }
             AggregateKind::Job => {
                 self.catalog.observe(envelope);
-                let fresh = match self.jobs.get_mut(&id) {
-                    Some(cached) => !cached.observe(envelope),
-                    None => true,
-                };
-                if fresh {
+                let cached = self.jobs.entry(id).or_insert_with(|| Cached::fresh(id));
+                if !cached.observe(envelope) {
+                    // A gap: we missed some of its history; the log has all of it.
                     self.jobs.insert(id, Cached::load(&*self.log, id).await?);
                 }
                 let workflow = match &envelope.payload {
@@ -350,6 +341,24 @@ impl Router {
         Ok(())
     }
 
+    /// Folds a delivered workflow event in; an unknown workflow seen from its first event
+    /// needs no read, one seen mid-history (after a restart) is loaded.
+    async fn observe_into_workflow(
+        &mut self,
+        envelope: &Envelope<Event>,
+    ) -> Result<(), RouterError> {
+        let id = envelope.aggregate.id;
+        let cached = self
+            .workflows
+            .entry(id)
+            .or_insert_with(|| Cached::fresh(id));
+        if !cached.observe(envelope) {
+            self.workflows
+                .insert(id, Cached::load(&*self.log, id).await?);
+        }
+        Ok(())
+    }
+
     async fn workflow(&mut self, id: Uuid) -> Result<&mut Cached<Workflow>, RouterError> {
         if !self.workflows.contains_key(&id) {
             let cached = Cached::load(&*self.log, id).await?;
@@ -384,6 +393,13 @@ impl Router {
         let ctx = Self::context(cached);
         match cached.execute(&*log, &ctx, command).await {
             Ok(events) => Ok(events),
+            // The aggregate moved on since this decision was made (another event came
+            // first, or a commit was delivered again after a restart): it no longer
+            // applies, which is no failure of the router's.
+            Err(ExecuteError::Rejected(e)) => {
+                tracing::debug!(workflow = %id, reason = %e, "decision no longer applies");
+                Ok(Vec::new())
+            }
             Err(source) => Err(RouterError::Workflow { id, source }),
         }
     }
@@ -409,6 +425,19 @@ impl Router {
     }
 
     async fn place(&mut self, id: Uuid) -> Result<(), RouterError> {
+        // Placement happens once per workflow: read it afresh, so a submission delivered
+        // again after a restart is never placed a second time on a stale copy.
+        let current = Cached::<Workflow>::load(&*self.log, id).await?;
+        let submitted = current.state.state() == Some(WorkflowState::Submitted);
+        self.workflows.insert(id, current);
+        if !submitted {
+            let state = self.workflow(id).await?.state.state();
+            if state.is_some_and(|s| !s.is_terminal()) {
+                self.follow_jobs(id).await?;
+                self.release_runnable(id).await?;
+            }
+            return Ok(());
+        }
         let Some(spec) = self.workflow(id).await?.state.spec().cloned() else {
             return Ok(());
         };
@@ -508,12 +537,16 @@ impl Router {
                     let ctx = Self::context(&self.workflows[&id]);
                     let log = self.log.clone();
                     let job = self.job(job_id).await?;
-                    job.execute(&*log, &ctx, |_| JobCommand::RequestCancel {
-                        by: by.clone(),
-                        reason: Some("the workflow was cancelled".into()),
-                    })
-                    .await
-                    .map_err(|source| RouterError::Job { id: job_id, source })?;
+                    match job
+                        .execute(&*log, &ctx, |_| JobCommand::RequestCancel {
+                            by: by.clone(),
+                            reason: Some("the workflow was cancelled".into()),
+                        })
+                        .await
+                    {
+                        Ok(_) | Err(ExecuteError::Rejected(_)) => {}
+                        Err(source) => return Err(RouterError::Job { id: job_id, source }),
+                    }
                 }
                 Some(_) => {}
             }
@@ -539,6 +572,7 @@ impl Router {
                 return Ok(());
             }
             let job_id = Uuid::now_v7();
+            self.jobs.insert(job_id, Cached::fresh(job_id));
             let events = self
                 .on_workflow(id, |_| WorkflowCommand::ReleaseJob {
                     job: task.job.clone(),
