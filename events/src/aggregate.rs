@@ -9,13 +9,15 @@ use crate::vocabulary::Event;
 
 pub mod job;
 pub mod site;
+pub mod tenant;
 pub mod transfer;
 pub mod workflow;
 
 pub use job::{Job, JobCommand, JobError, JobState};
 pub use site::{Site, SiteCommand, SiteError};
+pub use tenant::{tenant_id, Adjustment, Tenant, TenantCommand, TenantError};
 pub use transfer::{Transfer, TransferCommand, TransferError, TransferState};
-pub use workflow::{Workflow, WorkflowCommand, WorkflowError, WorkflowState};
+pub use workflow::{VolumeAllocation, Workflow, WorkflowCommand, WorkflowError, WorkflowState};
 
 pub trait Aggregate: Default {
     /// Which histories in the log this aggregate folds.

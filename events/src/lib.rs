@@ -1,6 +1,7 @@
 //! Meridian's event vocabulary: the envelope every event travels in, the versioned
-//! events of the Workflow, Job, Site and Transfer aggregates, and the aggregates'
-//! pure decision logic (command → validate against state → events). No I/O here.
+//! events of the Workflow, Job, Site, Transfer and Tenant aggregates, and the
+//! aggregates' pure decision logic (command → validate against state → events). No I/O
+//! here.
 
 pub mod aggregate;
 pub mod envelope;
@@ -10,10 +11,10 @@ pub mod vocabulary;
 pub use aggregate::Aggregate;
 pub use envelope::{AggregateKind, AggregateRef, Envelope, EventContext, RawEnvelope};
 pub use money::{
-    ComputeOffer, ComputePricing, ComputeRate, Currency, EgressTariff, Money, MoneyError,
-    PriceSheet, StorageRate,
+    ComputeOffer, ComputePricing, ComputeRate, Currency, EgressTariff, EgressTier, Money,
+    MoneyError, PriceSheet, StorageRate,
 };
 pub use vocabulary::{
     Allocation, Event, FailureReason, JobEvent, JobOutcome, SiteEvent, SiteKind, TaskRef,
-    TransferEvent, WorkflowEvent,
+    TenantEvent, TransferEvent, WorkflowEvent,
 };

@@ -243,20 +243,115 @@ impl StorageRate {
 }
 
 /// Egress per decimal GB (10^9 bytes) leaving a site or region, at the source's tariff.
+///
+/// Without `tiers` every GB costs `per_gb`. With tiers, `per_gb` is the price of the
+/// first band (from 0 GB) and each tier sets the price from its `from_gb` on, counted in
+/// the tenant's cumulative volume out of that source in the calendar month (UTC):
+/// AWS's "first 100 GB free, then 0.09" is `per_gb: 0` and one tier
+/// `{from_gb: 100, per_gb: 0.09}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EgressTariff {
     pub per_gb: Decimal,
     pub currency: Currency,
     pub effective_from: DateTime<Utc>,
     pub source: String,
+    /// Volume tiers, `from_gb` strictly increasing and positive; empty: a flat price.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<EgressTier>,
 }
 
+/// From `from_gb` GB of the month's cumulative volume on, each GB costs `per_gb`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressTier {
+    pub from_gb: Decimal,
+    pub per_gb: Decimal,
+}
+
+/// One price band of an egress charge: `gb` GB at `per_gb`, band 0 being `per_gb` of
+/// the tariff itself and band `n` its tier `n - 1`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressBand {
+    pub band: usize,
+    pub gb: Decimal,
+    pub per_gb: Decimal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid egress tiers: {0}")]
+pub struct InvalidTiers(pub String);
+
 impl EgressTariff {
+    /// A flat tariff: `per_gb` for every GB.
+    pub fn flat(
+        per_gb: Decimal,
+        currency: Currency,
+        effective_from: DateTime<Utc>,
+        source: impl Into<String>,
+    ) -> EgressTariff {
+        EgressTariff {
+            per_gb,
+            currency,
+            effective_from,
+            source: source.into(),
+            tiers: Vec::new(),
+        }
+    }
+
+    /// The flat cost of `bytes` at `per_gb`, ignoring tiers (what one transfer costs
+    /// when it is the month's first).
     pub fn cost(&self, bytes: u64) -> Result<Money, MoneyError> {
         Ok(Money::new(
             div(mul(self.per_gb, bytes)?, BYTES_PER_GB)?,
             self.currency,
         ))
+    }
+
+    /// Prices must not be negative, and tiers must start above 0 GB and grow strictly.
+    pub fn validate(&self) -> Result<(), InvalidTiers> {
+        if self.per_gb.is_sign_negative() {
+            return Err(InvalidTiers(format!("per_gb {} is negative", self.per_gb)));
+        }
+        let mut last = Decimal::ZERO;
+        for (i, tier) in self.tiers.iter().enumerate() {
+            if tier.from_gb <= last {
+                return Err(InvalidTiers(format!(
+                    "tier {i} starts at {} GB, not above {last} GB",
+                    tier.from_gb
+                )));
+            }
+            if tier.per_gb.is_sign_negative() {
+                return Err(InvalidTiers(format!(
+                    "tier {i} costs {} per GB, a negative price",
+                    tier.per_gb
+                )));
+            }
+            last = tier.from_gb;
+        }
+        Ok(())
+    }
+
+    /// Splits `gb` GB moved when `already_gb` GB had left the same source this month
+    /// into the bands it falls in, lowest first; bands with nothing in them are left out.
+    pub fn bands(&self, already_gb: Decimal, gb: Decimal) -> Result<Vec<EgressBand>, MoneyError> {
+        let end = add(already_gb, gb)?;
+        let mut out = Vec::new();
+        let starts = std::iter::once((Decimal::ZERO, self.per_gb))
+            .chain(self.tiers.iter().map(|t| (t.from_gb, t.per_gb)));
+        let mut bands: Vec<(Decimal, Decimal)> = starts.collect();
+        bands.sort_by_key(|b| b.0);
+        for (i, (from, per_gb)) in bands.iter().enumerate() {
+            let to = bands.get(i + 1).map(|b| b.0);
+            let lo = (*from).max(already_gb);
+            let hi = to.map_or(end, |t| t.min(end));
+            if hi > lo {
+                out.push(EgressBand {
+                    band: i,
+                    gb: hi - lo,
+                    per_gb: *per_gb,
+                });
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -303,11 +398,11 @@ impl PriceSheet {
     }
 
     pub fn egress_tariff(&self) -> EgressTariff {
-        EgressTariff {
-            per_gb: self.egress_per_gb,
-            currency: self.currency,
-            effective_from: self.effective_from,
-            source: self.source.clone(),
-        }
+        EgressTariff::flat(
+            self.egress_per_gb,
+            self.currency,
+            self.effective_from,
+            self.source.clone(),
+        )
     }
 }

@@ -14,11 +14,13 @@ use crate::envelope::AggregateKind;
 
 pub mod job;
 pub mod site;
+pub mod tenant;
 pub mod transfer;
 pub mod workflow;
 
 pub use job::JobEvent;
 pub use site::SiteEvent;
+pub use tenant::TenantEvent;
 pub use transfer::TransferEvent;
 pub use workflow::WorkflowEvent;
 
@@ -225,6 +227,7 @@ pub enum Event {
     Job(JobEvent),
     Site(SiteEvent),
     Transfer(TransferEvent),
+    Tenant(TenantEvent),
 }
 
 impl Event {
@@ -235,6 +238,7 @@ impl Event {
             Event::Job(e) => e.kind(),
             Event::Site(e) => e.kind(),
             Event::Transfer(e) => e.kind(),
+            Event::Tenant(e) => e.kind(),
         }
     }
 
@@ -245,6 +249,7 @@ impl Event {
             Event::Job(_) => AggregateKind::Job,
             Event::Site(_) => AggregateKind::Site,
             Event::Transfer(_) => AggregateKind::Transfer,
+            Event::Tenant(_) => AggregateKind::Tenant,
         }
     }
 }
@@ -256,6 +261,7 @@ impl Serialize for Event {
             Event::Job(e) => e.serialize(serializer),
             Event::Site(e) => e.serialize(serializer),
             Event::Transfer(e) => e.serialize(serializer),
+            Event::Tenant(e) => e.serialize(serializer),
         }
     }
 }
@@ -277,11 +283,7 @@ impl<'de> Deserialize<'de> for Event {
             AggregateKind::Job => serde_json::from_value(value).map(Event::Job),
             AggregateKind::Site => serde_json::from_value(value).map(Event::Site),
             AggregateKind::Transfer => serde_json::from_value(value).map(Event::Transfer),
-            AggregateKind::Tenant => {
-                return Err(D::Error::custom(format!(
-                    "unknown event type {tag:?}: tenant events are not defined yet"
-                )))
-            }
+            AggregateKind::Tenant => serde_json::from_value(value).map(Event::Tenant),
         };
         event.map_err(D::Error::custom)
     }
@@ -313,4 +315,5 @@ event_conversions! {
     Job => JobEvent,
     Site => SiteEvent,
     Transfer => TransferEvent,
+    Tenant => TenantEvent,
 }

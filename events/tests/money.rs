@@ -5,7 +5,8 @@ mod common;
 use chrono::Duration;
 use common::*;
 use meridian_events::money::{
-    hours, seconds_between, ComputePricing, ComputeRate, EgressTariff, MoneyError,
+    hours, seconds_between, ComputePricing, ComputeRate, EgressBand, EgressTariff, EgressTier,
+    MoneyError,
 };
 use meridian_events::vocabulary::Allocation;
 use meridian_events::{Currency, Money};
@@ -107,6 +108,79 @@ fn storage_and_egress() {
         currency: usd(),
         effective_from: at(0, 0),
         source: "https://aws.amazon.com/s3/pricing/".into(),
+        tiers: vec![],
     };
     assert_eq!(egress.cost(1_500_000_000).unwrap().amount, dec("0.135"));
+}
+
+fn tiered() -> EgressTariff {
+    // First 100 GB free, then 0.09 up to 10 TB, then 0.085: the AWS shape.
+    EgressTariff {
+        per_gb: dec("0"),
+        currency: usd(),
+        effective_from: at(0, 0),
+        source: "https://aws.amazon.com/ec2/pricing/on-demand/".into(),
+        tiers: vec![
+            EgressTier {
+                from_gb: dec("100"),
+                per_gb: dec("0.09"),
+            },
+            EgressTier {
+                from_gb: dec("10100"),
+                per_gb: dec("0.085"),
+            },
+        ],
+    }
+}
+
+#[test]
+fn egress_bands_follow_the_months_cumulative_volume() {
+    let t = tiered();
+    t.validate().unwrap();
+    // 30 GB after 80 GB this month: 20 GB free, 10 GB at 0.09.
+    let bands = t.bands(dec("80"), dec("30")).unwrap();
+    assert_eq!(
+        bands,
+        vec![
+            EgressBand {
+                band: 0,
+                gb: dec("20"),
+                per_gb: dec("0")
+            },
+            EgressBand {
+                band: 1,
+                gb: dec("10"),
+                per_gb: dec("0.09")
+            },
+        ]
+    );
+    // Crossing two tier starts at once.
+    let bands = t.bands(dec("50"), dec("10100")).unwrap();
+    let gb: Vec<_> = bands.iter().map(|b| (b.band, b.gb)).collect();
+    assert_eq!(gb, vec![(0, dec("50")), (1, dec("10000")), (2, dec("50"))]);
+    // Well inside one band.
+    assert_eq!(t.bands(dec("200"), dec("1.5")).unwrap().len(), 1);
+    // A flat tariff is one band.
+    let flat = EgressTariff::flat(dec("0.02"), usd(), at(0, 0), "x");
+    assert_eq!(
+        flat.bands(dec("1000000"), dec("3")).unwrap(),
+        vec![EgressBand {
+            band: 0,
+            gb: dec("3"),
+            per_gb: dec("0.02")
+        }]
+    );
+}
+
+#[test]
+fn egress_tiers_are_validated() {
+    let mut t = tiered();
+    t.tiers[1].from_gb = dec("100");
+    assert!(t.validate().is_err());
+    let mut t = tiered();
+    t.tiers[0].from_gb = dec("0");
+    assert!(t.validate().is_err());
+    let mut t = tiered();
+    t.tiers[0].per_gb = dec("-0.01");
+    assert!(t.validate().is_err());
 }

@@ -6,18 +6,21 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
-use meridian_events::money::{ComputeOffer, ComputePricing, EgressTariff, PriceSheet};
+use meridian_events::money::{ComputeOffer, ComputePricing, EgressTariff, EgressTier, PriceSheet};
 use meridian_events::vocabulary::site::Capacity;
+use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, ChargeKind, Meter};
 use meridian_events::vocabulary::workflow::SiteRejection;
+use meridian_events::vocabulary::workflow::StorageClass;
 use meridian_events::vocabulary::{Endpoint, Location, Usage};
 use meridian_events::{
     AggregateKind, AggregateRef, Currency, Envelope, Event, EventContext, FailureReason, JobEvent,
-    JobOutcome, Money, RawEnvelope, SiteEvent, SiteKind, TaskRef, TransferEvent, WorkflowEvent,
+    JobOutcome, Money, RawEnvelope, SiteEvent, SiteKind, TaskRef, TenantEvent, TransferEvent,
+    WorkflowEvent,
 };
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 25] = [
+const TAGS: [&str; 31] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -28,6 +31,8 @@ const TAGS: [&str; 25] = [
     "workflow.failed.v1",
     "workflow.cancelled.v1",
     "workflow.billed.v1",
+    "workflow.volume_allocated.v1",
+    "workflow.volume_released.v1",
     "job.dispatched.v1",
     "job.submitted_to_site.v1",
     "job.started.v1",
@@ -38,11 +43,15 @@ const TAGS: [&str; 25] = [
     "site.registered.v1",
     "site.prices_changed.v1",
     "site.health_reported.v1",
+    "site.shapes_declared.v1",
+    "site.datasets_declared.v1",
     "site.drained.v1",
     "site.undrained.v1",
     "transfer.requested.v1",
     "transfer.completed.v1",
     "transfer.failed.v1",
+    "tenant.adjustment_granted.v1",
+    "tenant.adjustment_revoked.v1",
 ];
 
 /// One of each variant, in the order of `TAGS`, with the optional fields filled in.
@@ -149,6 +158,25 @@ fn every_event() -> Vec<Event> {
             as_of_position: 1234,
         }
         .into(),
+        WorkflowEvent::VolumeAllocated {
+            volume: "data".into(),
+            class: StorageClass::Volume,
+            site: site(),
+            bytes: 200 << 30,
+            rate: storage_rate(),
+            allocated_at: at(1, 0),
+        }
+        .into(),
+        WorkflowEvent::VolumeReleased {
+            volume: "data".into(),
+            class: StorageClass::Volume,
+            site: site(),
+            bytes: 200 << 30,
+            rate: storage_rate(),
+            allocated_at: at(1, 0),
+            released_at: at(9, 30),
+        }
+        .into(),
         JobEvent::Dispatched {
             workflow_id: wf,
             job: "train".into(),
@@ -231,6 +259,32 @@ fn every_event() -> Vec<Event> {
             observed_at: at(4, 0),
         }
         .into(),
+        SiteEvent::ShapesDeclared {
+            shapes: vec![meridian_events::vocabulary::site::Shape {
+                name: "gpu".into(),
+                offer: "gpu-a100".into(),
+                spot_offer: Some("gpu-a100-spot".into()),
+                cpus: 64,
+                memory_bytes: 512 << 30,
+                gpus: Some(meridian_events::vocabulary::site::ShapeGpus {
+                    count: 4,
+                    vendor: meridian_events::vocabulary::AcceleratorVendor::Nvidia,
+                    model: "A100".into(),
+                    memory_bytes: 80 << 30,
+                }),
+                max_nodes: 16,
+                max_walltime_secs: Some(172_800),
+            }],
+        }
+        .into(),
+        SiteEvent::DatasetsDeclared {
+            datasets: vec![meridian_events::vocabulary::site::Dataset {
+                uri: "s3://datasets/imagenet-mini/".into(),
+                digest: "sha256:9f86d081884c7d65".into(),
+                bytes: 4_200_000_000,
+            }],
+        }
+        .into(),
         SiteEvent::Drained {
             by: "admin".into(),
             reason: Some("maintenance".into()),
@@ -269,6 +323,10 @@ fn every_event() -> Vec<Event> {
                 currency: Currency::EUR,
                 effective_from: at(0, 0),
                 source: "grant agreement 2025-03".into(),
+                tiers: vec![EgressTier {
+                    from_gb: dec("10240"),
+                    per_gb: dec("0.015"),
+                }],
             }),
         }
         .into(),
@@ -276,6 +334,32 @@ fn every_event() -> Vec<Event> {
             workflow_id: wf,
             reason: "403 from s3".into(),
             failed_at: at(9, 1),
+        }
+        .into(),
+        TenantEvent::AdjustmentGranted {
+            adjustment_id: id(40),
+            tenant: "tenant-a".into(),
+            scope: AdjustmentScope {
+                site: None,
+                site_kind: Some(SiteKind::Slurm),
+                charge: Some(ChargeKind::Compute),
+            },
+            terms: AdjustmentTerms::CommittedRate {
+                meter: Meter::GpuHours,
+                unit_price: dec("1.80"),
+                currency: Currency::USD,
+            },
+            effective_from: at(0, 0),
+            effective_until: Some(at(23, 0)),
+            granted_by: "finance".into(),
+            reference: Some("PO-4411".into()),
+        }
+        .into(),
+        TenantEvent::AdjustmentRevoked {
+            adjustment_id: id(40),
+            effective_at: at(12, 0),
+            revoked_by: "finance".into(),
+            reason: None,
         }
         .into(),
     ]
@@ -333,7 +417,10 @@ fn every_variant_round_trips_through_the_envelope() {
                 let e: Envelope<TransferEvent> = stored.decode().unwrap();
                 assert_eq!(e.payload.kind(), kind);
             }
-            AggregateKind::Tenant => unreachable!(),
+            AggregateKind::Tenant => {
+                let e: Envelope<TenantEvent> = stored.decode().unwrap();
+                assert_eq!(e.payload.kind(), kind);
+            }
         }
     }
 }
@@ -416,4 +503,48 @@ fn event_converts_back_to_its_aggregate_enum() {
         SiteEvent::try_from(event),
         Ok(SiteEvent::Undrained { .. })
     ));
+}
+
+#[test]
+fn tariffs_written_before_tiers_existed_still_decode() {
+    // A transfer.completed.v1 as the first version wrote it: no `tiers` field.
+    let old = json!({
+        "type": "transfer.completed.v1",
+        "workflow_id": id(WORKFLOW),
+        "bytes": 1000,
+        "digest": "sha256:9f86",
+        "from": {"kind": "site", "site": "hpc-eu"},
+        "to": {"kind": "region", "region": "aws:us-east-1"},
+        "started_at": "2025-03-01T09:00:00Z",
+        "ended_at": "2025-03-01T09:01:00Z",
+        "egress": {"per_gb": "0.02", "currency": "EUR",
+                   "effective_from": "2025-03-01T00:00:00Z", "source": "grant"}
+    });
+    let event: Event = serde_json::from_value(old.clone()).unwrap();
+    let Event::Transfer(TransferEvent::Completed {
+        egress: Some(tariff),
+        ..
+    }) = &event
+    else {
+        panic!("{event:?}")
+    };
+    assert!(tariff.tiers.is_empty());
+    // And a flat tariff is written the old way, byte for byte.
+    assert_eq!(serde_json::to_value(&event).unwrap(), old);
+}
+
+#[test]
+fn tenant_events_read_as_tenant_events() {
+    let event: Event = serde_json::from_value(json!({
+        "type": "tenant.adjustment_granted.v1",
+        "adjustment_id": id(1),
+        "tenant": "physics",
+        "scope": {"site": "hpc-eu"},
+        "terms": {"kind": "percent_discount", "percent": "12.5"},
+        "effective_from": "2025-03-01T00:00:00Z",
+        "granted_by": "finance"
+    }))
+    .unwrap();
+    assert_eq!(event.aggregate_kind(), AggregateKind::Tenant);
+    assert_eq!(event.kind(), "tenant.adjustment_granted.v1");
 }

@@ -230,6 +230,7 @@ fn tariff() -> EgressTariff {
         currency: usd(),
         effective_from: at(0, 0),
         source: "https://aws.amazon.com/s3/pricing/".into(),
+        tiers: vec![],
     }
 }
 
@@ -322,4 +323,27 @@ fn transfer_illegal_transitions() {
                 state: TransferState::Failed,
             }
         });
+}
+
+#[test]
+fn transfer_with_disordered_tiers_is_refused() {
+    let mut cmd = complete("sha256:9f86d081884c7d65");
+    if let TransferCommand::Complete {
+        egress: Some(t), ..
+    } = &mut cmd
+    {
+        t.tiers = vec![
+            meridian_events::EgressTier {
+                from_gb: dec("500"),
+                per_gb: dec("0.05"),
+            },
+            meridian_events::EgressTier {
+                from_gb: dec("100"),
+                per_gb: dec("0.07"),
+            },
+        ];
+    }
+    given::<Transfer>([requested()])
+        .when(cmd, at(0, 12))
+        .then_err(|e| matches!(e, TransferError::InvalidTariff { .. }));
 }

@@ -174,7 +174,8 @@ impl Store {
 async fn save_position(tx: &mut Tx, projection: &str, position: u64) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO projection_positions (name, position) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET position = excluded.position",
+         ON CONFLICT (name) DO UPDATE SET position = excluded.position
+         WHERE projection_positions.position < excluded.position",
     )
     .bind(projection)
     .bind(position as i64)

@@ -65,6 +65,8 @@ pub enum TransferError {
         started_at: DateTime<Utc>,
         ended_at: DateTime<Utc>,
     },
+    #[error("the egress tariff is invalid: {reason}")]
+    InvalidTariff { reason: String },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -173,6 +175,11 @@ impl Aggregate for Transfer {
                         started_at,
                         ended_at,
                     });
+                }
+                if let Some(tariff) = &egress {
+                    tariff
+                        .validate()
+                        .map_err(|e| TransferError::InvalidTariff { reason: e.0 })?;
                 }
                 Ok(vec![TransferEvent::Completed {
                     workflow_id,

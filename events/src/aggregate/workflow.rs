@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::Aggregate;
 use crate::envelope::AggregateKind;
 use crate::money::{ComputeRate, Currency, Money, StorageRate};
-use crate::vocabulary::workflow::{PlacementExplanation, SiteRejection, Verdict};
+use crate::vocabulary::workflow::{PlacementExplanation, SiteRejection, StorageClass, Verdict};
 use crate::vocabulary::{JobOutcome, TaskRef, WorkflowEvent};
 
 /// How many times one task may run when its runs keep failing through the site's fault.
@@ -114,6 +114,22 @@ pub enum WorkflowCommand {
         totals: BTreeMap<Currency, Decimal>,
         as_of_position: u64,
     },
+    /// Space set aside at a site: a volume of the spec, or a cache. Billed until released.
+    AllocateVolume {
+        volume: String,
+        class: StorageClass,
+        site: String,
+        bytes: u64,
+        rate: StorageRate,
+        allocated_at: DateTime<Utc>,
+    },
+    /// Gives back the allocation of `volume` at `site`; allowed after the workflow ended
+    /// (volumes outlive the last job by the stage-out).
+    ReleaseVolume {
+        volume: String,
+        site: String,
+        released_at: DateTime<Utc>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -146,6 +162,33 @@ pub enum WorkflowError {
     JobsStillRunning { count: usize },
     #[error("a bill as of position {given} does not follow the last one, as of {last}")]
     StaleBill { last: u64, given: u64 },
+    #[error("the workflow declares no volume named {volume:?}")]
+    UnknownVolume { volume: String },
+    #[error("invalid allocation of {volume:?}: {reason}")]
+    InvalidAllocation { volume: String, reason: String },
+    #[error("{volume:?} is already allocated at {site}")]
+    VolumeAlreadyAllocated { volume: String, site: String },
+    #[error("{volume:?} is not allocated at {site}")]
+    VolumeNotAllocated { volume: String, site: String },
+    #[error(
+        "{volume:?} cannot be released at {released_at}, before its allocation at {allocated_at}"
+    )]
+    ReleaseBeforeAllocation {
+        volume: String,
+        allocated_at: DateTime<Utc>,
+        released_at: DateTime<Utc>,
+    },
+}
+
+/// Storage held for a workflow at a site, not yet released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeAllocation {
+    pub volume: String,
+    pub class: StorageClass,
+    pub site: String,
+    pub bytes: u64,
+    pub rate: StorageRate,
+    pub allocated_at: DateTime<Utc>,
 }
 
 /// The placement in force: where the workflow runs and at what prices.
@@ -311,6 +354,8 @@ pub struct Workflow {
     /// Tasks that failed (or were cancelled from outside), in settle order.
     failed: Vec<TaskRef>,
     billed_as_of: Option<u64>,
+    /// Live storage allocations by (volume, site).
+    volumes: BTreeMap<(String, String), VolumeAllocation>,
 }
 
 impl Workflow {
@@ -350,6 +395,12 @@ impl Workflow {
 
     pub fn billed_as_of(&self) -> Option<u64> {
         self.billed_as_of
+    }
+
+    /// Storage allocated and not released yet, by volume then site: what must be
+    /// released once the workflow is done with it.
+    pub fn allocated_volumes(&self) -> impl Iterator<Item = &VolumeAllocation> {
+        self.volumes.values()
     }
 
     /// Tasks that may be released now: their required jobs all succeeded, they have not
@@ -532,6 +583,86 @@ impl Workflow {
             job_id,
             site,
             attempt,
+        }])
+    }
+
+    fn allocate_volume(
+        &self,
+        allocation: VolumeAllocation,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        if self.active_state()? == WorkflowState::Submitted {
+            return Err(WorkflowError::NotPlaced);
+        }
+        let volume = allocation.volume.clone();
+        let invalid = |reason: &str| WorkflowError::InvalidAllocation {
+            volume: volume.clone(),
+            reason: reason.to_owned(),
+        };
+        if volume.is_empty() {
+            return Err(invalid("a volume needs a name"));
+        }
+        if allocation.site.is_empty() {
+            return Err(invalid("a site is required"));
+        }
+        if allocation.bytes == 0 {
+            return Err(invalid("an allocation holds at least one byte"));
+        }
+        if allocation.rate.per_gib_hour.is_sign_negative() {
+            return Err(invalid("the storage price is negative"));
+        }
+        let declared = self
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.volumes.contains_key(&volume));
+        if allocation.class == StorageClass::Volume && !declared {
+            return Err(WorkflowError::UnknownVolume { volume });
+        }
+        if self
+            .volumes
+            .contains_key(&(volume.clone(), allocation.site.clone()))
+        {
+            return Err(WorkflowError::VolumeAlreadyAllocated {
+                volume,
+                site: allocation.site,
+            });
+        }
+        Ok(vec![WorkflowEvent::VolumeAllocated {
+            volume: allocation.volume,
+            class: allocation.class,
+            site: allocation.site,
+            bytes: allocation.bytes,
+            rate: allocation.rate,
+            allocated_at: allocation.allocated_at,
+        }])
+    }
+
+    fn release_volume(
+        &self,
+        volume: String,
+        site: String,
+        released_at: DateTime<Utc>,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        if self.state.is_none() {
+            return Err(WorkflowError::NotSubmitted);
+        }
+        let Some(a) = self.volumes.get(&(volume.clone(), site.clone())) else {
+            return Err(WorkflowError::VolumeNotAllocated { volume, site });
+        };
+        if released_at < a.allocated_at {
+            return Err(WorkflowError::ReleaseBeforeAllocation {
+                volume,
+                allocated_at: a.allocated_at,
+                released_at,
+            });
+        }
+        Ok(vec![WorkflowEvent::VolumeReleased {
+            volume: a.volume.clone(),
+            class: a.class,
+            site: a.site.clone(),
+            bytes: a.bytes,
+            rate: a.rate.clone(),
+            allocated_at: a.allocated_at,
+            released_at,
         }])
     }
 
@@ -772,6 +903,28 @@ impl Aggregate for Workflow {
                     as_of_position,
                 }])
             }
+
+            WorkflowCommand::AllocateVolume {
+                volume,
+                class,
+                site,
+                bytes,
+                rate,
+                allocated_at,
+            } => self.allocate_volume(VolumeAllocation {
+                volume,
+                class,
+                site,
+                bytes,
+                rate,
+                allocated_at,
+            }),
+
+            WorkflowCommand::ReleaseVolume {
+                volume,
+                site,
+                released_at,
+            } => self.release_volume(volume, site, released_at),
         }
     }
 
@@ -901,6 +1054,29 @@ impl Aggregate for Workflow {
             WorkflowEvent::Cancelled { .. } => self.state = Some(WorkflowState::Cancelled),
             WorkflowEvent::Billed { as_of_position, .. } => {
                 self.billed_as_of = Some(*as_of_position);
+            }
+            WorkflowEvent::VolumeAllocated {
+                volume,
+                class,
+                site,
+                bytes,
+                rate,
+                allocated_at,
+            } => {
+                self.volumes.insert(
+                    (volume.clone(), site.clone()),
+                    VolumeAllocation {
+                        volume: volume.clone(),
+                        class: *class,
+                        site: site.clone(),
+                        bytes: *bytes,
+                        rate: rate.clone(),
+                        allocated_at: *allocated_at,
+                    },
+                );
+            }
+            WorkflowEvent::VolumeReleased { volume, site, .. } => {
+                self.volumes.remove(&(volume.clone(), site.clone()));
             }
         }
     }

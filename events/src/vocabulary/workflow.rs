@@ -109,9 +109,74 @@ pub enum WorkflowEvent {
         /// The ledger consumer's position the totals include.
         as_of_position: u64,
     },
+
+    /// Space was set aside for the workflow at a site (a volume of its spec, or cached
+    /// data), billed from `allocated_at` at `rate` until it is released.
+    #[serde(rename = "workflow.volume_allocated.v1")]
+    VolumeAllocated {
+        /// The volume's name in the spec, or the cache's name (e.g. a dataset digest).
+        volume: String,
+        class: StorageClass,
+        site: String,
+        bytes: u64,
+        /// The site's storage price in force at the allocation.
+        rate: StorageRate,
+        allocated_at: DateTime<Utc>,
+    },
+
+    /// The space was given back. Repeats the allocation's numbers, so that this event
+    /// alone is a complete storage charge: `bytes` from `allocated_at` to `released_at`
+    /// at `rate`.
+    #[serde(rename = "workflow.volume_released.v1")]
+    VolumeReleased {
+        volume: String,
+        class: StorageClass,
+        site: String,
+        bytes: u64,
+        rate: StorageRate,
+        allocated_at: DateTime<Utc>,
+        released_at: DateTime<Utc>,
+    },
+}
+
+/// What a storage allocation holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageClass {
+    /// A volume the spec declares.
+    Volume,
+    /// Data kept at a site for reuse (stage-in caches).
+    Cache,
+}
+
+impl StorageClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageClass::Volume => "volume",
+            StorageClass::Cache => "cache",
+        }
+    }
 }
 
 impl WorkflowEvent {
+    /// The storage this event bills: `bytes` × the time held at the rate captured at the
+    /// allocation. `None` for events that bill nothing.
+    pub fn storage_cost(&self) -> Option<Result<Money, MoneyError>> {
+        match self {
+            WorkflowEvent::VolumeReleased {
+                bytes,
+                rate,
+                allocated_at,
+                released_at,
+                ..
+            } => Some(rate.cost(
+                *bytes,
+                crate::money::seconds_between(*allocated_at, *released_at),
+            )),
+            _ => None,
+        }
+    }
+
     /// The versioned tag this event serializes with.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -125,6 +190,8 @@ impl WorkflowEvent {
             WorkflowEvent::Failed { .. } => "workflow.failed.v1",
             WorkflowEvent::Cancelled { .. } => "workflow.cancelled.v1",
             WorkflowEvent::Billed { .. } => "workflow.billed.v1",
+            WorkflowEvent::VolumeAllocated { .. } => "workflow.volume_allocated.v1",
+            WorkflowEvent::VolumeReleased { .. } => "workflow.volume_released.v1",
         }
     }
 }

@@ -41,6 +41,7 @@ pub use handlers::{
 };
 pub use openapi::{openapi, openapi_json, ApiDoc};
 pub use projection::{projection, StatusProjection, NAME as PROJECTION_NAME};
+pub use reports::LEDGER_POSITION;
 
 /// A status lists at most this many runs; `jobs_truncated` says when there are more
 /// (a big array), and the counts always cover every task.
@@ -130,6 +131,8 @@ fn routes() -> Router<Intake> {
         .route("/v1/workflows/{id}/events", get(handlers::events))
         .route("/v1/workflows/{id}/bill", get(reports::bill))
         .route("/v1/workflows/{id}/logs", get(reports::logs))
+        .route("/v1/tenants/{tenant}/bills", get(reports::tenant_bill))
+        .route("/v1/exports/focus", get(reports::focus_export))
 }
 
 /// Serves `intake`'s routes on `listener` until `shutdown` completes, then finishes the

@@ -24,6 +24,8 @@ use crate::handlers;
         handlers::health,
         crate::reports::bill,
         crate::reports::logs,
+        crate::reports::tenant_bill,
+        crate::reports::focus_export,
     ),
     components(schemas(
         api::Accepted,
@@ -43,11 +45,16 @@ use crate::handlers;
         meridian_accounting::Bill,
         meridian_accounting::BillLine,
         meridian_accounting::Total,
+        meridian_accounting::CategoryTotal,
+        meridian_accounting::SiteTotal,
+        meridian_accounting::TenantBill,
+        meridian_accounting::WorkflowTotal,
         crate::reports::LogList,
         meridian_store::job_logs::JobLog,
     )),
     tags(
         (name = "workflows", description = "Submit, watch and cancel workflows"),
+        (name = "billing", description = "Bills from the ledger and FinOps FOCUS exports"),
         (name = "service", description = "The service itself"),
     )
 )]

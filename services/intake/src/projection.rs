@@ -293,8 +293,10 @@ async fn apply_workflow(
         }
         // Keeps the cancel request's reason: it says who cancelled and why.
         WorkflowEvent::Cancelled { .. } => set_state(tx, &id, "cancelled", None).await?,
-        // The bill has its own endpoint and read model.
-        WorkflowEvent::Billed { .. } => return Ok(()),
+        // The bill and storage have their own endpoint and read model (the ledger).
+        WorkflowEvent::Billed { .. }
+        | WorkflowEvent::VolumeAllocated { .. }
+        | WorkflowEvent::VolumeReleased { .. } => return Ok(()),
     }
     touch(tx, &id, &at).await
 }

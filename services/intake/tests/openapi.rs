@@ -33,6 +33,9 @@ fn openapi_describes_every_route() {
         ("/v1/workflows/{id}/cancel", "post"),
         ("/v1/workflows/{id}/events", "get"),
         ("/v1/health", "get"),
+        ("/v1/workflows/{id}/bill", "get"),
+        ("/v1/tenants/{tenant}/bills", "get"),
+        ("/v1/exports/focus", "get"),
     ] {
         assert!(
             paths.get(path).and_then(|p| p.get(method)).is_some(),
@@ -50,6 +53,13 @@ fn openapi_describes_every_route() {
         assert!(
             submit["responses"].get(status).is_some(),
             "no {status} response"
+        );
+    }
+    let export = &paths["/v1/exports/focus"]["get"]["responses"]["200"]["content"];
+    for content_type in ["text/csv", "application/json"] {
+        assert!(
+            export.get(content_type).is_some(),
+            "the FOCUS export does not describe {content_type}"
         );
     }
     let states = &doc["components"]["schemas"]["WorkflowState"]["enum"];

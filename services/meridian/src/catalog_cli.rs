@@ -308,37 +308,44 @@ async fn on_site(
     }
 }
 
+/// Brings the log's catalogue up to `file`: registers new sites, records changed prices,
+/// shapes and data sets. Prints what it did.
+pub async fn apply(log: &dyn EventLog, file: &Path) -> anyhow::Result<()> {
+    let specs = load_specs(Some(file))?;
+    let catalog = Catalog::load(log).await?;
+    for spec in &specs {
+        let current = catalog.find(&spec.name);
+        let commands = spec.commands(current);
+        if commands.is_empty() {
+            eprintln!("{}: unchanged", spec.name);
+            continue;
+        }
+        let id = current.map_or_else(uuid::Uuid::now_v7, |s| s.id);
+        for command in commands {
+            execute::<Site, _>(log, id, &EventContext::new_chain("admin"), |_| {
+                command.clone()
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: {e}", spec.name))?;
+        }
+        eprintln!(
+            "{}: {}",
+            spec.name,
+            if current.is_some() {
+                "updated"
+            } else {
+                "registered"
+            }
+        );
+    }
+    Ok(())
+}
+
 pub async fn site(verb: SiteVerb, output: Output) -> anyhow::Result<i32> {
     match verb {
         SiteVerb::Apply { file, target } => {
-            let specs = load_specs(Some(&file))?;
             let log = target.open().await?;
-            let catalog = Catalog::load(&*log).await?;
-            for spec in &specs {
-                let current = catalog.find(&spec.name);
-                let commands = spec.commands(current);
-                if commands.is_empty() {
-                    println!("{}: unchanged", spec.name);
-                    continue;
-                }
-                let id = current.map_or_else(uuid::Uuid::now_v7, |s| s.id);
-                for command in commands {
-                    execute::<Site, _>(&*log, id, &EventContext::new_chain("admin"), |_| {
-                        command.clone()
-                    })
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", spec.name))?;
-                }
-                println!(
-                    "{}: {}",
-                    spec.name,
-                    if current.is_some() {
-                        "updated"
-                    } else {
-                        "registered"
-                    }
-                );
-            }
+            apply(&*log, &file).await?;
             Ok(0)
         }
         SiteVerb::Drain {

@@ -1,5 +1,6 @@
 //! The CLI verbs that talk to a Meridian API: submit, status, list, logs, cancel,
-//! events, bill. Human tables by default, the API's JSON with `--output json`.
+//! events (bills are in `accounting_cli`). Human tables by default, the API's JSON with
+//! `--output json`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -129,7 +130,7 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn json(v: &Value) {
+pub(crate) fn json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).expect("JSON prints"));
 }
 
@@ -402,65 +403,6 @@ pub async fn logs(
                     }
                 }
             }
-        }
-    }
-    Ok(())
-}
-
-/// A line's run time for people (the exact quantity is in `--output json`).
-fn run_time(line: &Value) -> String {
-    let at = |k: &str| {
-        line.get(k)
-            .and_then(Value::as_str)
-            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
-    };
-    match (at("started_at"), at("ended_at")) {
-        (Some(start), Some(end)) => {
-            let ms = (end - start).num_milliseconds();
-            if ms < 60_000 {
-                format!("{:.3} s", ms as f64 / 1000.0)
-            } else {
-                format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
-            }
-        }
-        _ => format!("{} {}", s(line, "quantity"), s(line, "unit")),
-    }
-}
-
-pub async fn bill(client: &Client, id: &str, output: Output) -> anyhow::Result<()> {
-    let bill = client.get(&format!("/v1/workflows/{id}/bill")).await?;
-    match output {
-        Output::Json => json(&bill),
-        Output::Table => {
-            let lines = bill
-                .get("lines")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let rows: Vec<Vec<String>> = lines
-                .iter()
-                .map(|l| {
-                    vec![
-                        s(l, "category").to_string(),
-                        s(l, "description").to_string(),
-                        run_time(l),
-                        format!("{} {}", s(l, "amount"), s(l, "currency")),
-                    ]
-                })
-                .collect();
-            table(&["CATEGORY", "DESCRIPTION", "RAN", "AMOUNT"], &rows);
-            for t in bill
-                .get("totals")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default()
-            {
-                println!("total {} {}", s(&t, "amount"), s(&t, "currency"));
-            }
-            println!(
-                "(exact amounts; rounding happens only in exports; ledger position {})",
-                n(&bill, "as_of_position")
-            );
         }
     }
     Ok(())

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod accounting_cli;
 mod catalog_cli;
 mod client;
 mod run;
@@ -101,12 +102,21 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
-    /// Print a workflow's bill: one line per charge, totals per currency.
+    /// Print a workflow's bill: every line (each run, attempt and site), totals by
+    /// category, site and currency.
     Bill {
         id: String,
         #[command(flatten)]
         remote: Remote,
     },
+    /// Print a tenant's bill for a month: totals, and each workflow's share.
+    Bills(accounting_cli::BillsArgs),
+    /// Export charges for finance tools.
+    #[command(subcommand)]
+    Export(accounting_cli::Export),
+    /// Administration against the log and database directly: rebuilds, tenant prices.
+    #[command(subcommand)]
+    Admin(accounting_cli::Admin),
     /// Price a workflow at every site of a catalogue, without submitting it (offline).
     Quote {
         file: PathBuf,
@@ -205,6 +215,10 @@ fn main() -> ExitCode {
             init_tracing();
             finish(runtime().block_on(run::server(which)).map(|_| 0))
         }
+        Command::Admin(which) => {
+            init_tracing();
+            finish(runtime().block_on(accounting_cli::admin(which)))
+        }
         Command::Quote {
             file,
             catalog,
@@ -263,11 +277,13 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
                 .map(|_| 0)
         }
         Command::Bill { id, remote } => {
-            let c = client::Client::new(&remote.server)?;
-            client::bill(&c, &id, remote.output).await.map(|_| 0)
+            accounting_cli::bill(&remote.server, &id, remote.output).await
         }
+        Command::Bills(args) => accounting_cli::bills(args).await,
+        Command::Export(which) => accounting_cli::export(which).await,
         Command::Up(_)
         | Command::Server(_)
+        | Command::Admin(_)
         | Command::Validate { .. }
         | Command::Schema { .. }
         | Command::Quote { .. }

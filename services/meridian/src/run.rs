@@ -156,7 +156,7 @@ async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
 
 /// Holds an exclusive lock on the data directory: two processes driving the same local
 /// site would run its jobs twice.
-fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+pub(crate) fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let path = dir.join("lock");
     let file = std::fs::OpenOptions::new()
@@ -174,6 +174,74 @@ fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
+/// A site adapter of `kind` built from its YAML configuration file (Slurm, PBS).
+fn configured_adapter(
+    kind: &str,
+    config: &Path,
+) -> anyhow::Result<Arc<dyn meridian_adapter_core::SiteAdapter>> {
+    let text = std::fs::read_to_string(config)
+        .with_context(|| format!("cannot read {}", config.display()))?;
+    let context = || {
+        format!(
+            "{}: not a valid {kind} adapter configuration",
+            config.display()
+        )
+    };
+    Ok(match kind {
+        "slurm" => {
+            let config: meridian_adapter_slurm::SlurmConfig =
+                serde_saphyr::from_str(&text).with_context(context)?;
+            Arc::new(meridian_adapter_slurm::SlurmAdapter::new(config)?)
+        }
+        "pbs" => {
+            let config: meridian_adapter_pbs::PbsConfig =
+                serde_saphyr::from_str(&text).with_context(context)?;
+            Arc::new(meridian_adapter_pbs::PbsAdapter::new(config)?)
+        }
+        other => bail!(
+            "site kind {other:?} has no adapter yet; the adapters available are: local, slurm, pbs"
+        ),
+    })
+}
+
+/// Fails unless the catalogue has `site`: sites other than local are described by a
+/// catalogue file (`meridian site apply`), which gives their shapes and prices.
+async fn require_site(log: &dyn EventLog, site: &str) -> anyhow::Result<()> {
+    let catalog = meridian_router::Catalog::load(log).await?;
+    if catalog.find(site).is_none() {
+        bail!(
+            "site {site:?} is not in the catalogue; describe it in a catalogue file and run \
+             `meridian site apply FILE` (see catalog/reference.yaml)"
+        );
+    }
+    Ok(())
+}
+
+/// `NAME=KIND:FILE`: a site to run in `meridian up` with the adapter of KIND.
+#[derive(Debug, Clone)]
+pub struct AdapterSpec {
+    pub site: String,
+    pub kind: String,
+    pub config: PathBuf,
+}
+
+impl std::str::FromStr for AdapterSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (site, rest) = s
+            .split_once('=')
+            .ok_or("expected NAME=KIND:FILE, e.g. hpc=slurm:slurm.yaml")?;
+        let (kind, config) = rest
+            .split_once(':')
+            .ok_or("expected NAME=KIND:FILE, e.g. hpc=slurm:slurm.yaml")?;
+        Ok(AdapterSpec {
+            site: site.to_string(),
+            kind: kind.to_string(),
+            config: PathBuf::from(config),
+        })
+    }
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpArgs {
     /// Where the embedded log, the read models and the local site's jobs live.
@@ -187,6 +255,13 @@ pub struct UpArgs {
     pub local_cpus: Option<u32>,
     #[command(flatten)]
     pub prices: LocalPrices,
+    /// A catalogue file to apply at start (sites, shapes, prices, data sets).
+    #[arg(long, value_name = "FILE")]
+    pub catalog: Option<PathBuf>,
+    /// Also run the site NAME (from the catalogue) with the adapter KIND configured by
+    /// FILE, e.g. `hpc=slurm:slurm.yaml`. Repeatable.
+    #[arg(long = "adapter", value_name = "NAME=KIND:FILE")]
+    pub adapters: Vec<AdapterSpec>,
 }
 
 /// `meridian up`: everything in one process, no servers needed.
@@ -210,9 +285,23 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let (cpus, memory) = (config.cpus, config.memory_bytes);
     let adapter = Arc::new(LocalAdapter::new(config).context("starting the local site")?);
     ensure_local_site(&*log, "local", cpus, memory, &args.prices).await?;
+    if let Some(file) = &args.catalog {
+        crate::catalog_cli::apply(&*log, file).await?;
+    }
+    let mut extra = Vec::new();
+    for spec in &args.adapters {
+        require_site(&*log, &spec.site).await?;
+        extra.push((
+            spec.site.clone(),
+            configured_adapter(&spec.kind, &spec.config)?,
+        ));
+    }
     let listener = bind(args.listen).await?;
 
     let mut tasks = Tasks::new();
+    for (site, adapter) in extra {
+        tasks.site(&site, adapter, log.clone(), store.clone());
+    }
     tasks.intake(log.clone(), store.clone(), listener);
     tasks.router(log.clone());
     tasks.accounting(log.clone(), store.clone());
@@ -311,9 +400,12 @@ pub enum Server {
         /// The site's name in the catalogue.
         #[arg(long)]
         site: String,
-        /// The site's kind. Only `local` is available yet.
+        /// The site's kind: local, slurm or pbs.
         #[arg(long, default_value = "local")]
         kind: String,
+        /// The adapter's configuration file (YAML), for slurm and pbs sites.
+        #[arg(long, value_name = "FILE", required_if_eq_any = [("kind", "slurm"), ("kind", "pbs")])]
+        adapter_config: Option<PathBuf>,
         /// State directory of a local site.
         #[arg(long, env = "MERIDIAN_SITE_ROOT")]
         root: Option<PathBuf>,
@@ -345,6 +437,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
         Server::Adapter {
             site,
             kind,
+            adapter_config,
             root,
             cpus,
             prices,
@@ -352,7 +445,13 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
             db,
         } => {
             if kind != "local" {
-                bail!("--kind {kind}: not supported yet; the adapters available are: local");
+                let config =
+                    adapter_config.context("--adapter-config FILE is required for this kind")?;
+                let (log, store) = (log.log().await?, db.store().await?);
+                require_site(&*log, &site).await?;
+                let adapter = configured_adapter(&kind, &config)?;
+                tasks.site(&site, adapter, log, store);
+                return tasks.wait().await;
             }
             let root =
                 root.unwrap_or_else(|| PathBuf::from("meridian-data").join("sites").join(&site));

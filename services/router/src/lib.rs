@@ -23,6 +23,7 @@ use meridian_eventlog::{EventLog, LogError};
 use meridian_events::aggregate::{
     Job, JobCommand, JobError, Workflow, WorkflowCommand, WorkflowError, WorkflowState,
 };
+use meridian_events::vocabulary::workflow::StorageClass;
 use meridian_events::{
     AggregateKind, Envelope, Event, EventContext, JobEvent, JobOutcome, TaskRef, WorkflowEvent,
 };
@@ -338,6 +339,80 @@ impl Router {
         .await?;
         // The new site has no reason to wait.
         self.not_before.remove(&id);
+        self.hold_volumes(id).await
+    }
+
+    /// Sets aside the spec's volumes at the workflow's site (storage is billed from
+    /// here), giving back any held at another site after a re-placement.
+    async fn hold_volumes(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let now = Utc::now();
+        let (wanted, held, site, rate) = {
+            let wf = &self.workflow(id).await?.state;
+            let (Some(spec), Some(placement)) = (wf.spec(), wf.placement()) else {
+                return Ok(());
+            };
+            let wanted: Vec<(String, u64)> = spec
+                .volumes
+                .iter()
+                .map(|(name, v)| (name.clone(), v.size.bytes()))
+                .collect();
+            let held: Vec<(String, String)> = wf
+                .allocated_volumes()
+                .map(|a| (a.volume.clone(), a.site.clone()))
+                .collect();
+            (
+                wanted,
+                held,
+                placement.site.clone(),
+                placement.storage_rate.clone(),
+            )
+        };
+        for (volume, at) in &held {
+            if *at != site {
+                let (volume, at) = (volume.clone(), at.clone());
+                self.on_workflow(id, |_| WorkflowCommand::ReleaseVolume {
+                    volume: volume.clone(),
+                    site: at.clone(),
+                    released_at: now,
+                })
+                .await?;
+            }
+        }
+        for (volume, bytes) in wanted {
+            if held.iter().any(|(v, at)| *v == volume && *at == site) {
+                continue;
+            }
+            self.on_workflow(id, |_| WorkflowCommand::AllocateVolume {
+                volume: volume.clone(),
+                class: StorageClass::Volume,
+                site: site.clone(),
+                bytes,
+                rate: rate.clone(),
+                allocated_at: now,
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Gives back every volume an ended workflow still holds: its storage stops there.
+    async fn release_volumes(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let held: Vec<(String, String)> = self
+            .workflow(id)
+            .await?
+            .state
+            .allocated_volumes()
+            .map(|a| (a.volume.clone(), a.site.clone()))
+            .collect();
+        let now = Utc::now();
+        for (volume, site) in held {
+            self.on_workflow(id, |_| WorkflowCommand::ReleaseVolume {
+                volume: volume.clone(),
+                site: site.clone(),
+                released_at: now,
+            })
+            .await?;
+        }
         Ok(())
     }
 
@@ -409,7 +484,7 @@ impl Router {
         let state = self.workflow(id).await?.state.state();
         match state {
             None => Ok(()),
-            Some(s) if s.is_terminal() => Ok(()),
+            Some(s) if s.is_terminal() => self.release_volumes(id).await,
             Some(WorkflowState::Submitted) => self.place(id).await,
             Some(_) => {
                 self.follow_jobs(id).await?;
@@ -463,6 +538,7 @@ impl Router {
                     explanation: explanation.clone(),
                 })
                 .await?;
+                self.hold_volumes(id).await?;
                 // A workflow with nothing to run may already be finished; else release.
                 self.reconcile_after_placement(id).await
             }

@@ -261,8 +261,11 @@ fn placement_hints_and_the_budget_filter_sites() {
     );
 }
 
+/// One shape: (name, GPUs per node, GPU model, max walltime in hours, price per hour).
+type ShapeRow<'a> = (&'a str, u32, &'a str, u32, &'a str);
+
 /// Sites that declare shapes, each shape priced per instance-hour.
-fn shaped(sites: &[(&str, &[(&str, u32, &str, u32, &str)])]) -> Catalog {
+fn shaped(sites: &[(&str, &[ShapeRow])]) -> Catalog {
     use meridian_events::vocabulary::site::{Shape, ShapeGpus};
     use meridian_events::vocabulary::AcceleratorVendor;
     let mut catalog = Catalog::default();

@@ -525,3 +525,49 @@ async fn with_nowhere_else_to_go_the_work_retries_in_place_after_a_backoff() {
         retried_at - settled_at
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_are_held_from_placement_until_the_workflow_ends() {
+    let b = Bench::new().await;
+    let id = b
+        .submit("version: v1\nname: v\nvolumes:\n  data: {size: 10GiB}\njobs:\n  a: {image: host, command: [\"true\"], mounts: {data: /data}}\n")
+        .await;
+    let first = b
+        .wait_for("the dispatch", async || {
+            let d = b.dispatched(id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    let held: Vec<(String, String, u64)> = b
+        .workflow(id)
+        .await
+        .allocated_volumes()
+        .map(|a| (a.volume.clone(), a.site.clone(), a.bytes))
+        .collect();
+    assert_eq!(
+        held,
+        vec![("data".to_string(), "only".to_string(), 10u64 << 30)]
+    );
+    b.run_job(first[0].0, 0).await;
+    b.wait_for("released after the end", async || {
+        let wf = b.workflow(id).await;
+        (wf.state() == Some(WorkflowState::Finished) && wf.allocated_volumes().next().is_none())
+            .then_some(())
+    })
+    .await;
+    let kinds: Vec<&'static str> = load::<Workflow>(&*b.log, id)
+        .await
+        .unwrap()
+        .history
+        .iter()
+        .map(|e| e.payload.kind())
+        .filter(|k| k.contains("volume"))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "workflow.volume_allocated.v1",
+            "workflow.volume_released.v1"
+        ]
+    );
+}

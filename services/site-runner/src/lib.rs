@@ -399,8 +399,10 @@ impl SiteRunner {
             },
             SiteState::Cancelled { ended_at, .. } => JobCommand::Cancel { ended_at, usage },
         };
+        // Output first: once the run's end is in the log, readers may ask for it.
+        self.keep_output(id).await;
         self.command(id, end).await?;
-        self.finish_tracking(id).await;
+        self.jobs.remove(&id);
         Ok(())
     }
 
@@ -495,7 +497,13 @@ impl SiteRunner {
 
     /// Stops following a job that ended, keeping its output.
     async fn finish_tracking(&mut self, id: Uuid) {
-        let Some(tracked) = self.jobs.remove(&id) else {
+        self.keep_output(id).await;
+        self.jobs.remove(&id);
+    }
+
+    /// Copies a run's captured output into the store (best effort: a failure is logged).
+    async fn keep_output(&self, id: Uuid) {
+        let Some(tracked) = self.jobs.get(&id) else {
             return;
         };
         let (Some(store), Some(backend), Some(dispatch)) =

@@ -1,0 +1,397 @@
+//! How a Meridian job becomes a Slurm batch job: the script, and what to ask Slurm for.
+//! Both the command line (`sbatch` options) and slurmrestd (a job description) are made
+//! from the one [`Plan`], so the two modes run a job the same way.
+//!
+//! The job's own environment is exported by the script rather than passed with
+//! `sbatch --export`: `--export` splits its list at commas with no way to escape one, so
+//! a value holding a comma would be cut. Meridian's own variables (`MERIDIAN_JOB_ID`…)
+//! never hold commas and go in `--export` too, so prolog and epilog scripts see them.
+
+use std::path::{Path, PathBuf};
+
+use meridian_adapter_core::{AdapterError, JobRequest};
+
+use crate::config::SlurmConfig;
+use crate::runner::shell_quote;
+
+/// The tag on every job Meridian submits (`--comment`), how a restarted adapter finds it.
+pub fn tag(job_id: uuid::Uuid) -> String {
+    format!("meridian:{job_id}")
+}
+
+/// Everything Slurm is asked for one job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub name: String,
+    pub comment: String,
+    pub script: String,
+    pub cwd: String,
+    /// `--output`/`--error` patterns (`%j` is the Slurm job id).
+    pub stdout: String,
+    pub stderr: String,
+    /// `MERIDIAN_JOB_ID` and friends.
+    pub meridian_env: Vec<(String, String)>,
+    pub nodes: u32,
+    pub cpus_per_task: u32,
+    /// Per node, in MiB (`--mem`); the partition's default when `None`.
+    pub mem_mb: Option<u64>,
+    /// Minutes, rounded up (`--time`); the partition's limit when `None`.
+    pub time_minutes: Option<u64>,
+    /// `gpu[:type]:N` per node (`--gres`).
+    pub gres: Option<String>,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+}
+
+/// The output file of a job with this Slurm id (`%j`).
+pub fn output_path(work_dir: &Path, slurm_job: &str, stream: &str) -> PathBuf {
+    work_dir.join(format!("meridian-{slurm_job}.{stream}"))
+}
+
+fn valid_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A name Slurm and `scontrol -o` output carry safely: no spaces, no separators.
+fn job_name(job: &JobRequest) -> String {
+    let mut name: String = job
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    if name.is_empty() {
+        name = "job".into();
+    }
+    match job.array_index {
+        Some(i) => format!("{name}-{i}"),
+        None => name,
+    }
+}
+
+/// The GPU type Slurm's gres names use: the model, lowercased (`H100` → `h100`).
+fn gpu_type(model: &str) -> String {
+    model
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn image(job: &JobRequest) -> Option<&str> {
+    job.image
+        .as_deref()
+        .map(str::trim)
+        .filter(|i| !i.is_empty() && *i != "host")
+}
+
+/// Plans `job` for `config`'s site, or says why it can never run there.
+pub fn plan(job: &JobRequest, config: &SlurmConfig) -> Result<Plan, AdapterError> {
+    let reject = |why: String| Err(AdapterError::Rejected(why));
+    if job.command.is_empty() && image(job).is_none() {
+        return reject("a job on the host needs a command".into());
+    }
+    if let Some(bad) = job.env.keys().find(|k| !valid_env_name(k)) {
+        return reject(format!("{bad:?} is not an environment variable name"));
+    }
+    let command: Vec<String> = job
+        .command
+        .iter()
+        .map(|arg| match job.array_index {
+            Some(i) => arg.replace("${ARRAY_INDEX}", &i.to_string()),
+            None => arg.clone(),
+        })
+        .collect();
+
+    let mut meridian_env = vec![
+        ("MERIDIAN_JOB_ID".to_string(), job.job_id.to_string()),
+        (
+            "MERIDIAN_WORKFLOW_ID".to_string(),
+            job.workflow_id.to_string(),
+        ),
+    ];
+    if let Some(i) = job.array_index {
+        meridian_env.push(("MERIDIAN_ARRAY_INDEX".into(), i.to_string()));
+        meridian_env.push(("ARRAY_INDEX".into(), i.to_string()));
+    }
+
+    let cwd = match &job.cwd {
+        Some(cwd) => config.work_dir.join(cwd),
+        None => config.work_dir.clone(),
+    };
+
+    let mut script = String::from("#!/bin/sh\n");
+    script.push_str(&format!(
+        "# Meridian job {} of workflow {}: {}\n",
+        job.job_id,
+        job.workflow_id,
+        job_name(job)
+    ));
+    // The job's variables first, Meridian's last: a job cannot pass itself off as another.
+    for (k, v) in job
+        .env
+        .iter()
+        .chain(meridian_env.iter().map(|(k, v)| (k, v)))
+    {
+        script.push_str(&format!("export {k}={}\n", shell_quote(v)));
+    }
+    let mut argv: Vec<String> = Vec::new();
+    if let Some(image) = image(job) {
+        let Some(runtime) = &config.container_runtime else {
+            return reject(format!(
+                "this Slurm site runs no containers (no container_runtime configured); \
+                 the job asks for {image}"
+            ));
+        };
+        let reference = if image.contains("://") || image.starts_with('/') {
+            image.to_string()
+        } else {
+            format!("docker://{image}")
+        };
+        argv.push(runtime.clone());
+        argv.push(if command.is_empty() { "run" } else { "exec" }.into());
+        if job.cwd.is_some() {
+            argv.extend(["--pwd".into(), cwd.display().to_string()]);
+        }
+        argv.push(reference);
+    }
+    argv.extend(command);
+    // `exec`: the command itself gets Slurm's signals (cancel, time limit), not a shell.
+    let line: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
+    script.push_str(&format!("exec {}\n", line.join(" ")));
+
+    let r = &job.resources;
+    let mem_mb = (r.memory_bytes > 0).then(|| r.memory_bytes.div_ceil(1 << 20));
+    let secs = r.walltime.as_secs() + u64::from(r.walltime.subsec_nanos() > 0);
+    let time_minutes = (secs > 0).then(|| secs.div_ceil(60).max(1));
+    let gres = r.gpus.as_ref().filter(|g| g.count > 0).map(|g| {
+        match g.model.as_deref().map(gpu_type).filter(|t| !t.is_empty()) {
+            Some(t) => format!("gpu:{t}:{}", g.count),
+            None => format!("gpu:{}", g.count),
+        }
+    });
+    let work_dir = &config.work_dir;
+    Ok(Plan {
+        name: job_name(job),
+        comment: tag(job.job_id),
+        script,
+        cwd: cwd.display().to_string(),
+        stdout: output_path(work_dir, "%j", "out").display().to_string(),
+        stderr: output_path(work_dir, "%j", "err").display().to_string(),
+        meridian_env,
+        nodes: r.nodes.max(1),
+        cpus_per_task: r.cpus.max(1),
+        mem_mb,
+        time_minutes,
+        gres,
+        partition: config.partition.clone(),
+        account: config.account.clone(),
+    })
+}
+
+/// The `sbatch` arguments for `plan`; the script goes on stdin.
+pub fn sbatch_args(plan: &Plan) -> Vec<String> {
+    let mut export = String::from("ALL");
+    for (k, v) in &plan.meridian_env {
+        export.push_str(&format!(",{k}={v}"));
+    }
+    let mut args = vec![
+        "--parsable".to_string(),
+        format!("--job-name={}", plan.name),
+        format!("--comment={}", plan.comment),
+        format!("--output={}", plan.stdout),
+        format!("--error={}", plan.stderr),
+        format!("--chdir={}", plan.cwd),
+        format!("--export={export}"),
+        format!("--nodes={}", plan.nodes),
+        "--ntasks-per-node=1".into(),
+        format!("--cpus-per-task={}", plan.cpus_per_task),
+    ];
+    if let Some(mb) = plan.mem_mb {
+        args.push(format!("--mem={mb}"));
+    }
+    if let Some(minutes) = plan.time_minutes {
+        args.push(format!("--time={minutes}"));
+    }
+    if let Some(gres) = &plan.gres {
+        args.push(format!("--gres={gres}"));
+    }
+    if let Some(p) = &plan.partition {
+        args.push(format!("--partition={p}"));
+    }
+    if let Some(a) = &plan.account {
+        args.push(format!("--account={a}"));
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use meridian_adapter_core::{Gpus, Resources};
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn job() -> JobRequest {
+        JobRequest {
+            job_id: Uuid::nil(),
+            workflow_id: Uuid::max(),
+            name: "train model".into(),
+            array_index: None,
+            image: None,
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo \"$GREETING\"; exit 3".into(),
+            ],
+            env: BTreeMap::from([("GREETING".into(), "hello, world's".into())]),
+            cwd: None,
+            resources: Resources {
+                nodes: 2,
+                cpus: 8,
+                memory_bytes: (32 << 30) + 1,
+                walltime: Duration::from_secs(61),
+                gpus: Some(Gpus {
+                    count: 4,
+                    vendor: "nvidia".into(),
+                    model: Some("H100".into()),
+                }),
+            },
+        }
+    }
+
+    #[test]
+    fn sbatch_gets_every_resource() {
+        let mut config = SlurmConfig::cli("/scratch/m");
+        config.partition = Some("gpu".into());
+        config.account = Some("phys".into());
+        let plan = plan(&job(), &config).unwrap();
+        let nil = Uuid::nil();
+        let max = Uuid::max();
+        assert_eq!(
+            sbatch_args(&plan),
+            [
+                "--parsable".to_string(),
+                "--job-name=train_model".into(),
+                format!("--comment=meridian:{nil}"),
+                "--output=/scratch/m/meridian-%j.out".into(),
+                "--error=/scratch/m/meridian-%j.err".into(),
+                "--chdir=/scratch/m".into(),
+                format!("--export=ALL,MERIDIAN_JOB_ID={nil},MERIDIAN_WORKFLOW_ID={max}"),
+                "--nodes=2".into(),
+                "--ntasks-per-node=1".into(),
+                "--cpus-per-task=8".into(),
+                "--mem=32769".into(),
+                "--time=2".into(),
+                "--gres=gpu:h100:4".into(),
+                "--partition=gpu".into(),
+                "--account=phys".into(),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_script_runs_the_command_as_given() {
+        let mut j = job();
+        j.array_index = Some(7);
+        j.command = vec!["echo".into(), "cell-${ARRAY_INDEX}".into(), "$HOME".into()];
+        j.resources.gpus = None;
+        j.resources.walltime = Duration::ZERO;
+        j.resources.memory_bytes = 0;
+        let p = plan(&j, &SlurmConfig::cli("/w")).unwrap();
+        assert_eq!(p.name, "train_model-7");
+        assert_eq!((p.gres, p.time_minutes, p.mem_mb), (None, None, None));
+        assert!(
+            p.script.contains("export GREETING='hello, world'\\''s'\n"),
+            "{}",
+            p.script
+        );
+        assert!(p.script.contains("export ARRAY_INDEX=7\n"));
+        assert!(
+            p.script.ends_with("exec echo cell-7 '$HOME'\n"),
+            "{}",
+            p.script
+        );
+        // The script really says what it should.
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(
+                p.script
+                    .replace("exec echo", "exec printf '%s|%s|%s|%s' \"$GREETING\""),
+            )
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            "hello, world's|cell-7|$HOME|"
+        );
+    }
+
+    #[test]
+    fn what_can_never_run_is_rejected() {
+        let mut j = job();
+        j.env.insert("BAD NAME".into(), "x".into());
+        assert!(matches!(
+            plan(&j, &SlurmConfig::cli("/w")),
+            Err(AdapterError::Rejected(_))
+        ));
+        let mut j = job();
+        j.image = Some("docker://busybox".into());
+        assert!(matches!(
+            plan(&j, &SlurmConfig::cli("/w")),
+            Err(AdapterError::Rejected(_))
+        ));
+        let mut config = SlurmConfig::cli("/w");
+        config.container_runtime = Some("apptainer".into());
+        j.cwd = Some("data".into());
+        let p = plan(&j, &config).unwrap();
+        assert!(
+            p.script
+                .contains("exec apptainer exec --pwd /w/data docker://busybox sh -c"),
+            "{}",
+            p.script
+        );
+        assert_eq!(p.cwd, "/w/data");
+        let mut j = job();
+        j.command.clear();
+        assert!(plan(&j, &SlurmConfig::cli("/w")).is_err());
+    }
+
+    #[test]
+    fn gpus_without_a_model_ask_for_any_gpu() {
+        let mut j = job();
+        j.resources.gpus = Some(Gpus {
+            count: 1,
+            vendor: "amd".into(),
+            model: None,
+        });
+        assert_eq!(
+            plan(&j, &SlurmConfig::cli("/w")).unwrap().gres.as_deref(),
+            Some("gpu:1")
+        );
+        j.resources.gpus.as_mut().unwrap().model = Some("MI300X".into());
+        assert_eq!(
+            plan(&j, &SlurmConfig::cli("/w")).unwrap().gres.as_deref(),
+            Some("gpu:mi300x:1")
+        );
+    }
+}

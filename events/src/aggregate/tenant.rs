@@ -1,0 +1,330 @@
+//! The Tenant aggregate: the price adjustments a tenant has been granted.
+//!
+//! A tenant's history lives under one aggregate whose id is derived from its name
+//! ([`tenant_id`]), so anyone can find it without a directory. Adjustments take effect
+//! from now on, never backwards: the ledger prices each charge once, as it arrives, so a
+//! backdated discount would silently miss what was already billed. (A refund for the
+//! past is a credit, which is not modelled yet.)
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::Aggregate;
+use crate::envelope::AggregateKind;
+use crate::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, TenantEvent};
+
+/// The id of tenant `name`'s aggregate: a UUIDv8 from the first 16 bytes of
+/// SHA-256("meridian/tenant/" + name). Deterministic, so the log needs no name → id index;
+/// the one place Meridian does not use UUIDv7, because the key is the name.
+pub fn tenant_id(name: &str) -> Uuid {
+    let digest = Sha256::digest(format!("meridian/tenant/{name}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
+/// Whether `name` is a valid tenant name: 1 to 63 of `a-z`, `0-9`, `-`, `_` (the rule
+/// the API applies to `X-Meridian-Tenant`).
+pub fn valid_tenant_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+#[derive(Debug, Clone)]
+pub enum TenantCommand {
+    /// `effective_from` defaults to now and may not be earlier.
+    GrantAdjustment {
+        tenant: String,
+        adjustment_id: Uuid,
+        scope: AdjustmentScope,
+        terms: AdjustmentTerms,
+        effective_from: Option<DateTime<Utc>>,
+        effective_until: Option<DateTime<Utc>>,
+        granted_by: String,
+        reference: Option<String>,
+    },
+    /// `effective_at` defaults to now and may not be earlier.
+    RevokeAdjustment {
+        adjustment_id: Uuid,
+        effective_at: Option<DateTime<Utc>>,
+        revoked_by: String,
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenantError {
+    #[error("invalid tenant name {0:?}: expected 1 to 63 of a-z, 0-9, '-', '_'")]
+    InvalidName(String),
+    #[error("this aggregate holds tenant {held:?}, not {given:?}")]
+    WrongTenant { held: String, given: String },
+    #[error("the tenant has no adjustments")]
+    NoAdjustments,
+    #[error("adjustment {0} already exists")]
+    DuplicateAdjustment(Uuid),
+    #[error("no adjustment {0}")]
+    UnknownAdjustment(Uuid),
+    #[error("adjustment {id} already ends at {until}")]
+    AlreadyEnded { id: Uuid, until: DateTime<Utc> },
+    #[error(
+        "{what} {at} is in the past (now is {now}); adjustments apply from now on, because \
+         what was already billed is never re-priced"
+    )]
+    Backdated {
+        what: &'static str,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    },
+    #[error("the adjustment would end at {until}, not after it starts at {from}")]
+    EmptyWindow {
+        from: DateTime<Utc>,
+        until: DateTime<Utc>,
+    },
+    #[error("invalid discount {0}%: expected more than 0 and at most 100")]
+    InvalidPercent(Decimal),
+    #[error("invalid committed price {0}: a price cannot be negative")]
+    NegativePrice(Decimal),
+    #[error("invalid scope: {0}")]
+    InvalidScope(String),
+}
+
+/// One adjustment as the tenant's history has it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adjustment {
+    pub id: Uuid,
+    pub scope: AdjustmentScope,
+    pub terms: AdjustmentTerms,
+    pub effective_from: DateTime<Utc>,
+    /// The end of its window (exclusive): its own `effective_until` or its revocation.
+    pub effective_until: Option<DateTime<Utc>>,
+    pub granted_by: String,
+    pub reference: Option<String>,
+}
+
+impl Adjustment {
+    /// Whether it applies to a charge starting at `at`.
+    pub fn in_force_at(&self, at: DateTime<Utc>) -> bool {
+        self.effective_from <= at && self.effective_until.is_none_or(|u| at < u)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Tenant {
+    name: Option<String>,
+    /// In grant order.
+    adjustments: BTreeMap<Uuid, Adjustment>,
+    order: Vec<Uuid>,
+}
+
+impl Tenant {
+    /// `None` until the first event.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// Every adjustment ever granted, oldest grant first (revoked ones included, with
+    /// their window cut short).
+    pub fn adjustments(&self) -> impl Iterator<Item = &Adjustment> {
+        self.order.iter().map(|id| &self.adjustments[id])
+    }
+
+    pub fn adjustment(&self, id: Uuid) -> Option<&Adjustment> {
+        self.adjustments.get(&id)
+    }
+
+    /// The adjustments in force at `at`, oldest grant first.
+    pub fn in_force_at(&self, at: DateTime<Utc>) -> impl Iterator<Item = &Adjustment> {
+        self.adjustments().filter(move |a| a.in_force_at(at))
+    }
+}
+
+fn check_scope(scope: &AdjustmentScope, terms: &AdjustmentTerms) -> Result<(), TenantError> {
+    if scope.site.is_some() && scope.site_kind.is_some() {
+        return Err(TenantError::InvalidScope(
+            "give a site or a site kind, not both".into(),
+        ));
+    }
+    if scope.site.as_deref() == Some("") {
+        return Err(TenantError::InvalidScope("the site name is empty".into()));
+    }
+    match terms {
+        AdjustmentTerms::PercentDiscount { percent } => {
+            if *percent <= Decimal::ZERO || *percent > Decimal::ONE_HUNDRED {
+                return Err(TenantError::InvalidPercent(*percent));
+            }
+        }
+        AdjustmentTerms::CommittedRate {
+            meter, unit_price, ..
+        } => {
+            if unit_price.is_sign_negative() {
+                return Err(TenantError::NegativePrice(*unit_price));
+            }
+            if let Some(charge) = scope.charge {
+                if charge != meter.charge() {
+                    return Err(TenantError::InvalidScope(format!(
+                        "a committed rate for {meter} covers {} charges, not {charge}",
+                        meter.charge()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Aggregate for Tenant {
+    const KIND: AggregateKind = AggregateKind::Tenant;
+    type Command = TenantCommand;
+    type Event = TenantEvent;
+    type Error = TenantError;
+
+    fn handle(
+        &self,
+        cmd: TenantCommand,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<TenantEvent>, TenantError> {
+        match cmd {
+            TenantCommand::GrantAdjustment {
+                tenant,
+                adjustment_id,
+                scope,
+                terms,
+                effective_from,
+                effective_until,
+                granted_by,
+                reference,
+            } => {
+                if !valid_tenant_name(&tenant) {
+                    return Err(TenantError::InvalidName(tenant));
+                }
+                if let Some(held) = &self.name {
+                    if *held != tenant {
+                        return Err(TenantError::WrongTenant {
+                            held: held.clone(),
+                            given: tenant,
+                        });
+                    }
+                }
+                if self.adjustments.contains_key(&adjustment_id) {
+                    return Err(TenantError::DuplicateAdjustment(adjustment_id));
+                }
+                check_scope(&scope, &terms)?;
+                let from = effective_from.unwrap_or(now);
+                if from < now {
+                    return Err(TenantError::Backdated {
+                        what: "effective_from",
+                        at: from,
+                        now,
+                    });
+                }
+                if let Some(until) = effective_until {
+                    if until <= from {
+                        return Err(TenantError::EmptyWindow { from, until });
+                    }
+                }
+                Ok(vec![TenantEvent::AdjustmentGranted {
+                    adjustment_id,
+                    tenant,
+                    scope,
+                    terms,
+                    effective_from: from,
+                    effective_until,
+                    granted_by,
+                    reference,
+                }])
+            }
+            TenantCommand::RevokeAdjustment {
+                adjustment_id,
+                effective_at,
+                revoked_by,
+                reason,
+            } => {
+                if self.name.is_none() {
+                    return Err(TenantError::NoAdjustments);
+                }
+                let adjustment = self
+                    .adjustments
+                    .get(&adjustment_id)
+                    .ok_or(TenantError::UnknownAdjustment(adjustment_id))?;
+                let at = effective_at.unwrap_or(now);
+                if at < now {
+                    return Err(TenantError::Backdated {
+                        what: "effective_at",
+                        at,
+                        now,
+                    });
+                }
+                if let Some(until) = adjustment.effective_until {
+                    if until <= at {
+                        return Err(TenantError::AlreadyEnded {
+                            id: adjustment_id,
+                            until,
+                        });
+                    }
+                }
+                // Revoking one that has not started yet ends it before it began: an empty
+                // window, which is what the admin meant.
+                let at = at.max(adjustment.effective_from);
+                Ok(vec![TenantEvent::AdjustmentRevoked {
+                    adjustment_id,
+                    effective_at: at,
+                    revoked_by,
+                    reason,
+                }])
+            }
+        }
+    }
+
+    fn apply(&mut self, event: &TenantEvent) {
+        match event {
+            TenantEvent::AdjustmentGranted {
+                adjustment_id,
+                tenant,
+                scope,
+                terms,
+                effective_from,
+                effective_until,
+                granted_by,
+                reference,
+            } => {
+                self.name.get_or_insert_with(|| tenant.clone());
+                if self
+                    .adjustments
+                    .insert(
+                        *adjustment_id,
+                        Adjustment {
+                            id: *adjustment_id,
+                            scope: scope.clone(),
+                            terms: terms.clone(),
+                            effective_from: *effective_from,
+                            effective_until: *effective_until,
+                            granted_by: granted_by.clone(),
+                            reference: reference.clone(),
+                        },
+                    )
+                    .is_none()
+                {
+                    self.order.push(*adjustment_id);
+                }
+            }
+            TenantEvent::AdjustmentRevoked {
+                adjustment_id,
+                effective_at,
+                ..
+            } => {
+                if let Some(a) = self.adjustments.get_mut(adjustment_id) {
+                    a.effective_until = Some(
+                        a.effective_until
+                            .map_or(*effective_at, |u| u.min(*effective_at)),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The Tenant aggregate: price adjustments granted and revoked, given events / when a
+//! command / then events or an error.
+
+mod common;
+
+use chrono::Duration;
+use common::*;
+use meridian_events::aggregate::testing::given;
+use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand, TenantError};
+use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, ChargeKind, Meter};
+use meridian_events::{Currency, SiteKind, TenantEvent};
+
+fn discount(percent: &str, site: Option<&str>) -> TenantCommand {
+    TenantCommand::GrantAdjustment {
+        tenant: "physics".into(),
+        adjustment_id: id(1),
+        scope: AdjustmentScope {
+            site: site.map(Into::into),
+            ..AdjustmentScope::default()
+        },
+        terms: AdjustmentTerms::PercentDiscount {
+            percent: dec(percent),
+        },
+        effective_from: Some(at(12, 0)),
+        effective_until: None,
+        granted_by: "finance".into(),
+        reference: Some("contract 2025-7".into()),
+    }
+}
+
+fn granted(percent: &str) -> TenantEvent {
+    TenantEvent::AdjustmentGranted {
+        adjustment_id: id(1),
+        tenant: "physics".into(),
+        scope: AdjustmentScope {
+            site: Some("hpc-eu".into()),
+            ..AdjustmentScope::default()
+        },
+        terms: AdjustmentTerms::PercentDiscount {
+            percent: dec(percent),
+        },
+        effective_from: at(12, 0),
+        effective_until: None,
+        granted_by: "finance".into(),
+        reference: Some("contract 2025-7".into()),
+    }
+}
+
+#[test]
+fn a_discount_is_granted_from_a_future_moment() {
+    let state = given::<Tenant>([])
+        .when(discount("10", Some("hpc-eu")), at(9, 0))
+        .then(vec![granted("10")]);
+    assert_eq!(state.name(), Some("physics"));
+    assert_eq!(state.in_force_at(at(11, 59)).count(), 0);
+    assert_eq!(state.in_force_at(at(12, 0)).count(), 1);
+}
+
+#[test]
+fn without_a_date_it_starts_now_and_backdating_is_refused() {
+    let mut cmd = discount("10", None);
+    if let TenantCommand::GrantAdjustment { effective_from, .. } = &mut cmd {
+        *effective_from = None;
+    }
+    let (events, _) = given::<Tenant>([]).when(cmd, at(9, 30)).then_ok();
+    let TenantEvent::AdjustmentGranted { effective_from, .. } = &events[0] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(*effective_from, at(9, 30));
+
+    let err = given::<Tenant>([])
+        .when(discount("10", None), at(12, 1))
+        .then_err(|e| matches!(e, TenantError::Backdated { .. }));
+    assert!(err.to_string().contains("in the past"), "{err}");
+}
+
+#[test]
+fn terms_and_scopes_are_checked() {
+    for bad in ["0", "-5", "100.01"] {
+        given::<Tenant>([])
+            .when(discount(bad, None), at(9, 0))
+            .then_err(|e| matches!(e, TenantError::InvalidPercent(_)));
+    }
+    // 100 % is a free tier: allowed.
+    given::<Tenant>([])
+        .when(discount("100", None), at(9, 0))
+        .then_ok();
+    let both = TenantCommand::GrantAdjustment {
+        tenant: "physics".into(),
+        adjustment_id: id(2),
+        scope: AdjustmentScope {
+            site: Some("hpc-eu".into()),
+            site_kind: Some(SiteKind::Slurm),
+            charge: None,
+        },
+        terms: AdjustmentTerms::PercentDiscount { percent: dec("5") },
+        effective_from: None,
+        effective_until: None,
+        granted_by: "finance".into(),
+        reference: None,
+    };
+    given::<Tenant>([])
+        .when(both, at(9, 0))
+        .then_err(|e| matches!(e, TenantError::InvalidScope(_)));
+    let wrong_charge = TenantCommand::GrantAdjustment {
+        tenant: "physics".into(),
+        adjustment_id: id(2),
+        scope: AdjustmentScope {
+            charge: Some(ChargeKind::Egress),
+            ..AdjustmentScope::default()
+        },
+        terms: AdjustmentTerms::CommittedRate {
+            meter: Meter::GpuHours,
+            unit_price: dec("1.80"),
+            currency: Currency::USD,
+        },
+        effective_from: None,
+        effective_until: None,
+        granted_by: "finance".into(),
+        reference: None,
+    };
+    given::<Tenant>([])
+        .when(wrong_charge, at(9, 0))
+        .then_err(|e| matches!(e, TenantError::InvalidScope(_)));
+    let negative = TenantCommand::GrantAdjustment {
+        tenant: "physics".into(),
+        adjustment_id: id(2),
+        scope: AdjustmentScope::default(),
+        terms: AdjustmentTerms::CommittedRate {
+            meter: Meter::GpuHours,
+            unit_price: dec("-1"),
+            currency: Currency::USD,
+        },
+        effective_from: None,
+        effective_until: None,
+        granted_by: "finance".into(),
+        reference: None,
+    };
+    given::<Tenant>([])
+        .when(negative, at(9, 0))
+        .then_err(|e| matches!(e, TenantError::NegativePrice(_)));
+    let mut empty = discount("10", None);
+    if let TenantCommand::GrantAdjustment {
+        effective_until, ..
+    } = &mut empty
+    {
+        *effective_until = Some(at(12, 0));
+    }
+    given::<Tenant>([])
+        .when(empty, at(9, 0))
+        .then_err(|e| matches!(e, TenantError::EmptyWindow { .. }));
+    let mut bad_name = discount("10", None);
+    if let TenantCommand::GrantAdjustment { tenant, .. } = &mut bad_name {
+        *tenant = "Physics Dept".into();
+    }
+    given::<Tenant>([])
+        .when(bad_name, at(9, 0))
+        .then_err(|e| matches!(e, TenantError::InvalidName(_)));
+}
+
+#[test]
+fn one_aggregate_per_tenant_and_ids_are_unique() {
+    given::<Tenant>([granted("10")])
+        .when(discount("20", Some("hpc-eu")), at(9, 0))
+        .then_err(|e| *e == TenantError::DuplicateAdjustment(id(1)));
+    let mut other = discount("20", None);
+    if let TenantCommand::GrantAdjustment {
+        tenant,
+        adjustment_id,
+        ..
+    } = &mut other
+    {
+        *tenant = "chemistry".into();
+        *adjustment_id = id(2);
+    }
+    given::<Tenant>([granted("10")])
+        .when(other, at(9, 0))
+        .then_err(|e| matches!(e, TenantError::WrongTenant { .. }));
+    // The aggregate id is the name's, stable and distinct per name.
+    assert_eq!(tenant_id("physics"), tenant_id("physics"));
+    assert_ne!(tenant_id("physics"), tenant_id("chemistry"));
+    assert_eq!(tenant_id("physics").get_version_num(), 8);
+}
+
+#[test]
+fn a_revocation_cuts_the_window_from_now_on() {
+    let revoke = |at_: Option<chrono::DateTime<chrono::Utc>>| TenantCommand::RevokeAdjustment {
+        adjustment_id: id(1),
+        effective_at: at_,
+        revoked_by: "finance".into(),
+        reason: Some("contract ended".into()),
+    };
+    let state = given::<Tenant>([granted("10")])
+        .when(revoke(None), at(14, 0))
+        .then(vec![TenantEvent::AdjustmentRevoked {
+            adjustment_id: id(1),
+            effective_at: at(14, 0),
+            revoked_by: "finance".into(),
+            reason: Some("contract ended".into()),
+        }]);
+    let a = state.adjustment(id(1)).unwrap();
+    assert!(a.in_force_at(at(13, 59)));
+    assert!(!a.in_force_at(at(14, 0)));
+    // Not again, not backwards, not for what does not exist.
+    meridian_events::aggregate::testing::given_state(state)
+        .when(revoke(None), at(15, 0))
+        .then_err(|e| matches!(e, TenantError::AlreadyEnded { .. }));
+    given::<Tenant>([granted("10")])
+        .when(revoke(Some(at(13, 0))), at(14, 0))
+        .then_err(|e| matches!(e, TenantError::Backdated { .. }));
+    given::<Tenant>([])
+        .when(revoke(None), at(14, 0))
+        .then_err(|e| *e == TenantError::NoAdjustments);
+    let mut unknown = revoke(None);
+    if let TenantCommand::RevokeAdjustment { adjustment_id, .. } = &mut unknown {
+        *adjustment_id = id(9);
+    }
+    given::<Tenant>([granted("10")])
+        .when(unknown, at(14, 0))
+        .then_err(|e| *e == TenantError::UnknownAdjustment(id(9)));
+    // Revoking one that has not started leaves it an empty window.
+    let state = given::<Tenant>([granted("10")])
+        .when(revoke(None), at(10, 0))
+        .then_ok()
+        .1;
+    let a = state.adjustment(id(1)).unwrap();
+    assert_eq!(a.effective_until, Some(at(12, 0)));
+    assert!(!a.in_force_at(at(12, 0)));
+    assert!(!a.in_force_at(at(12, 0) + Duration::hours(5)));
+}
+
+#[test]
+fn scopes_cover_and_rank() {
+    let site = AdjustmentScope {
+        site: Some("hpc-eu".into()),
+        ..AdjustmentScope::default()
+    };
+    let kind = AdjustmentScope {
+        site_kind: Some(SiteKind::Slurm),
+        ..AdjustmentScope::default()
+    };
+    let compute = AdjustmentScope {
+        charge: Some(ChargeKind::Compute),
+        ..AdjustmentScope::default()
+    };
+    let all = AdjustmentScope::default();
+    assert!(site.covers("hpc-eu", None, ChargeKind::Egress));
+    assert!(!site.covers("aws", Some(SiteKind::Aws), ChargeKind::Compute));
+    assert!(kind.covers("hpc-eu", Some(SiteKind::Slurm), ChargeKind::Storage));
+    assert!(!kind.covers("hpc-eu", None, ChargeKind::Storage));
+    assert!(compute.covers("x", None, ChargeKind::Compute));
+    assert!(!compute.covers("x", None, ChargeKind::Egress));
+    assert!(all.covers("x", None, ChargeKind::Egress));
+    assert!(site.specificity() > kind.specificity());
+    assert!(kind.specificity() > compute.specificity());
+    assert!(compute.specificity() > all.specificity());
+    assert_eq!(site.to_string(), "site hpc-eu");
+    assert_eq!(all.to_string(), "every charge");
+}

@@ -1,0 +1,254 @@
+//! Load generator for the ledger. Measures, on one machine:
+//! 1. ingest: how many billable events per second the ledger projection applies from a
+//!    log into a fresh SQLite store and into a fresh PostgreSQL database (`catch_up`,
+//!    the same code path as the service, 256 commits per transaction);
+//! 2. rebuild: the time to rebuild the ledger from a log of `--rebuild N` synthetic
+//!    billable events (1,000,000 for the figure in BENCHMARKS.md), into SQLite and,
+//!    with `--rebuild-postgres`, into PostgreSQL.
+//!
+//! ```text
+//! cargo bench -p meridian-accounting --bench ledger_load -- [--ingest 20000] [--rebuild 1000000] [--rebuild-postgres]
+//! ```
+//! The rebuild runs only when asked (`--rebuild`), so CI never does. The synthetic log
+//! (`meridian_accounting::synthetic`: compute on HPC, Kubernetes and cloud sites, runs
+//! that fail or are cancelled, volumes and caches, tiered egress, discounts, month
+//! ends) is written straight into the SQLite log's table in large transactions, since
+//! building it through `append` (one fsync per commit) would take longer than the
+//! measurement. PostgreSQL: `MERIDIAN_TEST_POSTGRES` or the local server, a fresh
+//! database per measurement. Prints Markdown table rows.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use meridian_accounting::{rebuild, synthetic, Ledger};
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+use meridian_store::{catch_up, Store};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::Row;
+
+struct Args {
+    ingest: u64,
+    rebuild: Option<u64>,
+    rebuild_postgres: bool,
+    skip_postgres: bool,
+    seed: u64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        ingest: 20_000,
+        rebuild: None,
+        rebuild_postgres: false,
+        skip_postgres: false,
+        seed: 42,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut number = |name: &str| -> u64 {
+            it.next()
+                .and_then(|v| v.replace('_', "").parse().ok())
+                .unwrap_or_else(|| panic!("{name} takes a number"))
+        };
+        match arg.as_str() {
+            "--ingest" => a.ingest = number("--ingest"),
+            "--rebuild" => a.rebuild = Some(number("--rebuild")),
+            "--seed" => a.seed = number("--seed"),
+            "--rebuild-postgres" => a.rebuild_postgres = true,
+            "--skip-postgres" => a.skip_postgres = true,
+            // `cargo bench` passes --bench; anything else is ignored too.
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Writes `billable` synthetic billable events (and the commits they need) into a new
+/// SQLite log at `path`; returns (commits, events).
+async fn build_log(path: &Path, billable: u64, seed: u64) -> (u64, u64) {
+    // Creates the file and its schema, as `meridian up` would.
+    drop(SqliteLog::open(path).await.expect("open the log"));
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Off);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .expect("open the log's file");
+    let mut generator = synthetic::Generator::new(seed);
+    let (mut position, mut events) = (0u64, 0u64);
+    // Rows of (position, idx, envelope), written 100 to a statement.
+    let mut rows: Vec<(u64, usize, meridian_events::RawEnvelope)> = Vec::new();
+    let mut done = false;
+    while !done {
+        let mut tx = pool.begin().await.unwrap();
+        for _ in 0..20_000 {
+            match generator.next() {
+                Some(commit) => {
+                    position += 1;
+                    for (idx, e) in commit.into_iter().enumerate() {
+                        rows.push((position, idx, e));
+                    }
+                }
+                None => done = true,
+            }
+            if generator.billable >= billable && generator.is_idle() {
+                done = true;
+            }
+            if rows.len() >= 100 || (done && !rows.is_empty()) {
+                let mut sql = String::from(
+                    "INSERT INTO events (position, idx, event_id, aggregate_kind, aggregate_id, sequence, envelope) VALUES ",
+                );
+                for i in 0..rows.len() {
+                    sql.push_str(if i == 0 {
+                        "(?, ?, ?, ?, ?, ?, ?)"
+                    } else {
+                        ", (?, ?, ?, ?, ?, ?, ?)"
+                    });
+                }
+                let mut q = sqlx::query(&sql);
+                for (p, idx, e) in rows.drain(..) {
+                    q = q
+                        .bind(p as i64)
+                        .bind(idx as i64)
+                        .bind(e.event_id.to_string())
+                        .bind(e.aggregate.kind.as_str())
+                        .bind(e.aggregate.id.to_string())
+                        .bind(e.sequence as i64)
+                        .bind(serde_json::to_string(&e).unwrap());
+                    events += 1;
+                }
+                q.execute(&mut *tx).await.unwrap();
+            }
+            if done {
+                break;
+            }
+        }
+        tx.commit().await.unwrap();
+    }
+    pool.close().await;
+    (position, events)
+}
+
+async fn lines(store: &Store) -> i64 {
+    sqlx::query("SELECT COUNT(*) FROM ledger_charges")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+        .get::<i64, _>(0)
+}
+
+struct Measured {
+    elapsed: Duration,
+    lines: i64,
+}
+
+async fn ingest(store: &Store, log: &dyn EventLog) -> Measured {
+    let start = Instant::now();
+    catch_up(store, log, &Ledger).await.expect("catch up");
+    Measured {
+        elapsed: start.elapsed(),
+        lines: lines(store).await,
+    }
+}
+
+fn row(what: &str, billable: u64, events: u64, m: &Measured) {
+    let s = m.elapsed.as_secs_f64();
+    println!(
+        "| {what} | {billable} | {events} | {} | {:.1} | {:.0} | {:.0} |",
+        m.lines,
+        s,
+        billable as f64 / s,
+        events as f64 / s,
+    );
+}
+
+async fn postgres() -> Option<(String, Store)> {
+    match meridian_store::testing::fresh_postgres().await {
+        Ok(url) => Some((url.clone(), Store::connect(&url).await.ok()?)),
+        Err(e) => {
+            eprintln!("no PostgreSQL ({e}); skipping its lines");
+            None
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = args();
+    let dir = tempfile::tempdir().unwrap();
+    println!("| measurement | billable events | log events | ledger lines | seconds | billable/s | log events/s |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+
+    // 1. Ingest.
+    let path = dir.path().join("ingest-events.sqlite");
+    let t = Instant::now();
+    let (_, events) = build_log(&path, args.ingest, args.seed).await;
+    eprintln!(
+        "built an ingest log of {events} events in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let log: Arc<dyn EventLog> = Arc::new(SqliteLog::open(&path).await.unwrap());
+    let sqlite = Store::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("ingest-ledger.sqlite").display()
+    ))
+    .await
+    .unwrap();
+    let m = ingest(&sqlite, &*log).await;
+    row(
+        "ingest into SQLite (synchronous=FULL, WAL)",
+        args.ingest,
+        events,
+        &m,
+    );
+    if !args.skip_postgres {
+        if let Some((url, store)) = postgres().await {
+            let m = ingest(&store, &*log).await;
+            row("ingest into PostgreSQL", args.ingest, events, &m);
+            store.pool().close().await;
+            meridian_store::testing::drop_postgres(&url).await;
+        }
+    }
+
+    // 2. Rebuild, only when asked.
+    if let Some(n) = args.rebuild {
+        let path = dir.path().join("rebuild-events.sqlite");
+        let t = Instant::now();
+        let (_, events) = build_log(&path, n, args.seed + 1).await;
+        eprintln!(
+            "built a log of {events} events ({n} billable) in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let log: Arc<dyn EventLog> = Arc::new(SqliteLog::open(&path).await.unwrap());
+        let store = Store::connect(&format!(
+            "sqlite://{}",
+            dir.path().join("rebuild-ledger.sqlite").display()
+        ))
+        .await
+        .unwrap();
+        let start = Instant::now();
+        let rebuilt = rebuild(&store, &*log).await.expect("rebuild");
+        let m = Measured {
+            elapsed: start.elapsed(),
+            lines: rebuilt.lines as i64,
+        };
+        row("rebuild into SQLite", n, events, &m);
+        if args.rebuild_postgres {
+            if let Some((url, store)) = postgres().await {
+                let start = Instant::now();
+                let rebuilt = rebuild(&store, &*log).await.expect("rebuild");
+                let m = Measured {
+                    elapsed: start.elapsed(),
+                    lines: rebuilt.lines as i64,
+                };
+                row("rebuild into PostgreSQL", n, events, &m);
+                store.pool().close().await;
+                meridian_store::testing::drop_postgres(&url).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,691 @@
+//! The accounting verbs: `bill` (one workflow), `bills` (a tenant's month) and
+//! `export focus` through the API; `admin rebuild accounting` and the tenant price
+//! adjustments (`admin discount`, `admin committed-rate`, `admin revoke-adjustment`,
+//! `admin adjustments`) against the log and the database directly, embedded
+//! (`--data-dir`) or distributed (`--nats-url`, `--database-url`).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use chrono::{DateTime, NaiveDate, Utc};
+use meridian_eventlog::aggregates::{execute, load, ExecuteError};
+use meridian_eventlog::nats::{NatsConfig, NatsLog};
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+use meridian_events::aggregate::tenant::valid_tenant_name;
+use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
+use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, ChargeKind, Meter};
+use meridian_events::{Currency, EventContext, SiteKind, TenantEvent};
+use meridian_store::Store;
+use rust_decimal::Decimal;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::client::{json, table, Client};
+use crate::{Output, Remote};
+
+// ---------------------------------------------------------------------------------
+// Bills and exports, through the API.
+
+fn s<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("-")
+}
+
+fn items(v: &Value, key: &str) -> Vec<Value> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Totals by category and by site, then per currency: list and billed side by side.
+fn print_totals(bill: &Value) {
+    let rows = |key: &str, name: &str| -> Vec<Vec<String>> {
+        items(bill, key)
+            .iter()
+            .map(|t| {
+                vec![
+                    s(t, name).to_string(),
+                    s(t, "currency").to_string(),
+                    s(t, "list_amount").to_string(),
+                    s(t, "amount").to_string(),
+                ]
+            })
+            .collect()
+    };
+    println!();
+    table(
+        &["CATEGORY", "CURRENCY", "LIST", "BILLED"],
+        &rows("by_category", "category"),
+    );
+    println!();
+    table(
+        &["SITE", "CURRENCY", "LIST", "BILLED"],
+        &rows("by_site", "site"),
+    );
+    println!();
+    for t in items(bill, "totals") {
+        println!(
+            "total {} {} (list {})",
+            s(&t, "amount"),
+            s(&t, "currency"),
+            s(&t, "list_amount")
+        );
+    }
+    println!(
+        "(exact amounts, never summed across currencies; rounding happens only in exports; ledger position {})",
+        bill.get("as_of_position").and_then(Value::as_u64).unwrap_or(0)
+    );
+}
+
+/// `meridian bill ID`: every line (each run, attempt and site), then totals by category
+/// and site.
+pub async fn bill(server: &str, id: &str, output: Output) -> anyhow::Result<i32> {
+    let c = Client::new(server)?;
+    let bill = c.get(&format!("/v1/workflows/{id}/bill")).await?;
+    match output {
+        Output::Json => json(&bill),
+        Output::Table => {
+            let rows: Vec<Vec<String>> = items(&bill, "lines")
+                .iter()
+                .map(|l| {
+                    let run = match (l.get("job").and_then(Value::as_str), l.get("attempt")) {
+                        (Some(job), Some(Value::Number(a))) => {
+                            let index = l
+                                .get("index")
+                                .and_then(Value::as_i64)
+                                .map_or(String::new(), |i| format!("[{i}]"));
+                            format!("{job}{index} #{a}")
+                        }
+                        _ => s(l, "resource_name").to_string(),
+                    };
+                    vec![
+                        s(l, "period").to_string(),
+                        s(l, "category").to_string(),
+                        s(l, "site").to_string(),
+                        run,
+                        format!("{} {}", s(l, "quantity"), s(l, "unit")),
+                        s(l, "contracted_unit_price").to_string(),
+                        format!("{} {}", s(l, "amount"), s(l, "currency")),
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "PERIOD",
+                    "CATEGORY",
+                    "SITE",
+                    "WHAT",
+                    "QUANTITY",
+                    "UNIT PRICE",
+                    "AMOUNT",
+                ],
+                &rows,
+            );
+            print_totals(&bill);
+        }
+    }
+    Ok(0)
+}
+
+#[derive(clap::Args)]
+pub struct BillsArgs {
+    /// The tenant.
+    #[arg(long)]
+    tenant: String,
+    /// The month, YYYY-MM (UTC).
+    #[arg(long)]
+    period: String,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+/// `meridian bills --tenant T --period YYYY-MM`: a tenant's month.
+pub async fn bills(args: BillsArgs) -> anyhow::Result<i32> {
+    let c = Client::new(&args.remote.server)?;
+    let bill = c
+        .get(&format!(
+            "/v1/tenants/{}/bills?period={}",
+            args.tenant, args.period
+        ))
+        .await?;
+    match args.remote.output {
+        Output::Json => json(&bill),
+        Output::Table => {
+            println!(
+                "tenant {}, {} ({} to {}), {} lines",
+                s(&bill, "tenant"),
+                s(&bill, "period"),
+                s(&bill, "billing_period_start"),
+                s(&bill, "billing_period_end"),
+                bill.get("lines").and_then(Value::as_u64).unwrap_or(0)
+            );
+            println!();
+            let rows: Vec<Vec<String>> = items(&bill, "workflows")
+                .iter()
+                .map(|w| {
+                    vec![
+                        s(w, "workflow_id").to_string(),
+                        s(w, "currency").to_string(),
+                        s(w, "list_amount").to_string(),
+                        s(w, "amount").to_string(),
+                        w.get("lines").map_or(String::new(), Value::to_string),
+                    ]
+                })
+                .collect();
+            table(&["WORKFLOW", "CURRENCY", "LIST", "BILLED", "LINES"], &rows);
+            print_totals(&bill);
+        }
+    }
+    Ok(0)
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Format {
+    Csv,
+    Json,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Export {
+    /// A month's charges as FinOps FOCUS 1.2 rows (CSV or JSON), one per ledger line.
+    ///
+    /// The same ledger always gives the same bytes. Quantities are rounded to 10
+    /// decimal places and costs computed from them exactly (see docs/accounting.md).
+    Focus {
+        /// The billing period, YYYY-MM (UTC).
+        #[arg(long)]
+        period: String,
+        /// Only this tenant's charges.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, value_enum, default_value_t = Format::Csv)]
+        format: Format,
+        /// Write to this file instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The Meridian API to talk to.
+        #[arg(long, env = "MERIDIAN_SERVER", default_value = "http://127.0.0.1:7373")]
+        server: String,
+    },
+}
+
+/// `meridian export focus`: fetches the export and writes it as it came, byte for byte.
+pub async fn export(which: Export) -> anyhow::Result<i32> {
+    let Export::Focus {
+        period,
+        tenant,
+        format,
+        out,
+        server,
+    } = which;
+    let base = server.trim_end_matches('/');
+    let mut url = format!(
+        "{base}/v1/exports/focus?period={period}&format={}",
+        match format {
+            Format::Csv => "csv",
+            Format::Json => "json",
+        }
+    );
+    if let Some(t) = &tenant {
+        url.push_str(&format!("&tenant={t}"));
+    }
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(300))
+        .build()
+        .context("building the HTTP client")?;
+    let response = http.get(&url).send().await.with_context(|| {
+        format!("cannot reach Meridian at {base} (is it running? set --server or MERIDIAN_SERVER)")
+    })?;
+    let status = response.status();
+    let position = response
+        .headers()
+        .get(meridian_intake::LEDGER_POSITION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("?")
+        .to_string();
+    let body = response.bytes().await.context("reading the export")?;
+    if !status.is_success() {
+        let message = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        bail!("{message} (HTTP {})", status.as_u16());
+    }
+    match out {
+        Some(path) => {
+            std::fs::write(&path, &body)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!(
+                "wrote the FOCUS export of {period} to {} (ledger position {position})",
+                path.display()
+            );
+        }
+        None => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(&body)
+                .context("writing the export")?;
+        }
+    }
+    Ok(0)
+}
+
+// ---------------------------------------------------------------------------------
+// Administration, against the log and the database directly.
+
+/// Where the log is.
+#[derive(Clone, clap::Args)]
+pub struct Target {
+    /// Embedded: the data directory of `meridian up`.
+    #[arg(long, conflicts_with = "nats_url")]
+    data_dir: Option<PathBuf>,
+    /// Distributed: the NATS server holding the log.
+    #[arg(long)]
+    nats_url: Option<String>,
+    /// JetStream stream that holds the log.
+    #[arg(long, default_value = "MERIDIAN_EVENTS")]
+    stream: String,
+    /// Subject prefix of the log's stream.
+    #[arg(long, default_value = "meridian.events")]
+    subject_prefix: String,
+}
+
+/// Where the log and the ledger are.
+#[derive(Clone, clap::Args)]
+pub struct RebuildTarget {
+    #[command(flatten)]
+    log: Target,
+    /// Distributed: the PostgreSQL database of the read models.
+    #[arg(long, conflicts_with = "data_dir")]
+    database_url: Option<String>,
+}
+
+impl Target {
+    fn embedded_log_path(dir: &Path) -> anyhow::Result<PathBuf> {
+        let path = dir.join("events.sqlite");
+        if !path.is_file() {
+            bail!(
+                "{} holds no Meridian event log (events.sqlite); give the --data-dir of `meridian up`",
+                dir.display()
+            );
+        }
+        Ok(path)
+    }
+
+    async fn log(&self) -> anyhow::Result<Arc<dyn EventLog>> {
+        match (&self.data_dir, &self.nats_url) {
+            (Some(dir), _) => {
+                let path = Self::embedded_log_path(dir)?;
+                Ok(Arc::new(
+                    SqliteLog::open(&path)
+                        .await
+                        .with_context(|| format!("opening {}", path.display()))?,
+                ))
+            }
+            (None, Some(url)) => Ok(Arc::new(
+                NatsLog::connect(NatsConfig {
+                    url: url.clone(),
+                    stream: self.stream.clone(),
+                    subject_prefix: self.subject_prefix.clone(),
+                    ..NatsConfig::default()
+                })
+                .await
+                .with_context(|| format!("connecting to the event log at {url}"))?,
+            )),
+            (None, None) => bail!(
+                "say where the log is: --data-dir DIR (embedded) or --nats-url URL (distributed)"
+            ),
+        }
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum Admin {
+    /// Drop a read model and rebuild it from the log.
+    #[command(subcommand)]
+    Rebuild(Rebuild),
+    /// Grant a tenant a percent discount off list prices, from now or a later date.
+    Discount {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Percent off list, more than 0 and at most 100.
+        #[arg(long)]
+        percent: String,
+        #[command(flatten)]
+        grant: GrantArgs,
+    },
+    /// Grant a tenant a committed unit price for one meter (e.g. GPU-hours at a site).
+    CommittedRate {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// What is priced: instance-hours, core-hours, memory-gib-hours, gpu-hours,
+        /// storage-gib-hours or egress-gb.
+        #[arg(long)]
+        meter: String,
+        /// The unit price, e.g. 1.80.
+        #[arg(long)]
+        price: String,
+        /// Its currency; it applies only to lines billed in this currency.
+        #[arg(long)]
+        currency: String,
+        #[command(flatten)]
+        grant: GrantArgs,
+    },
+    /// End an adjustment from now (or a later date); what was billed stays billed.
+    RevokeAdjustment {
+        #[arg(long)]
+        tenant: String,
+        /// The adjustment's id (see `meridian admin adjustments`).
+        id: Uuid,
+        /// When it stops applying (YYYY-MM-DD or RFC 3339, UTC); default now.
+        #[arg(long)]
+        at: Option<String>,
+        #[arg(long, default_value = "admin")]
+        by: String,
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List a tenant's adjustments.
+    Adjustments {
+        #[arg(long)]
+        tenant: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(clap::Subcommand)]
+pub enum Rebuild {
+    /// The ledger: drops it and replays the whole log into it. Embedded: with
+    /// `meridian up` stopped. Distributed: safe while `meridian server accounting` runs
+    /// (it resumes once the tables are back and bills nothing twice), though stopping it
+    /// first is quicker.
+    Accounting {
+        #[command(flatten)]
+        target: RebuildTarget,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct ScopeArgs {
+    /// The tenant.
+    #[arg(long)]
+    tenant: String,
+    /// Only charges at this site.
+    #[arg(long, conflicts_with = "site_kind")]
+    site: Option<String>,
+    /// Only charges at sites of this kind (slurm, pbs, kubernetes, aws, ...).
+    #[arg(long)]
+    site_kind: Option<String>,
+    /// Only this kind of charge: compute, storage or egress.
+    #[arg(long)]
+    category: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct GrantArgs {
+    /// When it starts (YYYY-MM-DD for midnight UTC, or RFC 3339); default now. Never in
+    /// the past: what was billed is never re-priced.
+    #[arg(long)]
+    from: Option<String>,
+    /// When it ends (exclusive); default never.
+    #[arg(long)]
+    until: Option<String>,
+    /// A contract or ticket reference, kept with the adjustment.
+    #[arg(long)]
+    reference: Option<String>,
+    /// Who grants it.
+    #[arg(long, default_value = "admin")]
+    by: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+fn parse_time(flag: &str, text: &str) -> anyhow::Result<DateTime<Utc>> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    NaiveDate::parse_from_str(text, "%Y-%m-%d")
+        .map(|d| d.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc())
+        .map_err(|_| {
+            anyhow::anyhow!("--{flag} {text:?}: expected a date (2026-12-01) or an RFC 3339 time")
+        })
+}
+
+fn decimal(flag: &str, text: &str) -> anyhow::Result<Decimal> {
+    Decimal::from_str(text)
+        .map_err(|_| anyhow::anyhow!("--{flag} {text:?}: expected a decimal such as 12.5"))
+}
+
+fn scope(args: &ScopeArgs) -> anyhow::Result<AdjustmentScope> {
+    if !valid_tenant_name(&args.tenant) {
+        bail!(
+            "--tenant {:?}: expected 1 to 63 of a-z, 0-9, '-', '_'",
+            args.tenant
+        );
+    }
+    let site_kind = args
+        .site_kind
+        .as_deref()
+        .map(|k| {
+            serde_json::from_value::<SiteKind>(Value::String(k.to_string())).map_err(|_| {
+                anyhow::anyhow!(
+                    "--site-kind {k:?}: expected one of local, slurm, pbs, kubernetes, coreweave, aws, gcp, azure, oci"
+                )
+            })
+        })
+        .transpose()?;
+    let charge = args
+        .category
+        .as_deref()
+        .map(|c| {
+            ChargeKind::parse(c).ok_or_else(|| {
+                anyhow::anyhow!("--category {c:?}: expected compute, storage or egress")
+            })
+        })
+        .transpose()?;
+    Ok(AdjustmentScope {
+        site: args.site.clone(),
+        site_kind,
+        charge,
+    })
+}
+
+async fn grant(
+    scope_args: &ScopeArgs,
+    terms: AdjustmentTerms,
+    args: &GrantArgs,
+) -> anyhow::Result<i32> {
+    let scope = scope(scope_args)?;
+    let from = args
+        .from
+        .as_deref()
+        .map(|t| parse_time("from", t))
+        .transpose()?;
+    let until = args
+        .until
+        .as_deref()
+        .map(|t| parse_time("until", t))
+        .transpose()?;
+    let log = args.target.log().await?;
+    let tenant = scope_args.tenant.clone();
+    let adjustment_id = Uuid::now_v7();
+    let ctx = EventContext::new_chain(tenant.clone());
+    let events = execute::<Tenant, _>(&*log, tenant_id(&tenant), &ctx, |_| {
+        TenantCommand::GrantAdjustment {
+            tenant: tenant.clone(),
+            adjustment_id,
+            scope: scope.clone(),
+            terms: terms.clone(),
+            effective_from: from,
+            effective_until: until,
+            granted_by: args.by.clone(),
+            reference: args.reference.clone(),
+        }
+    })
+    .await
+    .map_err(refused)?;
+    if let Some(meridian_events::Event::Tenant(TenantEvent::AdjustmentGranted {
+        effective_from,
+        ..
+    })) = events.first().map(|e| &e.payload)
+    {
+        println!(
+            "{adjustment_id}: {terms} for {scope} of tenant {tenant}, from {}{}",
+            time(*effective_from),
+            until.map_or(String::new(), |u| format!(" until {}", time(u)))
+        );
+    }
+    Ok(0)
+}
+
+fn time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn refused<E: std::error::Error + Send + Sync + 'static>(e: ExecuteError<E>) -> anyhow::Error {
+    match e {
+        ExecuteError::Rejected(e) => anyhow::anyhow!("refused: {e}; nothing was recorded"),
+        other => anyhow::Error::new(other).context("appending to the log"),
+    }
+}
+
+fn meter(text: &str) -> anyhow::Result<Meter> {
+    Meter::parse(&text.replace('-', "_")).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--meter {text:?}: expected instance-hours, core-hours, memory-gib-hours, gpu-hours, storage-gib-hours or egress-gb"
+        )
+    })
+}
+
+/// `meridian admin ...`.
+pub async fn admin(which: Admin) -> anyhow::Result<i32> {
+    match which {
+        Admin::Rebuild(Rebuild::Accounting { target }) => rebuild(target).await,
+        Admin::Discount {
+            scope,
+            percent,
+            grant: args,
+        } => {
+            let terms = AdjustmentTerms::PercentDiscount {
+                percent: decimal("percent", &percent)?,
+            };
+            grant(&scope, terms, &args).await
+        }
+        Admin::CommittedRate {
+            scope,
+            meter: m,
+            price,
+            currency,
+            grant: args,
+        } => {
+            let terms = AdjustmentTerms::CommittedRate {
+                meter: meter(&m)?,
+                unit_price: decimal("price", &price)?,
+                currency: Currency::from_str(&currency)
+                    .map_err(|e| anyhow::anyhow!("--currency: {e}"))?,
+            };
+            grant(&scope, terms, &args).await
+        }
+        Admin::RevokeAdjustment {
+            tenant,
+            id,
+            at,
+            by,
+            reason,
+            target,
+        } => {
+            let at = at.as_deref().map(|t| parse_time("at", t)).transpose()?;
+            let log = target.log().await?;
+            let ctx = EventContext::new_chain(tenant.clone());
+            execute::<Tenant, _>(&*log, tenant_id(&tenant), &ctx, |_| {
+                TenantCommand::RevokeAdjustment {
+                    adjustment_id: id,
+                    effective_at: at,
+                    revoked_by: by.clone(),
+                    reason: reason.clone(),
+                }
+            })
+            .await
+            .map_err(refused)?;
+            println!("{id}: revoked");
+            Ok(0)
+        }
+        Admin::Adjustments { tenant, target } => {
+            let log = target.log().await?;
+            let loaded = load::<Tenant>(&*log, tenant_id(&tenant))
+                .await
+                .context("reading the tenant's history")?;
+            let rows: Vec<Vec<String>> = loaded
+                .state
+                .adjustments()
+                .map(|a| {
+                    vec![
+                        a.id.to_string(),
+                        a.terms.to_string(),
+                        a.scope.to_string(),
+                        time(a.effective_from),
+                        a.effective_until.map_or("-".into(), time),
+                        a.reference.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            table(
+                &["ID", "TERMS", "SCOPE", "FROM", "UNTIL", "REFERENCE"],
+                &rows,
+            );
+            Ok(0)
+        }
+    }
+}
+
+/// `meridian admin rebuild accounting`.
+async fn rebuild(target: RebuildTarget) -> anyhow::Result<i32> {
+    let RebuildTarget {
+        log: target,
+        database_url,
+    } = target;
+    let (log, store, _lock) = match (&target.data_dir, &database_url, &target.nats_url) {
+        (Some(dir), _, _) => {
+            Target::embedded_log_path(dir)?;
+            // `meridian up` holds this lock while it runs: its ledger consumer would
+            // race the rebuild, and an embedded store is not meant for two processes.
+            let lock = crate::run::lock_data_dir(dir)?;
+            let log = target.log().await?;
+            let url = format!("sqlite://{}", dir.join("meridian.sqlite").display());
+            let store = Store::connect(&url)
+                .await
+                .with_context(|| format!("opening {url}"))?;
+            (log, store, Some(lock))
+        }
+        (None, Some(db), Some(_)) => {
+            let log = target.log().await?;
+            let store = Store::connect(db)
+                .await
+                .with_context(|| format!("connecting to the database {db}"))?;
+            (log, store, None)
+        }
+        _ => bail!(
+            "say where Meridian keeps its data: --data-dir DIR (embedded, with `meridian up` stopped), \
+             or --database-url URL and --nats-url URL (distributed)"
+        ),
+    };
+    let head = log.head().await.context("reading the log's head")?;
+    eprintln!("rebuilding the ledger from {head} log positions…");
+    let started = std::time::Instant::now();
+    let rebuilt = meridian_accounting::rebuild(&store, &*log)
+        .await
+        .context("rebuilding the ledger")?;
+    println!(
+        "rebuilt the ledger: {} lines, log position {}, in {:.1} s",
+        rebuilt.lines,
+        rebuilt.position,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(0)
+}

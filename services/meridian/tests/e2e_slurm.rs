@@ -1,0 +1,285 @@
+//! End to end on a real Slurm (Debian's 22.05, started by `infra/slurm/start.sh` when it
+//! is not running): `meridian up` with a Slurm site from a catalogue file, a workflow
+//! with a DAG, a task array and a failing job, and a restart of Meridian mid-run.
+
+mod common;
+
+use std::str::FromStr;
+
+use common::*;
+use rust_decimal::Decimal;
+use serde_json::Value;
+
+const CATALOG: &str = r#"
+sites:
+  - name: hpc
+    kind: slurm
+    region: campus-1
+    jurisdiction: eu
+    prices:
+      currency: EUR
+      effective_from: 2026-01-01T00:00:00Z
+      source: "test charge-back rates"
+      compute:
+        - {offer: debug, per_core_hour: "0.02", per_gib_hour: "0.002"}
+    shapes:
+      - {name: debug, offer: debug, cpus: 2, memory: 1GiB, max_walltime: 1h}
+"#;
+
+struct SlurmUp {
+    server: String,
+    dir: tempfile::TempDir,
+    port: u16,
+    proc: Proc,
+}
+
+fn start(dir: tempfile::TempDir, port: u16) -> SlurmUp {
+    let work = dir.path().join("slurm-work");
+    write(
+        dir.path(),
+        "slurm.yaml",
+        &format!(
+            "mode: {{kind: cli}}\npartition: debug\nwork_dir: {}\n",
+            work.display()
+        ),
+    );
+    write(dir.path(), "hpc.yaml", CATALOG);
+    let listen = format!("127.0.0.1:{port}");
+    let proc = Proc::spawn(
+        "up",
+        dir.path(),
+        &[
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &listen,
+            "--catalog",
+            "hpc.yaml",
+            "--adapter",
+            "hpc=slurm:slurm.yaml",
+        ],
+        &[],
+    );
+    let server = format!("http://127.0.0.1:{port}");
+    wait_ready(&server, &[&proc]);
+    SlurmUp {
+        server,
+        dir,
+        port,
+        proc,
+    }
+}
+
+fn ensure_slurm() {
+    if let Err(why) = meridian_adapter_slurm::testkit::ensure_slurm() {
+        panic!("this test needs a running Slurm, and it could not be started: {why}");
+    }
+}
+
+/// The allocation Slurm reported for each job run, from the events: (cpus, memory GiB).
+fn allocations(server: &str, id: &str) -> std::collections::BTreeMap<String, (u64, Decimal)> {
+    let events = cli_json(server, &["events", id]);
+    let mut out = std::collections::BTreeMap::new();
+    for e in events["events"].as_array().unwrap() {
+        if e["payload"]["type"] == "job.started.v1" {
+            let a = &e["payload"]["allocated"];
+            out.insert(
+                e["aggregate"]["id"].as_str().unwrap().to_string(),
+                (
+                    a["cpus"].as_u64().unwrap(),
+                    Decimal::from(a["memory_bytes"].as_u64().unwrap()) / Decimal::from(1u64 << 30),
+                ),
+            );
+        }
+    }
+    out
+}
+
+fn time(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    v.as_str().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_dag_with_an_array_and_a_failing_job_runs_on_real_slurm_and_is_billed() {
+    ensure_slurm();
+    let up = start(tempfile::tempdir().unwrap(), free_port());
+    let file = write(
+        up.dir.path(),
+        "hpc-workflow.yaml",
+        r#"
+version: v1
+name: on-slurm
+placement: {sites: [hpc]}
+jobs:
+  prep:
+    image: host
+    command: [sh, -c, "echo prep on $(hostname)"]
+    resources: {cpus: 1, memory: 100MiB, walltime: 2m}
+  sweep:
+    requires: [prep]
+    image: host
+    command: [sh, -c, "echo cell ${ARRAY_INDEX}"]
+    array: {start: 1, end: 4, parallelism: 2}
+    resources: {cpus: 1, memory: 100MiB, walltime: 2m}
+  bad:
+    requires: [prep]
+    image: host
+    command: [sh, -c, "echo failing >&2; exit 3"]
+    resources: {cpus: 1, memory: 100MiB, walltime: 2m}
+  never:
+    requires: [bad]
+    image: host
+    command: ["true"]
+    resources: {cpus: 1, memory: 100MiB, walltime: 2m}
+"#,
+    );
+    let out = cli(
+        &up.server,
+        &[
+            "submit",
+            file.to_str().unwrap(),
+            "--wait",
+            "--output",
+            "json",
+        ],
+    );
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            up.proc.output()
+        )
+    });
+    assert_eq!(
+        status["state"],
+        "failed",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    assert_eq!(status["site"], "hpc");
+    let id = status["id"].as_str().unwrap();
+    let jobs = status["jobs"].as_array().unwrap();
+    let state_of = |name: &str| {
+        jobs.iter()
+            .filter(|j| j["name"] == name)
+            .map(|j| {
+                (
+                    j["state"].as_str().unwrap().to_string(),
+                    j["exit_code"].clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        state_of("prep"),
+        vec![("succeeded".to_string(), Value::from(0))]
+    );
+    assert_eq!(state_of("sweep").len(), 4);
+    assert!(
+        state_of("sweep").iter().all(|(s, _)| s == "succeeded"),
+        "{status:#}"
+    );
+    assert_eq!(
+        state_of("bad"),
+        vec![("failed".to_string(), Value::from(3))]
+    );
+    assert!(state_of("never").is_empty(), "never was never released");
+    for j in jobs {
+        assert!(
+            j["backend_job_id"]
+                .as_str()
+                .is_some_and(|b| b.parse::<u64>().is_ok()),
+            "each run has its Slurm job id: {j}"
+        );
+    }
+    let logs = String::from_utf8_lossy(&cli(&up.server, &["logs", id, "sweep"]).stdout).to_string();
+    for i in 1..=4 {
+        assert!(logs.contains(&format!("cell {i}")), "{logs}");
+    }
+
+    // Every run that started is billed at the catalogue's rates for what Slurm
+    // allocated: a cores line and a memory line per run, summed here by hand.
+    let bill = bill(&up.server, id, 6);
+    let allocations = allocations(&up.server, id);
+    let runs = billed_runs(&bill);
+    assert_eq!(
+        runs.len(),
+        6,
+        "prep, four sweep cells and bad ran: {bill:#}"
+    );
+    let mut sum = Decimal::ZERO;
+    for (job, lines) in runs {
+        let (cpus, gib) = allocations[&job];
+        let per_hour = Decimal::from(cpus) * Decimal::from_str("0.02").unwrap()
+            + gib * Decimal::from_str("0.002").unwrap();
+        let core_line = lines
+            .iter()
+            .find(|l| l["meter"] == "core_hours")
+            .expect("a cores line");
+        let micros = (time(&core_line["ended_at"]) - time(&core_line["started_at"]))
+            .num_microseconds()
+            .unwrap();
+        let expected = per_hour * Decimal::from(micros) / Decimal::from(3_600_000_000u64);
+        let amount: Decimal = lines
+            .iter()
+            .map(|l| Decimal::from_str(l["amount"].as_str().unwrap()).unwrap())
+            .sum();
+        assert!(
+            (amount - expected).abs() < Decimal::from_str("0.0000000001").unwrap(),
+            "run {job}: {lines:#?} should cost {expected}"
+        );
+        assert!(lines.iter().all(|l| l["currency"] == "EUR"));
+        sum += amount;
+    }
+    assert_eq!(
+        Decimal::from_str(bill["totals"][0]["amount"].as_str().unwrap()).unwrap(),
+        sum.normalize()
+    );
+}
+
+#[test]
+fn a_restart_mid_run_submits_nothing_twice_to_slurm() {
+    ensure_slurm();
+    let mut up = start(tempfile::tempdir().unwrap(), free_port());
+    let marker = up.dir.path().join("ran.txt");
+    let file = write(
+        up.dir.path(),
+        "slow.yaml",
+        &format!(
+            "version: v1\nname: slow-on-slurm\nplacement: {{sites: [hpc]}}\njobs:\n  slow:\n    image: host\n    command: [sh, -c, \"echo ran >> {}; sleep 6\"]\n    resources: {{cpus: 1, memory: 100MiB, walltime: 2m}}\n",
+            marker.display()
+        ),
+    );
+    let id = submit(&up.server, &file);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while cli_json(&up.server, &["status", &id])["tasks"]["running"] != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never ran: {}",
+            up.proc.output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    up.proc.kill();
+    let (dir, port) = (
+        std::mem::replace(&mut up.dir, tempfile::tempdir().unwrap()),
+        up.port,
+    );
+    drop(up);
+    let up = start(dir, port);
+    let status = wait_state(&up.server, &id, &["finished", "failed"]);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    let ran = std::fs::read_to_string(&marker).unwrap();
+    assert_eq!(ran.lines().count(), 1, "Slurm ran it once: {ran:?}");
+    assert_eq!(
+        status["jobs"].as_array().unwrap().len(),
+        1,
+        "one run, not re-submitted"
+    );
+}
