@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub mod conformance;
+pub mod submit_lock;
 
 /// One job (or one task of an array) to run at a site: everything the backend needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

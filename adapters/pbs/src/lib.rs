@@ -15,7 +15,6 @@
 //! tests; see `docs/site-pbs.md`).
 
 pub mod config;
-pub mod lock;
 pub mod qstat;
 pub mod qsub;
 pub mod runner;
@@ -34,7 +33,7 @@ pub use config::PbsConfig;
 pub use qsub::{array_args, depend_arg, PbsId};
 pub use state::{map_state, Observed};
 
-use lock::SubmitLock;
+use meridian_adapter_core::submit_lock::SubmitLock;
 use qstat::JobInfo;
 use runner::{Output, Runner};
 

@@ -4,8 +4,9 @@
 //! ([`state::map_state`]), so the router can tell a site's failures from a job's own.
 //!
 //! Every batch job carries `--comment=meridian:<job id>`. Submits take a lock
-//! ([`lock`]), look for a job with that comment, and submit only when there is none, so
-//! a restarted or racing adapter never submits a job twice.
+//! ([`meridian_adapter_core::submit_lock`]), look for a job with that comment, and
+//! submit only when there is none, so a restarted or racing adapter never submits a job
+//! twice.
 //!
 //! What Meridian holds rather than Slurm: dependencies (a job is only released once the
 //! jobs it requires have succeeded) and array parallelism (each array task is its own
@@ -16,7 +17,6 @@
 
 pub mod cli;
 pub mod config;
-pub mod lock;
 pub mod parse;
 pub mod rest;
 pub mod runner;
@@ -38,7 +38,7 @@ pub use runner::{Command, CommandRunner, LocalRunner, Output, SshRunner};
 pub use state::{map_state, ExitStatus, StateError};
 
 use cli::Cli;
-use lock::SubmitLock;
+use meridian_adapter_core::submit_lock::SubmitLock;
 use parse::SlurmId;
 use rest::Rest;
 

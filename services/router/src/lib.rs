@@ -189,24 +189,7 @@ impl Router {
                 Ok(None)
             }
             AggregateKind::Workflow => {
-                if let Event::Workflow(WorkflowEvent::JobReleased {
-                    job,
-                    index,
-                    job_id,
-                    site,
-                    attempt,
-                }) = &envelope.payload
-                {
-                    self.job_workflow.insert(*job_id, id);
-                    self.releases.insert(
-                        *job_id,
-                        Release {
-                            task: TaskRef::new(job.clone(), *index),
-                            site: site.clone(),
-                            attempt: *attempt,
-                        },
-                    );
-                }
+                self.remember_release(id, envelope);
                 self.note_settlement(id, envelope);
                 self.observe_into_workflow(envelope).await?;
                 Ok(Some(id))
@@ -228,6 +211,28 @@ impl Router {
                 Ok(workflow)
             }
             AggregateKind::Tenant => Ok(None),
+        }
+    }
+
+    /// Keeps what a release said (its task, site and attempt), to dispatch it.
+    fn remember_release(&mut self, workflow_id: Uuid, envelope: &Envelope<Event>) {
+        if let Event::Workflow(WorkflowEvent::JobReleased {
+            job,
+            index,
+            job_id,
+            site,
+            attempt,
+        }) = &envelope.payload
+        {
+            self.job_workflow.insert(*job_id, workflow_id);
+            self.releases.insert(
+                *job_id,
+                Release {
+                    task: TaskRef::new(job.clone(), *index),
+                    site: site.clone(),
+                    attempt: *attempt,
+                },
+            );
         }
     }
 
@@ -658,24 +663,7 @@ impl Router {
                 })
                 .await?;
             for e in &events {
-                if let Event::Workflow(WorkflowEvent::JobReleased {
-                    job,
-                    index,
-                    job_id,
-                    site,
-                    attempt,
-                }) = &e.payload
-                {
-                    self.job_workflow.insert(*job_id, id);
-                    self.releases.insert(
-                        *job_id,
-                        Release {
-                            task: TaskRef::new(job.clone(), *index),
-                            site: site.clone(),
-                            attempt: *attempt,
-                        },
-                    );
-                }
+                self.remember_release(id, e);
             }
             self.dispatch(id, job_id).await?;
         }
@@ -686,24 +674,8 @@ impl Router {
         if !self.releases.contains_key(&job_id) {
             // Released before a restart: find the release in the workflow's history.
             let loaded = aggregates::load::<Workflow>(&*self.log, workflow_id).await?;
-            for e in loaded.history {
-                if let Event::Workflow(WorkflowEvent::JobReleased {
-                    job,
-                    index,
-                    job_id,
-                    site,
-                    attempt,
-                }) = e.payload
-                {
-                    self.releases.insert(
-                        job_id,
-                        Release {
-                            task: TaskRef::new(job, index),
-                            site,
-                            attempt,
-                        },
-                    );
-                }
+            for e in &loaded.history {
+                self.remember_release(workflow_id, e);
             }
         }
         let Some(release) = self.releases.get(&job_id).cloned() else {

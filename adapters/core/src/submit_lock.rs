@@ -1,14 +1,14 @@
 //! The submit lock: "is it there already? if not, submit it" must happen once at a time
 //! for a Meridian job, across adapter instances and processes, or two racing submits
-//! would both find nothing and both submit. A PBS server has no unique-name constraint
-//! to lean on, so the adapter takes an `flock(2)` on a local file.
+//! would both find nothing and both submit. Batch schedulers (Slurm, PBS) have no
+//! unique-name constraint to lean on, so their adapters take an exclusive lock on a
+//! local file (`flock(2)` through `File::try_lock`) around find-then-submit.
 //!
 //! The locks are striped: a job's id picks one of [`STRIPES`] files. The files are never
 //! deleted (deleting a lock file someone waits on lets two holders in), so their number
 //! stays fixed however many jobs run.
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
 use std::time::Duration;
 
@@ -36,16 +36,13 @@ impl SubmitLock {
             .write(true)
             .open(&path)?;
         loop {
-            // SAFETY: flock on a file descriptor this function owns for the call.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc == 0 {
-                return Ok(SubmitLock { _file: file });
+            match file.try_lock() {
+                Ok(()) => return Ok(SubmitLock { _file: file }),
+                Err(TryLockError::WouldBlock) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(TryLockError::Error(e)) => return Err(e),
             }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(err);
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }
