@@ -94,7 +94,7 @@ fn tenant(headers: &HeaderMap) -> Result<String, ApiError> {
     }
 }
 
-fn user(headers: &HeaderMap) -> Result<String, ApiError> {
+pub(crate) fn user(headers: &HeaderMap) -> Result<String, ApiError> {
     match header_text(headers, USER)? {
         None => Ok(DEFAULT_USER.to_string()),
         Some(u) if printable(u, MAX_HEADER_TEXT) => Ok(u.to_string()),
@@ -148,7 +148,11 @@ fn media_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// Reads the whole body, refusing more than `limit` bytes without reading them all.
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     let too_large =
         || ApiError::PayloadTooLarge(format!("the request body is larger than {limit} bytes"));
     // A declared length over the limit is refused before reading anything.

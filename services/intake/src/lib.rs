@@ -33,6 +33,7 @@ mod openapi;
 mod projection;
 pub mod read;
 mod reports;
+mod sites;
 
 pub use error::ApiError;
 pub use handlers::{
@@ -133,6 +134,10 @@ fn routes() -> Router<Intake> {
         .route("/v1/workflows/{id}/logs", get(reports::logs))
         .route("/v1/tenants/{tenant}/bills", get(reports::tenant_bill))
         .route("/v1/exports/focus", get(reports::focus_export))
+        .route("/v1/sites", get(sites::list).put(sites::apply))
+        .route("/v1/sites/{name}/drain", post(sites::drain))
+        .route("/v1/sites/{name}/undrain", post(sites::undrain))
+        .route("/v1/quotes", post(sites::quote))
 }
 
 /// Serves `intake`'s routes on `listener` until `shutdown` completes, then finishes the

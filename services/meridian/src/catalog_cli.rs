@@ -218,6 +218,31 @@ pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Res
     Ok(code)
 }
 
+/// `meridian quote FILE --server URL`: the same, against a deployment's live catalogue.
+pub async fn quote_live(server: &str, file: &Path, output: Output) -> anyhow::Result<i32> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let c = Client::new(server)?;
+    let quote = c.post_text("/v1/quotes", text).await?;
+    let candidates: Vec<Candidate> =
+        serde_json::from_value(quote["candidates"].clone()).unwrap_or_default();
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&quote)?),
+        Output::Table => {
+            client::table(&COLUMNS, &candidate_rows(&candidates));
+            match quote["site"].as_str() {
+                Some(site) => println!(
+                    "\ncheapest: {site} at {} {}",
+                    quote["estimated_cost"].as_str().unwrap_or("-"),
+                    quote["currency"].as_str().unwrap_or("")
+                ),
+                None => println!("\nno site can run it"),
+            }
+        }
+    }
+    Ok(if quote["site"].is_null() { 1 } else { 0 })
+}
+
 /// `meridian explain ID`: the placement decisions recorded in a workflow's history.
 pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()> {
     let events = c.get(&format!("/v1/workflows/{id}/events")).await?;
@@ -312,31 +337,13 @@ async fn on_site(
 /// shapes and data sets. Prints what it did.
 pub async fn apply(log: &dyn EventLog, file: &Path) -> anyhow::Result<()> {
     let specs = load_specs(Some(file))?;
-    let catalog = Catalog::load(log).await?;
-    for spec in &specs {
-        let current = catalog.find(&spec.name);
-        let commands = spec.commands(current);
-        if commands.is_empty() {
-            eprintln!("{}: unchanged", spec.name);
-            continue;
-        }
-        let id = current.map_or_else(uuid::Uuid::now_v7, |s| s.id);
-        for command in commands {
-            execute::<Site, _>(log, id, &EventContext::new_chain("admin"), |_| {
-                command.clone()
-            })
-            .await
-            .map_err(|e| anyhow::anyhow!("{}: {e}", spec.name))?;
-        }
-        eprintln!(
-            "{}: {}",
-            spec.name,
-            if current.is_some() {
-                "updated"
-            } else {
-                "registered"
-            }
-        );
+    for (site, applied) in catalog_file::apply(log, &specs, "admin").await? {
+        let what = match applied {
+            catalog_file::Applied::Registered => "registered",
+            catalog_file::Applied::Updated => "updated",
+            catalog_file::Applied::Unchanged => "unchanged",
+        };
+        eprintln!("{site}: {what}");
     }
     Ok(())
 }

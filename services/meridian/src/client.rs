@@ -79,6 +79,22 @@ impl Client {
         self.send(request).await
     }
 
+    /// POSTs a document (YAML or JSON) as the body.
+    pub async fn post_text(&self, path: &str, document: String) -> anyhow::Result<Value> {
+        let content_type = if document.trim_start().starts_with('{') {
+            "application/json"
+        } else {
+            "application/yaml"
+        };
+        self.send(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .header("content-type", content_type)
+                .body(document),
+        )
+        .await
+    }
+
     pub async fn submit(
         &self,
         document: String,

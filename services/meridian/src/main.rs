@@ -121,8 +121,11 @@ enum Command {
     Quote {
         file: PathBuf,
         /// A catalogue file (default: the built-in reference catalogue).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "server")]
         catalog: Option<PathBuf>,
+        /// Quote against a running Meridian's live catalogue instead of a file.
+        #[arg(long)]
+        server: Option<String>,
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -222,6 +225,16 @@ fn main() -> ExitCode {
         Command::Quote {
             file,
             catalog,
+            server: Some(server),
+            output,
+        } => {
+            let _ = catalog;
+            finish(runtime().block_on(catalog_cli::quote_live(&server, &file, output)))
+        }
+        Command::Quote {
+            file,
+            catalog,
+            server: None,
             output,
         } => finish(catalog_cli::quote(&file, catalog.as_deref(), output)),
         Command::Site { verb, output } => {

@@ -174,6 +174,26 @@ fn a_drained_site_takes_no_work_and_explain_says_why() {
     assert_eq!(status["state"], "finished", "{status:#}");
     let explained = cli_json(&up.server, &["explain", status["id"].as_str().unwrap()]);
     assert_eq!(explained["decisions"][0]["payload"]["site"], "local");
+
+    // A quote against the live catalogue sees the same site.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "quote",
+            file.to_str().unwrap(),
+            "--server",
+            &up.server,
+            "--output",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let quote: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(quote["site"], "local");
 }
 
 #[test]

@@ -384,3 +384,63 @@ pub fn offline_catalog(specs: &[SiteSpec]) -> Catalog {
     }
     catalog
 }
+
+/// What applying a catalogue did to one site.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Applied {
+    Registered,
+    Updated,
+    Unchanged,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Log(#[from] meridian_eventlog::LogError),
+    #[error("site {site}: {message}")]
+    Site { site: String, message: String },
+}
+
+/// Brings the log's catalogue up to `specs`: registers new sites, records changed prices,
+/// shapes and data sets. Sites not in `specs` are left as they are.
+pub async fn apply(
+    log: &dyn meridian_eventlog::EventLog,
+    specs: &[SiteSpec],
+    by: &str,
+) -> Result<Vec<(String, Applied)>, ApplyError> {
+    use meridian_eventlog::aggregates::execute;
+    let catalog = Catalog::load(log).await?;
+    let mut outcome = Vec::new();
+    for spec in specs {
+        let current = catalog.find(&spec.name);
+        let commands = spec.commands(current);
+        if commands.is_empty() {
+            outcome.push((spec.name.clone(), Applied::Unchanged));
+            continue;
+        }
+        let id = current.map_or_else(Uuid::now_v7, |s| s.id);
+        for command in commands {
+            execute::<meridian_events::aggregate::Site, _>(
+                log,
+                id,
+                &EventContext::new_chain(by),
+                |_| command.clone(),
+            )
+            .await
+            .map_err(|e| ApplyError::Site {
+                site: spec.name.clone(),
+                message: e.to_string(),
+            })?;
+        }
+        outcome.push((
+            spec.name.clone(),
+            if current.is_some() {
+                Applied::Updated
+            } else {
+                Applied::Registered
+            },
+        ));
+    }
+    Ok(outcome)
+}
