@@ -56,6 +56,17 @@ pub struct SiteRunner {
     /// Where captured output goes; none keeps no logs.
     store: Option<Store>,
     poll: Duration,
+    /// How often the site's capacity and health are reported as a Site event.
+    health_every: Duration,
+    /// What was reported last, and when: unchanged reports are not repeated more often
+    /// than every ten health intervals.
+    last_health: Option<(
+        meridian_events::vocabulary::site::Capacity,
+        bool,
+        tokio::time::Instant,
+    )>,
+    /// The site's aggregate id, once found in the catalogue.
+    site_id: Option<Uuid>,
     jobs: HashMap<Uuid, Tracked>,
     specs: HashMap<Uuid, Arc<meridian_spec::Workflow>>,
 }
@@ -88,9 +99,18 @@ impl SiteRunner {
             log,
             store,
             poll: Duration::from_millis(250),
+            health_every: Duration::from_secs(30),
+            last_health: None,
+            site_id: None,
             jobs: HashMap::new(),
             specs: HashMap::new(),
         }
+    }
+
+    /// How often the site's capacity and health are reported (30 s by default).
+    pub fn with_health_interval(mut self, every: Duration) -> SiteRunner {
+        self.health_every = every;
+        self
     }
 
     /// How often running jobs are asked for their state.
@@ -126,6 +146,8 @@ impl SiteRunner {
         let mut sub = self.log.subscribe(&subscription_name(&self.site)).await?;
         let mut tick = tokio::time::interval(self.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut health = tokio::time::interval(self.health_every);
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 commits = sub.next(128, Duration::from_millis(100)) => {
@@ -144,7 +166,68 @@ impl SiteRunner {
                     }
                 }
                 _ = tick.tick() => self.poll_all().await?,
+                _ = health.tick() => self.report_health().await?,
                 _ = shutdown.changed() => return Ok(()),
+            }
+        }
+    }
+
+    /// Reports the site's capacity and health (idle nodes, free CPUs and GPUs, queue
+    /// depth) as a Site event, for placement; skips a report equal to the last one
+    /// unless it is getting old.
+    async fn report_health(&mut self) -> Result<(), RunnerError> {
+        let (healthy, capacity, message) = match self.adapter.capacity().await {
+            Ok(c) => (
+                c.healthy,
+                meridian_events::vocabulary::site::Capacity {
+                    idle_nodes: c.idle_nodes,
+                    free_cpus: u64::from(c.free_cpus),
+                    free_gpus: c.free_gpus,
+                    pending_jobs: c.pending,
+                },
+                c.message,
+            ),
+            Err(e) => (
+                false,
+                meridian_events::vocabulary::site::Capacity::default(),
+                Some(e.to_string()),
+            ),
+        };
+        let now = tokio::time::Instant::now();
+        if let Some((last, was_healthy, at)) = &self.last_health {
+            if *last == capacity && *was_healthy == healthy && now - *at < self.health_every * 10 {
+                return Ok(());
+            }
+        }
+        if self.site_id.is_none() {
+            let catalog = meridian_router::Catalog::load(&*self.log).await?;
+            self.site_id = catalog.find(&self.site).map(|s| s.id);
+        }
+        let Some(site_id) = self.site_id else {
+            return Ok(());
+        };
+        let ctx = EventContext::new_chain("system");
+        let command = meridian_events::aggregate::SiteCommand::ReportHealth {
+            healthy,
+            capacity: capacity.clone(),
+            message,
+        };
+        match aggregates::execute::<meridian_events::aggregate::Site, _>(
+            &*self.log,
+            site_id,
+            &ctx,
+            |_| command.clone(),
+        )
+        .await
+        {
+            Ok(_) => {
+                self.last_health = Some((capacity, healthy, now));
+                Ok(())
+            }
+            Err(ExecuteError::Log(e)) => Err(e.into()),
+            Err(e) => {
+                tracing::warn!(site = %self.site, error = %e, "could not report health");
+                Ok(())
             }
         }
     }
