@@ -433,18 +433,39 @@ impl Router {
             .entry(id)
             .or_insert_with(|| Cached::fresh(id));
         if !cached.observe(envelope) {
-            self.workflows
-                .insert(id, Cached::load(&*self.log, id).await?);
+            self.load_workflow(id).await?;
         }
+        Ok(())
+    }
+
+    /// Reads a workflow from the log into the cache, with what its history says about
+    /// releases and site faults (so exclusions survive a router restart).
+    async fn load_workflow(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let loaded = aggregates::load::<Workflow>(&*self.log, id).await?;
+        for e in &loaded.history {
+            self.remember_release(id, e);
+        }
+        for e in &loaded.history {
+            self.note_settlement(id, e);
+        }
+        let tenant = loaded.history.first().map(|e| e.tenant.clone());
+        self.workflows.insert(
+            id,
+            Cached {
+                id,
+                state: loaded.state,
+                sequence: loaded.sequence,
+                tenant,
+            },
+        );
         Ok(())
     }
 
     async fn workflow(&mut self, id: Uuid) -> Result<&mut Cached<Workflow>, RouterError> {
         if !self.workflows.contains_key(&id) {
-            let cached = Cached::load(&*self.log, id).await?;
-            self.workflows.insert(id, cached);
+            self.load_workflow(id).await?;
         }
-        Ok(self.workflows.get_mut(&id).expect("just inserted"))
+        Ok(self.workflows.get_mut(&id).expect("just loaded"))
     }
 
     async fn job(&mut self, id: Uuid) -> Result<&mut Cached<Job>, RouterError> {
@@ -507,9 +528,8 @@ impl Router {
     async fn place(&mut self, id: Uuid) -> Result<(), RouterError> {
         // Placement happens once per workflow: read it afresh, so a submission delivered
         // again after a restart is never placed a second time on a stale copy.
-        let current = Cached::<Workflow>::load(&*self.log, id).await?;
-        let submitted = current.state.state() == Some(WorkflowState::Submitted);
-        self.workflows.insert(id, current);
+        self.load_workflow(id).await?;
+        let submitted = self.workflows[&id].state.state() == Some(WorkflowState::Submitted);
         if !submitted {
             let state = self.workflow(id).await?.state.state();
             if state.is_some_and(|s| !s.is_terminal()) {
