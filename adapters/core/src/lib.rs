@@ -34,6 +34,66 @@ pub struct JobRequest {
     pub resources: Resources,
 }
 
+impl JobRequest {
+    /// The container image to run in, or `None` to run on the host (`host` or empty).
+    pub fn container_image(&self) -> Option<&str> {
+        self.image
+            .as_deref()
+            .map(str::trim)
+            .filter(|image| !image.is_empty() && *image != "host")
+    }
+
+    /// The command with `${ARRAY_INDEX}` replaced by this task's index.
+    pub fn task_command(&self) -> Vec<String> {
+        self.command
+            .iter()
+            .map(|arg| match self.array_index {
+                Some(index) => arg.replace("${ARRAY_INDEX}", &index.to_string()),
+                None => arg.clone(),
+            })
+            .collect()
+    }
+
+    /// The variables Meridian sets for every job: its ids, and for an array task its
+    /// index (as `MERIDIAN_ARRAY_INDEX` and `ARRAY_INDEX`). Adapters set them after the
+    /// job's own, so a job cannot pass itself off as another.
+    pub fn meridian_env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("MERIDIAN_JOB_ID".to_string(), self.job_id.to_string()),
+            (
+                "MERIDIAN_WORKFLOW_ID".to_string(),
+                self.workflow_id.to_string(),
+            ),
+        ];
+        if let Some(index) = self.array_index {
+            env.push(("MERIDIAN_ARRAY_INDEX".into(), index.to_string()));
+            env.push(("ARRAY_INDEX".into(), index.to_string()));
+        }
+        env
+    }
+
+    /// Why the request can never run anywhere (no command on the host, an environment
+    /// variable name a shell cannot export), if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.command.is_empty() && self.container_image().is_none() {
+            return Err("a job on the host needs a command".into());
+        }
+        if let Some(bad) = self.env.keys().find(|k| !valid_env_name(k)) {
+            return Err(format!("{bad:?} is not an environment variable name"));
+        }
+        Ok(())
+    }
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`: what a POSIX shell can export.
+pub fn valid_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Resources {
     pub nodes: u32,

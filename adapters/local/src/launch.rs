@@ -69,42 +69,22 @@ pub(crate) struct Plan {
 /// The podman env file: values there, unlike `--env K=V`, do not show in the process list.
 pub(crate) const CONTAINER_ENV: &str = "container.env";
 
-/// The image of a job, `None` for the host (`image: host` means the host too).
-pub(crate) fn image(job: &JobRequest) -> Option<&str> {
-    job.image
-        .as_deref()
-        .map(str::trim)
-        .filter(|image| !image.is_empty() && *image != "host")
-}
-
 /// Plans `job`, whose directory is `dir`. `Err` says why the site cannot start it.
 pub(crate) fn plan(
     job: &JobRequest,
     dir: &Path,
     runtime: &ContainerRuntime,
 ) -> Result<Plan, String> {
-    let command: Vec<String> = job
-        .command
-        .iter()
-        .map(|arg| match job.array_index {
-            Some(index) => arg.replace("${ARRAY_INDEX}", &index.to_string()),
-            None => arg.clone(),
-        })
-        .collect();
+    let command = job.task_command();
     let mut env: Vec<(String, String)> = job
         .env
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     // Ours come last, so a job cannot pass itself off as another.
-    env.push(("MERIDIAN_JOB_ID".into(), job.job_id.to_string()));
-    env.push(("MERIDIAN_WORKFLOW_ID".into(), job.workflow_id.to_string()));
-    if let Some(index) = job.array_index {
-        env.push(("MERIDIAN_ARRAY_INDEX".into(), index.to_string()));
-        env.push(("ARRAY_INDEX".into(), index.to_string()));
-    }
+    env.extend(job.meridian_env());
 
-    let Some(image) = image(job) else {
+    let Some(image) = job.container_image() else {
         return plan_host(job, dir, command, env);
     };
     let container = format!("meridian-{}", job.job_id);

@@ -209,8 +209,8 @@ impl LocalAdapter {
                 r.memory_bytes, config.memory_bytes
             ));
         }
-        if launch::image(job).is_none() && job.command.is_empty() {
-            return reject("a job on the host needs a command".into());
+        if let Err(why) = job.check() {
+            return reject(why);
         }
         let nul = |s: &String| s.contains('\0');
         if job.command.iter().any(nul)
@@ -218,13 +218,6 @@ impl LocalAdapter {
             || job.cwd.as_ref().is_some_and(nul)
         {
             return reject("the command, env and cwd cannot contain NUL bytes".into());
-        }
-        if let Some(key) = job
-            .env
-            .keys()
-            .find(|k| k.is_empty() || k.contains(['=', '\0']))
-        {
-            return reject(format!("{key:?} is not a valid environment variable name"));
         }
         Ok(())
     }

@@ -48,14 +48,6 @@ pub fn output_path(work_dir: &Path, slurm_job: &str, stream: &str) -> PathBuf {
     work_dir.join(format!("meridian-{slurm_job}.{stream}"))
 }
 
-fn valid_env_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 /// A name Slurm and `scontrol -o` output carry safely: no spaces, no separators.
 fn job_name(job: &JobRequest) -> String {
     let mut name: String = job
@@ -94,42 +86,13 @@ fn gpu_type(model: &str) -> String {
         .collect()
 }
 
-fn image(job: &JobRequest) -> Option<&str> {
-    job.image
-        .as_deref()
-        .map(str::trim)
-        .filter(|i| !i.is_empty() && *i != "host")
-}
-
 /// Plans `job` for `config`'s site, or says why it can never run there.
 pub fn plan(job: &JobRequest, config: &SlurmConfig) -> Result<Plan, AdapterError> {
     let reject = |why: String| Err(AdapterError::Rejected(why));
-    if job.command.is_empty() && image(job).is_none() {
-        return reject("a job on the host needs a command".into());
-    }
-    if let Some(bad) = job.env.keys().find(|k| !valid_env_name(k)) {
-        return reject(format!("{bad:?} is not an environment variable name"));
-    }
-    let command: Vec<String> = job
-        .command
-        .iter()
-        .map(|arg| match job.array_index {
-            Some(i) => arg.replace("${ARRAY_INDEX}", &i.to_string()),
-            None => arg.clone(),
-        })
-        .collect();
+    job.check().map_err(AdapterError::Rejected)?;
+    let command = job.task_command();
 
-    let mut meridian_env = vec![
-        ("MERIDIAN_JOB_ID".to_string(), job.job_id.to_string()),
-        (
-            "MERIDIAN_WORKFLOW_ID".to_string(),
-            job.workflow_id.to_string(),
-        ),
-    ];
-    if let Some(i) = job.array_index {
-        meridian_env.push(("MERIDIAN_ARRAY_INDEX".into(), i.to_string()));
-        meridian_env.push(("ARRAY_INDEX".into(), i.to_string()));
-    }
+    let meridian_env = job.meridian_env();
 
     let cwd = match &job.cwd {
         Some(cwd) => config.work_dir.join(cwd),
@@ -152,7 +115,7 @@ pub fn plan(job: &JobRequest, config: &SlurmConfig) -> Result<Plan, AdapterError
         script.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
     let mut argv: Vec<String> = Vec::new();
-    if let Some(image) = image(job) {
+    if let Some(image) = job.container_image() {
         let Some(runtime) = &config.container_runtime else {
             return reject(format!(
                 "this Slurm site runs no containers (no container_runtime configured); \
