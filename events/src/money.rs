@@ -370,10 +370,42 @@ pub struct PriceSheet {
     pub source: String,
     pub compute: Vec<ComputeOffer>,
     pub storage_per_gib_hour: Decimal,
+    /// Data leaving the site, per decimal GB: to the internet, and to any destination
+    /// when `egress_by_destination` is absent.
     pub egress_per_gb: Decimal,
+    /// Cheaper prices within the site's region or provider, where the site has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_by_destination: Option<EgressByDestination>,
+}
+
+/// Egress prices per decimal GB by where the bytes go (first band: tiers by monthly
+/// volume apply when the charge is billed, from the transfer's tariff).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressByDestination {
+    /// Another site in the same region.
+    pub same_region: Decimal,
+    /// The same provider (site kind) in another region.
+    pub other_region: Decimal,
+}
+
+/// Where copied bytes go, as egress prices tell destinations apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    SameRegion,
+    OtherRegion,
+    Internet,
 }
 
 impl PriceSheet {
+    /// The price per GB of bytes leaving the site for `destination`.
+    pub fn egress_per_gb_to(&self, destination: Destination) -> Decimal {
+        match (&self.egress_by_destination, destination) {
+            (Some(by), Destination::SameRegion) => by.same_region,
+            (Some(by), Destination::OtherRegion) => by.other_region,
+            _ => self.egress_per_gb,
+        }
+    }
+
     /// The rate of offer `offer`, stamped with this sheet's currency, date and source.
     pub fn compute_rate(&self, offer: &str) -> Option<ComputeRate> {
         self.compute

@@ -78,6 +78,7 @@ fn every_event() -> Vec<Event> {
         ],
         storage_per_gib_hour: dec("0.0001"),
         egress_per_gb: dec("0.02"),
+        egress_by_destination: None,
     };
     let resources = spec().jobs["train"].resources.clone();
     let usage = Usage {

@@ -88,6 +88,7 @@ fn site(i: usize) -> SiteSpec {
             compute,
             storage_per_gib_hour: Decimal::ZERO,
             egress_per_gb: Decimal::new(9, 2),
+            egress_by_destination: None,
         },
         shapes,
         datasets: Vec::new(),

@@ -21,7 +21,9 @@
 //!          gpus: {count: 1, vendor: nvidia, model: L4, memory: 24GiB}}
 //! ```
 //!
-//! Prices are strings so they stay exact. A compute offer is priced either
+//! Prices are strings so they stay exact. `egress_per_gb` prices data leaving the site for
+//! the internet (and for anywhere, alone); `egress_within: {same_region, other_region}`
+//! gives the provider's cheaper prices inside its own network. A compute offer is priced either
 //! `per_instance_hour` (clouds) or `per_core_hour` + `per_gib_hour` + `per_gpu_hour` (HPC).
 
 use std::collections::BTreeMap;
@@ -29,6 +31,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use meridian_events::aggregate::SiteCommand;
+use meridian_events::money::EgressByDestination;
 use meridian_events::vocabulary::site::{Dataset, Shape, ShapeGpus};
 use meridian_events::vocabulary::AcceleratorVendor;
 use meridian_events::{
@@ -100,7 +103,17 @@ struct PricesFile {
     storage_per_gib_hour: Option<String>,
     #[serde(default)]
     egress_per_gb: Option<String>,
+    /// Cheaper egress inside the provider: to the same region, to its other regions.
+    #[serde(default)]
+    egress_within: Option<EgressWithinFile>,
     compute: Vec<OfferFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EgressWithinFile {
+    same_region: String,
+    other_region: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -232,6 +245,19 @@ pub fn parse(text: &str) -> Result<Vec<SiteSpec>, CatalogFileError> {
                 &format!("{at}.prices.egress_per_gb"),
                 p.egress_per_gb.as_deref().unwrap_or("0"),
             )?,
+            egress_by_destination: match &p.egress_within {
+                None => None,
+                Some(w) => Some(EgressByDestination {
+                    same_region: decimal(
+                        &format!("{at}.prices.egress_within.same_region"),
+                        &w.same_region,
+                    )?,
+                    other_region: decimal(
+                        &format!("{at}.prices.egress_within.other_region"),
+                        &w.other_region,
+                    )?,
+                }),
+            },
         };
         if p.source.trim().is_empty() {
             return Err(error(

@@ -6,6 +6,7 @@
 //! [`crate::catalog::labels`]). Ties go to the site name, so decisions are repeatable.
 
 use chrono::{DateTime, Utc};
+use meridian_events::money::Destination;
 use meridian_events::vocabulary::site::Shape;
 use meridian_events::vocabulary::workflow::{
     Candidate, CostTerms, PlacementExplanation, SiteRejection, Verdict,
@@ -465,7 +466,9 @@ fn egress_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Deci
 }
 
 /// Inputs not already at `site`: each ingress source that names a known data set costs
-/// its bytes at the cheapest egress price among the sites holding it. Sources that name
+/// its bytes at the cheapest egress price among the sites holding it, by destination
+/// class: the holder's same-region price when the site shares its region, its
+/// other-region price when it is the same provider (kind), else its internet price. Sources that name
 /// no known data set cost nothing here: their size is not known.
 fn ingress_estimate(
     spec: &Workflow,
@@ -486,8 +489,17 @@ fn ingress_estimate(
             let cheapest = holders
                 .into_iter()
                 .flatten()
-                .filter_map(|h| catalog.find(h)?.prices_at(now))
-                .map(|p| p.egress_per_gb)
+                .filter_map(|h| {
+                    let holder = catalog.find(h)?;
+                    let destination = if holder.region == site.region {
+                        Destination::SameRegion
+                    } else if holder.kind == site.kind {
+                        Destination::OtherRegion
+                    } else {
+                        Destination::Internet
+                    };
+                    Some(holder.prices_at(now)?.egress_per_gb_to(destination))
+                })
                 .min();
             if let Some(per_gb) = cheapest {
                 total += Decimal::from(bytes) / Decimal::from(1_000_000_000u64) * per_gb;

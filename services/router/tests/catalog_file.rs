@@ -245,3 +245,64 @@ fn a_finished_transfer_puts_the_bytes_at_its_destination() {
         "the bytes are at cheap now: no data term there"
     );
 }
+
+#[test]
+fn inputs_are_priced_by_where_they_travel() {
+    let site = |name: &str, kind: &str, region: &str, datasets: &str| {
+        format!(
+            r#"
+  - name: {name}
+    kind: {kind}
+    region: {region}
+    jurisdiction: us
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: test
+      egress_per_gb: "0.09"
+      egress_within: {{same_region: "0.01", other_region: "0.02"}}
+      compute: [{{offer: c, per_instance_hour: "1.00"}}]
+    shapes: [{{name: c, offer: c, cpus: 16, memory: 64GiB}}]
+    datasets: [{datasets}]"#
+        )
+    };
+    let corpus = r#"{uri: "gs://corpus/v2/", digest: "sha256:aa", size: 500GB}"#;
+    let file = format!(
+        "sites:{}{}{}{}",
+        site("holder", "aws", "us-east-1", corpus),
+        site("neighbour", "aws", "us-east-1", ""),
+        site("far", "aws", "us-west-2", ""),
+        site("elsewhere", "gcp", "us-east1", ""),
+    );
+    let catalog = offline_catalog(&parse(&file).unwrap());
+    let spec = meridian_spec::parse(DATA_JOB).unwrap();
+    let Decision::Placed(p) = decide(&spec, &catalog, chrono::Utc::now()) else {
+        panic!()
+    };
+    assert_eq!(p.site, "holder", "the data is there");
+    let data_in = |site: &str| {
+        p.explanation
+            .candidates
+            .iter()
+            .find(|c| c.site == site)
+            .unwrap()
+            .cost
+            .as_ref()
+            .unwrap()
+            .data_in
+            .normalize()
+            .to_string()
+    };
+    assert_eq!(data_in("holder"), "0");
+    assert_eq!(data_in("neighbour"), "5", "500 GB × 0.01 within the region");
+    assert_eq!(
+        data_in("far"),
+        "10",
+        "500 GB × 0.02 to another region of the provider"
+    );
+    assert_eq!(
+        data_in("elsewhere"),
+        "45",
+        "500 GB × 0.09 over the internet"
+    );
+}

@@ -58,6 +58,7 @@ fn catalog(sites: &[Site], drained: &[&str]) -> Catalog {
                     }],
                     storage_per_gib_hour: d("0"),
                     egress_per_gb: d("0"),
+                    egress_by_destination: None,
                 },
             }),
         ];
@@ -320,6 +321,7 @@ fn shaped(sites: &[(&str, &[ShapeRow])]) -> Catalog {
                     compute,
                     storage_per_gib_hour: d("0"),
                     egress_per_gb: d("0"),
+                    egress_by_destination: None,
                 },
             }),
             Event::Site(SiteEvent::ShapesDeclared { shapes: declared }),

@@ -211,6 +211,7 @@ async fn register_site(log: &dyn EventLog, name: &str, core_hour: &str) {
         }],
         storage_per_gib_hour: Decimal::ZERO,
         egress_per_gb: Decimal::ZERO,
+        egress_by_destination: None,
     };
     execute::<Site, _>(
         log,
