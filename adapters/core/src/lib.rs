@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub mod batch;
 pub mod conformance;
 pub mod submit_lock;
 
@@ -267,4 +268,21 @@ pub trait SiteAdapter: Send + Sync {
     async fn logs(&self, id: &BackendJobId) -> Result<Logs, AdapterError>;
 
     async fn capacity(&self) -> Result<Capacity, AdapterError>;
+}
+
+/// Serde for a `Duration` written as (fractional) seconds in adapter config files:
+/// `#[serde(with = "meridian_adapter_core::seconds")]`.
+pub mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
 }

@@ -11,6 +11,7 @@ mod jobdir;
 mod launch;
 mod process;
 
+use meridian_adapter_core::seconds;
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::DirBuilderExt;
@@ -80,21 +81,6 @@ impl LocalConfig {
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig::new("meridian-data/sites/local")
-    }
-}
-
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
 }
 

@@ -1,5 +1,6 @@
 //! How a PBS site is reached and what it is asked for.
 
+use meridian_adapter_core::seconds;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,21 +63,6 @@ impl PbsConfig {
         self.lock_dir
             .clone()
             .unwrap_or_else(|| self.work_dir.join(".meridian-locks"))
-    }
-}
-
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
 }
 

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use meridian_adapter_core::{AdapterError, BackendJobId, JobRequest};
 
 use crate::config::PbsConfig;
-use crate::runner::shell_quote;
+use meridian_adapter_core::batch::{job_script, ScriptOptions};
 
 /// A PBS job id: `<seq>[.<server>]`, an array `<seq>[]`, or a subjob `<seq>[<index>]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,52 +177,25 @@ pub fn job_file(work_dir: &Path, job_id: uuid::Uuid, ext: &str) -> PathBuf {
 
 /// Plans `job` for `config`'s site, or says why it can never run there.
 pub fn plan(job: &JobRequest, config: &PbsConfig) -> Result<Plan, AdapterError> {
-    let reject = |why: String| Err(AdapterError::Rejected(why));
     job.check().map_err(AdapterError::Rejected)?;
-    let command = job.task_command();
     let tag = job.meridian_env();
     let cwd = match &job.cwd {
         Some(cwd) => config.work_dir.join(cwd),
         None => config.work_dir.clone(),
     };
 
-    let mut script = String::from("#!/bin/sh\n");
-    script.push_str(&format!(
-        "# Meridian job {} of workflow {}: {}\n",
-        job.job_id,
-        job.workflow_id,
-        job_name(job)
-    ));
-    // PBS starts jobs in the home directory: go where the job asked.
-    script.push_str(&format!(
-        "cd {} || exit 1\n",
-        shell_quote(&cwd.display().to_string())
-    ));
-    for (k, v) in job.env.iter().chain(tag.iter().map(|(k, v)| (k, v))) {
-        script.push_str(&format!("export {k}={}\n", shell_quote(v)));
-    }
-    let mut argv = Vec::new();
-    if let Some(image) = job.container_image() {
-        let Some(runtime) = &config.container_runtime else {
-            return reject(format!(
-                "this PBS site runs no containers (no container_runtime configured); \
-                 the job asks for {image}"
-            ));
-        };
-        argv.push(runtime.clone());
-        argv.push(if command.is_empty() { "run" } else { "exec" }.into());
-        if job.cwd.is_some() {
-            argv.extend(["--pwd".into(), cwd.display().to_string()]);
-        }
-        argv.push(if image.contains("://") || image.starts_with('/') {
-            image.to_string()
-        } else {
-            format!("docker://{image}")
-        });
-    }
-    argv.extend(command);
-    let line: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
-    script.push_str(&format!("exec {}\n", line.join(" ")));
+    // PBS starts jobs in the home directory: the script goes where the job asked.
+    let script = job_script(
+        job,
+        &ScriptOptions {
+            title: &job_name(job),
+            cd_to: Some(&cwd),
+            cwd: &cwd,
+            container_runtime: config.container_runtime.as_deref(),
+            scheduler: "PBS",
+        },
+    )
+    .map_err(AdapterError::Rejected)?;
 
     let r = &job.resources;
     let mut chunk = format!("{}:ncpus={}", r.nodes.max(1), r.cpus.max(1));

@@ -1,6 +1,7 @@
 //! How a Slurm site is reached and what it is asked for. Secrets never sit in the config:
 //! a REST token is named by the environment variable or the file that holds it.
 
+use meridian_adapter_core::seconds;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -149,21 +150,6 @@ impl SlurmConfig {
             None => self.work_dir.join(".meridian-locks"),
             Some(ssh) => std::env::temp_dir().join(format!("meridian-slurm-locks-{}", ssh.host)),
         }
-    }
-}
-
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
 }
 

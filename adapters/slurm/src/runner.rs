@@ -232,17 +232,7 @@ async fn execute(
     Ok(out)
 }
 
-/// Quotes `s` for a POSIX shell: as it is when that is safe, else in single quotes.
-pub fn shell_quote(s: &str) -> String {
-    let safe = !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
-    if safe {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
+pub use meridian_adapter_core::batch::shell_quote;
 
 #[cfg(test)]
 mod tests {

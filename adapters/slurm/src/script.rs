@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use meridian_adapter_core::{AdapterError, JobRequest};
 
 use crate::config::SlurmConfig;
-use crate::runner::shell_quote;
+use meridian_adapter_core::batch::{job_script, ScriptOptions};
 
 /// The tag on every job Meridian submits (`--comment`), how a restarted adapter finds it.
 pub fn tag(job_id: uuid::Uuid) -> String {
@@ -88,10 +88,7 @@ fn gpu_type(model: &str) -> String {
 
 /// Plans `job` for `config`'s site, or says why it can never run there.
 pub fn plan(job: &JobRequest, config: &SlurmConfig) -> Result<Plan, AdapterError> {
-    let reject = |why: String| Err(AdapterError::Rejected(why));
     job.check().map_err(AdapterError::Rejected)?;
-    let command = job.task_command();
-
     let meridian_env = job.meridian_env();
 
     let cwd = match &job.cwd {
@@ -99,45 +96,17 @@ pub fn plan(job: &JobRequest, config: &SlurmConfig) -> Result<Plan, AdapterError
         None => config.work_dir.clone(),
     };
 
-    let mut script = String::from("#!/bin/sh\n");
-    script.push_str(&format!(
-        "# Meridian job {} of workflow {}: {}\n",
-        job.job_id,
-        job.workflow_id,
-        job_name(job)
-    ));
-    // The job's variables first, Meridian's last: a job cannot pass itself off as another.
-    for (k, v) in job
-        .env
-        .iter()
-        .chain(meridian_env.iter().map(|(k, v)| (k, v)))
-    {
-        script.push_str(&format!("export {k}={}\n", shell_quote(v)));
-    }
-    let mut argv: Vec<String> = Vec::new();
-    if let Some(image) = job.container_image() {
-        let Some(runtime) = &config.container_runtime else {
-            return reject(format!(
-                "this Slurm site runs no containers (no container_runtime configured); \
-                 the job asks for {image}"
-            ));
-        };
-        let reference = if image.contains("://") || image.starts_with('/') {
-            image.to_string()
-        } else {
-            format!("docker://{image}")
-        };
-        argv.push(runtime.clone());
-        argv.push(if command.is_empty() { "run" } else { "exec" }.into());
-        if job.cwd.is_some() {
-            argv.extend(["--pwd".into(), cwd.display().to_string()]);
-        }
-        argv.push(reference);
-    }
-    argv.extend(command);
-    // `exec`: the command itself gets Slurm's signals (cancel, time limit), not a shell.
-    let line: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
-    script.push_str(&format!("exec {}\n", line.join(" ")));
+    let script = job_script(
+        job,
+        &ScriptOptions {
+            title: &job_name(job),
+            cd_to: None,
+            cwd: &cwd,
+            container_runtime: config.container_runtime.as_deref(),
+            scheduler: "Slurm",
+        },
+    )
+    .map_err(AdapterError::Rejected)?;
 
     let r = &job.resources;
     let mem_mb = (r.memory_bytes > 0).then(|| r.memory_bytes.div_ceil(1 << 20));

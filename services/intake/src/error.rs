@@ -57,6 +57,13 @@ impl ApiError {
         ApiError::NotFound(format!("no workflow {id}"))
     }
 
+    /// A failure on our side: the detail goes to the server's log, the client gets
+    /// `context` (what we were doing) and a 500.
+    pub(crate) fn internal(context: &str, detail: impl std::fmt::Display) -> ApiError {
+        tracing::error!(error = %detail, "{context}");
+        ApiError::Internal(context.to_string())
+    }
+
     /// Maps a log failure; `context` says what we were doing, for the server's log.
     pub(crate) fn from_log(context: &str, e: LogError) -> ApiError {
         match e {
@@ -67,10 +74,7 @@ impl ApiError {
             LogError::TooLarge { size, limit } => ApiError::PayloadTooLarge(format!(
                 "the workflow makes an event of {size} bytes; the event log takes at most {limit}"
             )),
-            other => {
-                tracing::error!(error = %other, "{context}");
-                ApiError::Internal(context.to_string())
-            }
+            other => ApiError::internal(context, other),
         }
     }
 
@@ -78,10 +82,7 @@ impl ApiError {
         match e {
             StoreError::Log(log) => ApiError::from_log(context, log),
             StoreError::Database(db) => ApiError::from_db(context, db),
-            other => {
-                tracing::error!(error = %other, "{context}");
-                ApiError::Internal(context.to_string())
-            }
+            other => ApiError::internal(context, other),
         }
     }
 
@@ -96,10 +97,7 @@ impl ApiError {
                 tracing::warn!(error = %e, "{context}: database unavailable");
                 ApiError::Unavailable("the database is unavailable; retry later".into())
             }
-            other => {
-                tracing::error!(error = %other, "{context}");
-                ApiError::Internal(context.to_string())
-            }
+            other => ApiError::internal(context, other),
         }
     }
 
@@ -115,10 +113,7 @@ impl ApiError {
             ExecuteError::Contended { .. } => Err(ApiError::Unavailable(
                 "the workflow is changing too fast; retry".into(),
             )),
-            ExecuteError::Decode(message) => {
-                tracing::error!(error = %message, "{context}");
-                Err(ApiError::Internal(context.to_string()))
-            }
+            ExecuteError::Decode(message) => Err(ApiError::internal(context, message)),
         }
     }
 }

@@ -474,10 +474,7 @@ pub(crate) async fn status(
 fn read_error(context: &str, e: read::ReadError) -> ApiError {
     match e {
         read::ReadError::Database(db) => ApiError::from_db(context, db),
-        corrupt => {
-            tracing::error!(error = %corrupt, "{context}");
-            ApiError::Internal(context.to_string())
-        }
+        corrupt => ApiError::internal(context, corrupt),
     }
 }
 

@@ -11,7 +11,6 @@ use meridian_accounting::focus;
 use meridian_accounting::Period;
 use meridian_events::aggregate::tenant::valid_tenant_name;
 use meridian_store::job_logs::{self, JobLog};
-use meridian_store::StoreError;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -30,16 +29,6 @@ async fn must_exist(intake: &Intake, id: Uuid) -> Result<(), ApiError> {
         return Ok(());
     }
     Err(ApiError::no_workflow(id))
-}
-
-fn store_error(context: &str, e: StoreError) -> ApiError {
-    match e {
-        StoreError::Database(db) => ApiError::from_db(context, db),
-        other => {
-            tracing::error!(error = %other, "{context}");
-            ApiError::Internal(context.to_string())
-        }
-    }
 }
 
 /// A workflow's bill: every line (one per priced dimension of each charge, every run,
@@ -68,7 +57,7 @@ pub(crate) async fn bill(
     meridian_accounting::bill(intake.store(), id)
         .await
         .map(Json)
-        .map_err(|e| store_error("reading the ledger", e))
+        .map_err(|e| ApiError::from_store("reading the ledger", e))
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,7 +102,7 @@ pub(crate) async fn logs(
     must_exist(&intake, id).await?;
     let logs = job_logs::read(intake.store(), &id.to_string(), query.job.as_deref())
         .await
-        .map_err(|e| store_error("reading job output", e))?;
+        .map_err(|e| ApiError::from_store("reading job output", e))?;
     Ok(Json(LogList { logs }))
 }
 
@@ -182,7 +171,7 @@ pub(crate) async fn tenant_bill(
     meridian_accounting::tenant_bill(intake.store(), &tenant, period)
         .await
         .map(Json)
-        .map_err(|e| store_error("reading the ledger", e))
+        .map_err(|e| ApiError::from_store("reading the ledger", e))
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,11 +241,8 @@ pub(crate) async fn focus_export(
     let export = focus::export(intake.store(), period, query.tenant.as_deref())
         .await
         .map_err(|e| match e {
-            focus::ExportError::Store(e) => store_error("reading the ledger", e),
-            other => {
-                tracing::error!(error = %other, "exporting FOCUS rows");
-                ApiError::Internal("exporting FOCUS rows".into())
-            }
+            focus::ExportError::Store(e) => ApiError::from_store("reading the ledger", e),
+            other => ApiError::internal("exporting FOCUS rows", other),
         })?;
     let name = match &query.tenant {
         Some(t) => format!("focus-{period}-{t}"),

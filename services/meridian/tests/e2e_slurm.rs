@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::str::FromStr;
-
 use common::*;
 use rust_decimal::Decimal;
 use serde_json::Value;
@@ -94,10 +92,6 @@ fn allocations(server: &str, id: &str) -> std::collections::BTreeMap<String, (u6
         }
     }
     out
-}
-
-fn time(v: &Value) -> chrono::DateTime<chrono::Utc> {
-    v.as_str().unwrap().parse().unwrap()
 }
 
 #[test]
@@ -201,41 +195,13 @@ jobs:
     // Every run that started is billed at the catalogue's rates for what Slurm
     // allocated: a cores line and a memory line per run, summed here by hand.
     let bill = bill(&up.server, id, 6);
-    let allocations = allocations(&up.server, id);
-    let runs = billed_runs(&bill);
     assert_eq!(
-        runs.len(),
+        billed_runs(&bill).len(),
         6,
         "prep, four sweep cells and bad ran: {bill:#}"
     );
-    let mut sum = Decimal::ZERO;
-    for (job, lines) in runs {
-        let (cpus, gib) = allocations[&job];
-        let per_hour = Decimal::from(cpus) * Decimal::from_str("0.02").unwrap()
-            + gib * Decimal::from_str("0.002").unwrap();
-        let core_line = lines
-            .iter()
-            .find(|l| l["meter"] == "core_hours")
-            .expect("a cores line");
-        let micros = (time(&core_line["ended_at"]) - time(&core_line["started_at"]))
-            .num_microseconds()
-            .unwrap();
-        let expected = per_hour * Decimal::from(micros) / Decimal::from(3_600_000_000u64);
-        let amount: Decimal = lines
-            .iter()
-            .map(|l| Decimal::from_str(l["amount"].as_str().unwrap()).unwrap())
-            .sum();
-        assert!(
-            (amount - expected).abs() < Decimal::from_str("0.0000000001").unwrap(),
-            "run {job}: {lines:#?} should cost {expected}"
-        );
-        assert!(lines.iter().all(|l| l["currency"] == "EUR"));
-        sum += amount;
-    }
-    assert_eq!(
-        Decimal::from_str(bill["totals"][0]["amount"].as_str().unwrap()).unwrap(),
-        sum.normalize()
-    );
+    let allocations = allocations(&up.server, id);
+    check_bill_at(&bill, "EUR", ("0.02", "0.002"), |job| allocations[job]);
 }
 
 #[test]

@@ -228,14 +228,31 @@ fn dec(v: &Value) -> Decimal {
 /// 0.001 per GiB-hour) for `cpus` cores and `memory_gib` GiB, computed here by hand
 /// over its lines (one per priced dimension); the total is the lines' sum.
 pub fn check_bill(bill: &Value, cpus: u32, memory_gib: Decimal) {
-    let per_hour = Decimal::from(cpus) * Decimal::from_str("0.01").unwrap()
-        + memory_gib * Decimal::from_str("0.001").unwrap();
+    check_bill_at(bill, "USD", ("0.01", "0.001"), |_| {
+        (u64::from(cpus), memory_gib)
+    });
+}
+
+/// Every run is its run time × (cores × `rates.0` + GiB × `rates.1`), computed here by
+/// hand for the allocation `allocation(job id)` gives; the total is the lines' sum.
+pub fn check_bill_at(
+    bill: &Value,
+    currency: &str,
+    rates: (&str, &str),
+    allocation: impl Fn(&str) -> (u64, Decimal),
+) {
+    let (core_rate, gib_rate) = (
+        Decimal::from_str(rates.0).unwrap(),
+        Decimal::from_str(rates.1).unwrap(),
+    );
     let mut sum = Decimal::ZERO;
     for (job, lines) in billed_runs(bill) {
+        let (cpus, gib) = allocation(&job);
+        let per_hour = Decimal::from(cpus) * core_rate + gib * gib_rate;
         let mut seconds = 0;
         let mut amount = Decimal::ZERO;
         for line in &lines {
-            assert_eq!(line["currency"], "USD");
+            assert_eq!(line["currency"], currency);
             amount += dec(&line["amount"]);
             // A run's dimensions share its stretch; one cut at a month's end has a
             // line per dimension in each month.
