@@ -120,6 +120,26 @@ impl fmt::Display for Money {
     }
 }
 
+/// Why a text is not an amount of money.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected an amount and a currency code such as \"500 USD\"; got {0:?}")]
+pub struct InvalidMoney(pub String);
+
+/// `"500 USD"`, `"99.50 EUR"`: a non-negative decimal, one space, a currency code.
+impl FromStr for Money {
+    type Err = InvalidMoney;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = || InvalidMoney(s.to_string());
+        let (amount, currency) = s.trim().split_once(' ').ok_or_else(invalid)?;
+        let amount = Decimal::from_str(amount)
+            .ok()
+            .filter(|a| !a.is_sign_negative())
+            .ok_or_else(invalid)?;
+        let currency = Currency::from_str(currency.trim()).map_err(|_| invalid())?;
+        Ok(Money::new(amount, currency))
+    }
+}
+
 /// Seconds → hours by one decimal division (28 significant digits); no rounding to cents.
 pub fn hours(seconds: Decimal) -> Decimal {
     seconds / Decimal::from(SECONDS_PER_HOUR)
@@ -330,6 +350,14 @@ impl EgressTariff {
         Ok(())
     }
 
+    /// What `gb` GB cost when `already_gb` GB had left the same source this month: the
+    /// sum over the bands they fall in.
+    pub fn cost_after(&self, already_gb: Decimal, gb: Decimal) -> Result<Decimal, MoneyError> {
+        self.bands(already_gb, gb)?
+            .iter()
+            .try_fold(Decimal::ZERO, |sum, b| add(sum, mul(b.gb, b.per_gb)?))
+    }
+
     /// Splits `gb` GB moved when `already_gb` GB had left the same source this month
     /// into the bands it falls in, lowest first; bands with nothing in them are left out.
     pub fn bands(&self, already_gb: Decimal, gb: Decimal) -> Result<Vec<EgressBand>, MoneyError> {
@@ -376,10 +404,14 @@ pub struct PriceSheet {
     /// Cheaper prices within the site's region or provider, where the site has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_by_destination: Option<EgressByDestination>,
+    /// Internet egress by monthly volume: from each tier's `from_gb` of the tenant's
+    /// month so far on, `egress_per_gb` gives way to the tier's price.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_tiers: Vec<EgressTier>,
 }
 
-/// Egress prices per decimal GB by where the bytes go (first band: tiers by monthly
-/// volume apply when the charge is billed, from the transfer's tariff).
+/// Egress prices per decimal GB by where the bytes go inside the provider; these are flat
+/// (providers tier only internet egress by volume).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EgressByDestination {
     /// Another site in the same region.
@@ -429,12 +461,27 @@ impl PriceSheet {
         }
     }
 
+    /// The tariff for bytes leaving the site to the internet, with its volume tiers.
     pub fn egress_tariff(&self) -> EgressTariff {
-        EgressTariff::flat(
-            self.egress_per_gb,
+        self.egress_tariff_to(Destination::Internet)
+    }
+
+    /// The tariff for bytes leaving the site for `destination`: internet egress carries
+    /// the sheet's volume tiers, the provider's own classes are flat.
+    pub fn egress_tariff_to(&self, destination: Destination) -> EgressTariff {
+        let mut tariff = EgressTariff::flat(
+            self.egress_per_gb_to(destination),
             self.currency,
             self.effective_from,
             self.source.clone(),
-        )
+        );
+        let internet = !matches!(
+            (&self.egress_by_destination, destination),
+            (Some(_), Destination::SameRegion | Destination::OtherRegion)
+        );
+        if internet {
+            tariff.tiers = self.egress_tiers.clone();
+        }
+        tariff
     }
 }

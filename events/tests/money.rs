@@ -184,3 +184,17 @@ fn egress_tiers_are_validated() {
     t.tiers[0].per_gb = dec("-0.01");
     assert!(t.validate().is_err());
 }
+
+#[test]
+fn money_reads_from_an_amount_and_a_currency_code() {
+    let m: meridian_events::Money = "99.50 EUR".parse().unwrap();
+    assert_eq!(m.amount.to_string(), "99.50");
+    assert_eq!(m.currency.to_string(), "EUR");
+    for bad in ["99.50", "-5 USD", "5 usd", "five USD", ""] {
+        let e = bad.parse::<meridian_events::Money>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("expected an amount and a currency code such as \"500 USD\"; got {bad:?}")
+        );
+    }
+}

@@ -8,9 +8,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::*;
 use meridian_events::money::{ComputeOffer, ComputePricing, EgressTariff, EgressTier, PriceSheet};
 use meridian_events::vocabulary::site::Capacity;
-use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, ChargeKind, Meter};
-use meridian_events::vocabulary::workflow::SiteRejection;
+use meridian_events::vocabulary::tenant::{
+    AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy,
+};
 use meridian_events::vocabulary::workflow::StorageClass;
+use meridian_events::vocabulary::workflow::{
+    CostTerms, JobPlacement, PlacementExplanation, SiteRejection, SplitPlan, Verdict, VolumeMove,
+};
 use meridian_events::vocabulary::{Endpoint, Location, Usage};
 use meridian_events::{
     AggregateKind, AggregateRef, Currency, Envelope, Event, EventContext, FailureReason, JobEvent,
@@ -20,7 +24,7 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 31] = [
+const TAGS: [&str; 32] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -52,6 +56,7 @@ const TAGS: [&str; 31] = [
     "transfer.failed.v1",
     "tenant.adjustment_granted.v1",
     "tenant.adjustment_revoked.v1",
+    "tenant.policy_set.v1",
 ];
 
 /// One of each variant, in the order of `TAGS`, with the optional fields filled in.
@@ -79,6 +84,10 @@ fn every_event() -> Vec<Event> {
         storage_per_gib_hour: dec("0.0001"),
         egress_per_gb: dec("0.02"),
         egress_by_destination: None,
+        egress_tiers: vec![EgressTier {
+            from_gb: dec("10000"),
+            per_gb: dec("0.015"),
+        }],
     };
     let resources = spec().jobs["train"].resources.clone();
     let usage = Usage {
@@ -105,7 +114,44 @@ fn every_event() -> Vec<Event> {
             job_rates: BTreeMap::from([("prep".to_string(), sheet.compute_rate("gpu").unwrap())]),
             storage_rate: storage_rate(),
             estimated_cost: Money::new(dec("174.00"), usd()),
-            explanation: explanation(),
+            explanation: PlacementExplanation {
+                split: Some(SplitPlan {
+                    verdict: Verdict::Chosen,
+                    jobs: vec![
+                        JobPlacement {
+                            job: "prep".into(),
+                            site: site(),
+                            offer: "gpu".into(),
+                            compute: dec("1.50"),
+                        },
+                        JobPlacement {
+                            job: "train".into(),
+                            site: "aws-us-east-1".into(),
+                            offer: "p5.48xlarge".into(),
+                            compute: dec("98.32"),
+                        },
+                    ],
+                    moves: vec![VolumeMove {
+                        volume: "data".into(),
+                        from: site(),
+                        to: "aws-us-east-1".into(),
+                        bytes: 1_000_000_000,
+                        before_job: "train".into(),
+                        cost: dec("0.02"),
+                    }],
+                    cost: Some(CostTerms {
+                        currency: usd(),
+                        compute: dec("99.82"),
+                        data_in: dec("0"),
+                        storage: dec("0.01"),
+                        data_out: dec("0"),
+                        data_between: dec("0.02"),
+                    }),
+                }),
+                ..explanation()
+            },
+            job_sites: BTreeMap::from([("train".to_string(), "aws-us-east-1".to_string())]),
+            storage_rates: BTreeMap::from([("aws-us-east-1".to_string(), storage_rate())]),
         }
         .into(),
         WorkflowEvent::PlacementRejected {
@@ -363,6 +409,19 @@ fn every_event() -> Vec<Event> {
             reason: None,
         }
         .into(),
+        TenantEvent::PolicySet {
+            tenant: "physics".into(),
+            policy: PlacementPolicy {
+                sites: vec!["hpc-eu".into()],
+                regions: vec!["eu-central".into()],
+                residency: Some("eu".into()),
+                budget_per_workflow: Some(Money::new(dec("500"), Currency::EUR)),
+                spot_allowed: false,
+                split_allowed: true,
+            },
+            set_by: "admin".into(),
+        }
+        .into(),
     ]
 }
 
@@ -548,4 +607,42 @@ fn tenant_events_read_as_tenant_events() {
     .unwrap();
     assert_eq!(event.aggregate_kind(), AggregateKind::Tenant);
     assert_eq!(event.kind(), "tenant.adjustment_granted.v1");
+}
+
+#[test]
+fn placements_written_before_split_plans_existed_still_decode() {
+    // A workflow.placement_decided.v1 as the first version wrote it: no job_sites,
+    // storage_rates, explanation.split or cost.data_between.
+    let old = json!({
+        "type": "workflow.placement_decided.v1",
+        "attempt": 1,
+        "site": "hpc-eu",
+        "region": "eu-central",
+        "rate": {"offer": "gpu", "pricing": {"basis": "resource", "per_core_hour": "0.01",
+                 "per_gib_memory_hour": "0.002", "per_gpu_hour": "2.50"},
+                 "currency": "USD", "effective_from": "2025-03-01T00:00:00Z", "source": "grant"},
+        "storage_rate": {"per_gib_hour": "0.0001", "currency": "USD",
+                         "effective_from": "2025-03-01T00:00:00Z", "source": "grant"},
+        "estimated_cost": {"amount": "174.00", "currency": "USD"},
+        "explanation": {"candidates": [{"site": "hpc-eu", "verdict": {"verdict": "chosen"},
+            "cost": {"currency": "USD", "compute": "172.50", "data_in": "1.20",
+                     "storage": "0.30", "data_out": "0"}}]}
+    });
+    let event: Event = serde_json::from_value(old.clone()).unwrap();
+    let Event::Workflow(WorkflowEvent::PlacementDecided {
+        job_sites,
+        storage_rates,
+        explanation,
+        ..
+    }) = &event
+    else {
+        panic!("{event:?}")
+    };
+    assert!(job_sites.is_empty() && storage_rates.is_empty());
+    assert!(explanation.split.is_none());
+    let terms = explanation.candidates[0].cost.as_ref().unwrap();
+    assert!(terms.data_between.is_zero());
+    assert_eq!(terms.total().unwrap().amount, dec("174.00"));
+    // And a single-site placement is written the old way, byte for byte.
+    assert_eq!(serde_json::to_value(&event).unwrap(), old);
 }

@@ -31,6 +31,7 @@ fn sheet(effective_from: chrono::DateTime<chrono::Utc>) -> PriceSheet {
         storage_per_gib_hour: dec("0.0001"),
         egress_per_gb: dec("0.02"),
         egress_by_destination: None,
+        egress_tiers: Vec::new(),
     }
 }
 

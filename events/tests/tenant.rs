@@ -7,7 +7,9 @@ use chrono::Duration;
 use common::*;
 use meridian_events::aggregate::testing::given;
 use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand, TenantError};
-use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, ChargeKind, Meter};
+use meridian_events::vocabulary::tenant::{
+    AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy,
+};
 use meridian_events::{Currency, SiteKind, TenantEvent};
 
 fn discount(percent: &str, site: Option<&str>) -> TenantCommand {
@@ -256,4 +258,88 @@ fn scopes_cover_and_rank() {
     assert!(compute.specificity() > all.specificity());
     assert_eq!(site.to_string(), "site hpc-eu");
     assert_eq!(all.to_string(), "every charge");
+}
+
+fn set_policy(tenant: &str, policy: PlacementPolicy) -> TenantCommand {
+    TenantCommand::SetPolicy {
+        tenant: tenant.into(),
+        policy,
+        set_by: "admin".into(),
+    }
+}
+
+fn eu_only() -> PlacementPolicy {
+    PlacementPolicy {
+        regions: vec!["eu-central".into()],
+        residency: Some("eu".into()),
+        budget_per_workflow: Some(meridian_events::Money::new(dec("500"), Currency::EUR)),
+        ..PlacementPolicy::open()
+    }
+}
+
+#[test]
+fn a_placement_policy_is_set_replaced_whole_and_a_repeat_records_nothing() {
+    let state = given::<Tenant>([])
+        .when(set_policy("physics", eu_only()), at(9, 0))
+        .then(vec![TenantEvent::PolicySet {
+            tenant: "physics".into(),
+            policy: eu_only(),
+            set_by: "admin".into(),
+        }]);
+    assert_eq!(state.name(), Some("physics"));
+    assert_eq!(state.policy(), Some(&eu_only()));
+
+    let set = TenantEvent::PolicySet {
+        tenant: "physics".into(),
+        policy: eu_only(),
+        set_by: "admin".into(),
+    };
+    given::<Tenant>([set.clone()])
+        .when(set_policy("physics", eu_only()), at(10, 0))
+        .then(vec![]);
+    let open = given::<Tenant>([set.clone()])
+        .when(set_policy("physics", PlacementPolicy::open()), at(10, 0))
+        .then(vec![TenantEvent::PolicySet {
+            tenant: "physics".into(),
+            policy: PlacementPolicy::open(),
+            set_by: "admin".into(),
+        }]);
+    assert_eq!(open.policy(), Some(&PlacementPolicy::open()));
+    given::<Tenant>([set])
+        .when(set_policy("chemistry", PlacementPolicy::open()), at(10, 0))
+        .then_err(|e| matches!(e, TenantError::WrongTenant { .. }));
+}
+
+#[test]
+fn a_policy_with_an_empty_name_or_a_zero_budget_is_refused_naming_the_field() {
+    let bad = |policy: PlacementPolicy| {
+        given::<Tenant>([])
+            .when(set_policy("physics", policy), at(9, 0))
+            .then_err(|e| matches!(e, TenantError::InvalidPolicy { .. }))
+            .to_string()
+    };
+    assert_eq!(
+        bad(PlacementPolicy {
+            sites: vec![" ".into()],
+            ..PlacementPolicy::open()
+        }),
+        "invalid policy: sites: a site name is empty"
+    );
+    assert_eq!(
+        bad(PlacementPolicy {
+            budget_per_workflow: Some(meridian_events::Money::new(dec("0"), Currency::USD)),
+            ..PlacementPolicy::open()
+        }),
+        "invalid policy: budget_per_workflow: expected an amount above zero"
+    );
+    given::<Tenant>([])
+        .when(set_policy("Not A Name", PlacementPolicy::open()), at(9, 0))
+        .then_err(|e| matches!(e, TenantError::InvalidName(_)));
+}
+
+#[test]
+fn a_policy_written_without_the_allow_flags_allows_spot_and_splitting() {
+    let policy: PlacementPolicy =
+        serde_json::from_value(serde_json::json!({"regions": ["eu"]})).unwrap();
+    assert!(policy.spot_allowed && policy.split_allowed);
 }

@@ -41,6 +41,8 @@ fn placed() -> WorkflowEvent {
         storage_rate,
         estimated_cost,
         explanation,
+        job_sites,
+        storage_rates,
     } = place_cmd()
     else {
         unreachable!()
@@ -54,6 +56,8 @@ fn placed() -> WorkflowEvent {
         storage_rate,
         estimated_cost,
         explanation,
+        job_sites,
+        storage_rates,
     }
 }
 

@@ -32,6 +32,8 @@ fn placed(attempt: u32) -> WorkflowEvent {
         storage_rate,
         estimated_cost,
         explanation,
+        job_sites,
+        storage_rates,
     } = place_cmd()
     else {
         unreachable!()
@@ -45,6 +47,8 @@ fn placed(attempt: u32) -> WorkflowEvent {
         storage_rate,
         estimated_cost,
         explanation,
+        job_sites,
+        storage_rates,
     }
 }
 
@@ -856,4 +860,129 @@ fn a_failed_event_names_at_most_a_hundred_tasks() {
         other => panic!("{other:?}"),
     }
     assert_eq!(wf.failed_jobs().len(), 150);
+}
+
+/// A placement that runs `train` at aws-us-east-1 and the rest at hpc-eu.
+fn split_cmd() -> WorkflowCommand {
+    use meridian_events::vocabulary::workflow::{JobPlacement, SplitPlan, Verdict};
+    let mut cmd = place_cmd();
+    if let WorkflowCommand::RecordPlacement {
+        explanation,
+        job_sites,
+        storage_rates,
+        job_rates,
+        ..
+    } = &mut cmd
+    {
+        for c in &mut explanation.candidates {
+            if c.verdict == Verdict::Chosen {
+                c.verdict = Verdict::Fitted;
+            }
+        }
+        let at = |job: &str, site: &str| JobPlacement {
+            job: job.into(),
+            site: site.into(),
+            offer: "gpu".into(),
+            compute: dec("1"),
+        };
+        explanation.split = Some(SplitPlan {
+            verdict: Verdict::Chosen,
+            jobs: vec![
+                at("prep", "hpc-eu"),
+                at("train", "aws-us-east-1"),
+                at("sweep", "hpc-eu"),
+                at("eval", "hpc-eu"),
+            ],
+            moves: Vec::new(),
+            cost: None,
+        });
+        job_sites.insert("train".into(), "aws-us-east-1".into());
+        storage_rates.insert("aws-us-east-1".into(), storage_rate());
+        job_rates.insert("train".into(), hpc_rate());
+    }
+    cmd
+}
+
+#[test]
+fn a_split_placement_sends_each_job_to_its_site() {
+    let wf = given::<Workflow>([submitted()])
+        .when(split_cmd(), at(0, 1))
+        .then_ok()
+        .1;
+    let placement = wf.placement().unwrap();
+    assert_eq!(placement.site_for("train"), "aws-us-east-1");
+    assert_eq!(placement.site_for("prep"), "hpc-eu");
+    assert_eq!(placement.sites(), ["hpc-eu", "aws-us-east-1"]);
+    assert!(placement.storage_rate_at("aws-us-east-1").is_some());
+    assert!(placement.storage_rate_at("elsewhere").is_none());
+}
+
+type PlacementFields<'a> = (
+    &'a mut BTreeMap<String, String>,
+    &'a mut BTreeMap<String, meridian_events::StorageRate>,
+    &'a mut BTreeMap<String, meridian_events::ComputeRate>,
+    &'a mut meridian_events::vocabulary::workflow::PlacementExplanation,
+    &'a mut String,
+);
+
+fn fields(cmd: &mut WorkflowCommand) -> PlacementFields<'_> {
+    match cmd {
+        WorkflowCommand::RecordPlacement {
+            job_sites,
+            storage_rates,
+            job_rates,
+            explanation,
+            site,
+            ..
+        } => (job_sites, storage_rates, job_rates, explanation, site),
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn an_inconsistent_split_placement_is_refused() {
+    let refused = |change: &dyn Fn(&mut WorkflowCommand)| {
+        let mut cmd = split_cmd();
+        change(&mut cmd);
+        let e = given::<Workflow>([submitted()])
+            .when(cmd, at(0, 1))
+            .then_err(|e| matches!(e, WorkflowError::InvalidPlacement { .. }));
+        e.to_string()
+    };
+    let e = refused(&|c| {
+        fields(c).0.clear();
+    });
+    assert!(e.contains("places every job at one site"), "{e}");
+    let e = refused(&|c| {
+        fields(c).0.insert("eval".into(), "aws-us-east-1".into());
+        fields(c).2.insert("eval".into(), hpc_rate());
+    });
+    assert!(
+        e.contains("job eval runs at \"hpc-eu\" in the split plan"),
+        "{e}"
+    );
+    let e = refused(&|c| {
+        fields(c).2.remove("train");
+    });
+    assert!(e.contains("without a rate of its own"), "{e}");
+    let e = refused(&|c| {
+        fields(c).1.clear();
+    });
+    assert!(
+        e.contains("no storage rate for site \"aws-us-east-1\""),
+        "{e}"
+    );
+    let e = refused(&|c| {
+        fields(c).1.get_mut("aws-us-east-1").unwrap().currency = Currency::EUR;
+    });
+    assert!(e.contains("not in USD"), "{e}");
+    let e = refused(&|c| {
+        *fields(c).4 = "aws-us-east-1".into();
+    });
+    assert!(e.contains("first job runs elsewhere"), "{e}");
+    // Jobs at several sites need a chosen split plan.
+    let e = refused(&|c| {
+        fields(c).3.split = None;
+    });
+    assert!(e.contains("without a chosen split plan"), "{e}");
 }

@@ -79,6 +79,11 @@ pub struct Placement {
     /// May run on preemptible (spot) capacity.
     #[serde(default)]
     pub spot: bool,
+    /// Jobs may run at different sites, each where it costs least counting the volumes
+    /// it must receive from the sites of the jobs before it. Chosen only when cheaper than
+    /// any one site, or when no one site can run every job.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub split: bool,
 }
 
 /// What placement optimises for: total estimated cost, or expected time to finish.

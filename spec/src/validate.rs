@@ -22,7 +22,15 @@ const TOP_FIELDS: [&str; 7] = [
     "jobs",
     "services",
 ];
-const PLACEMENT_FIELDS: [&str; 6] = ["prefer", "sites", "regions", "residency", "budget", "spot"];
+const PLACEMENT_FIELDS: [&str; 7] = [
+    "prefer",
+    "sites",
+    "regions",
+    "residency",
+    "budget",
+    "spot",
+    "split",
+];
 const VOLUME_FIELDS: [&str; 3] = ["size", "ingress", "egress"];
 const DATA_STEP_FIELDS: [&str; 2] = ["source", "destination"];
 const JOB_FIELDS: [&str; 8] = [
@@ -344,6 +352,7 @@ fn placement(w: &mut Walker, path: &Path, value: &Value) -> Option<Placement> {
     let residency = f.optional(w, "residency", text);
     let budget = f.optional(w, "budget", |w, p, v| parsed::<Money>(w, p, v, MONEY));
     let spot = f.or(w, "spot", false, boolean);
+    let split = f.or(w, "split", false, boolean);
     Some(Placement {
         prefer: prefer?,
         sites: sites?,
@@ -351,6 +360,7 @@ fn placement(w: &mut Walker, path: &Path, value: &Value) -> Option<Placement> {
         residency: residency?,
         budget: budget?,
         spot: spot?,
+        split: split?,
     })
 }
 

@@ -545,6 +545,10 @@ fn placement() {
         r#"placement.spot: expected true or false; got "yes""#
     );
     assert_eq!(
+        error(&p("{split: 2}")),
+        r#"placement.split: expected true or false; got 2"#
+    );
+    assert_eq!(
         error(&p("{sites: lumi}")),
         r#"placement.sites: expected a list of site names; got "lumi""#
     );
@@ -574,7 +578,7 @@ fn placement() {
     );
     assert_eq!(
         error(&p("[cheapest]")),
-        "placement: expected a mapping with the fields prefer, sites, regions, residency, budget, spot; got a list"
+        "placement: expected a mapping with the fields prefer, sites, regions, residency, budget, spot, split; got a list"
     );
 }
 

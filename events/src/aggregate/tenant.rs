@@ -1,4 +1,5 @@
-//! The Tenant aggregate: the price adjustments a tenant has been granted.
+//! The Tenant aggregate: the price adjustments a tenant has been granted, and the
+//! placement policy its work runs under.
 //!
 //! A tenant's history lives under one aggregate whose id is derived from its name
 //! ([`tenant_id`]), so anyone can find it without a directory. Adjustments take effect
@@ -15,7 +16,7 @@ use uuid::Uuid;
 
 use super::Aggregate;
 use crate::envelope::AggregateKind;
-use crate::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, TenantEvent};
+use crate::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, PlacementPolicy, TenantEvent};
 
 /// The id of tenant `name`'s aggregate: a UUIDv8 from the first 16 bytes of
 /// SHA-256("meridian/tenant/" + name). Deterministic, so the log needs no name → id index;
@@ -56,6 +57,12 @@ pub enum TenantCommand {
         revoked_by: String,
         reason: Option<String>,
     },
+    /// Replaces the tenant's placement policy.
+    SetPolicy {
+        tenant: String,
+        policy: PlacementPolicy,
+        set_by: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,6 +99,11 @@ pub enum TenantError {
     NegativePrice(Decimal),
     #[error("invalid scope: {0}")]
     InvalidScope(String),
+    #[error("invalid policy: {field}: {message}")]
+    InvalidPolicy {
+        field: &'static str,
+        message: String,
+    },
 }
 
 /// One adjustment as the tenant's history has it now.
@@ -120,6 +132,7 @@ pub struct Tenant {
     /// In grant order.
     adjustments: BTreeMap<Uuid, Adjustment>,
     order: Vec<Uuid>,
+    policy: Option<PlacementPolicy>,
 }
 
 impl Tenant {
@@ -134,6 +147,11 @@ impl Tenant {
         self.order.iter().map(|id| &self.adjustments[id])
     }
 
+    /// The placement policy set for the tenant, if any.
+    pub fn policy(&self) -> Option<&PlacementPolicy> {
+        self.policy.as_ref()
+    }
+
     pub fn adjustment(&self, id: Uuid) -> Option<&Adjustment> {
         self.adjustments.get(&id)
     }
@@ -142,6 +160,50 @@ impl Tenant {
     pub fn in_force_at(&self, at: DateTime<Utc>) -> impl Iterator<Item = &Adjustment> {
         self.adjustments().filter(move |a| a.in_force_at(at))
     }
+}
+
+impl Tenant {
+    /// `tenant` may act on this aggregate: a valid name, and the one it already holds.
+    fn check_tenant(&self, tenant: &str) -> Result<(), TenantError> {
+        if !valid_tenant_name(tenant) {
+            return Err(TenantError::InvalidName(tenant.to_string()));
+        }
+        match &self.name {
+            Some(held) if held != tenant => Err(TenantError::WrongTenant {
+                held: held.clone(),
+                given: tenant.to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn check_policy(policy: &PlacementPolicy) -> Result<(), TenantError> {
+    let invalid = |field, message: &str| {
+        Err(TenantError::InvalidPolicy {
+            field,
+            message: message.into(),
+        })
+    };
+    if policy.sites.iter().any(|s| s.trim().is_empty()) {
+        return invalid("sites", "a site name is empty");
+    }
+    if policy.regions.iter().any(|s| s.trim().is_empty()) {
+        return invalid("regions", "a region is empty");
+    }
+    if policy
+        .residency
+        .as_deref()
+        .is_some_and(|r| r.trim().is_empty())
+    {
+        return invalid("residency", "expected a jurisdiction such as eu");
+    }
+    if let Some(budget) = &policy.budget_per_workflow {
+        if budget.amount <= Decimal::ZERO {
+            return invalid("budget_per_workflow", "expected an amount above zero");
+        }
+    }
+    Ok(())
 }
 
 fn check_scope(scope: &AdjustmentScope, terms: &AdjustmentTerms) -> Result<(), TenantError> {
@@ -200,17 +262,7 @@ impl Aggregate for Tenant {
                 granted_by,
                 reference,
             } => {
-                if !valid_tenant_name(&tenant) {
-                    return Err(TenantError::InvalidName(tenant));
-                }
-                if let Some(held) = &self.name {
-                    if *held != tenant {
-                        return Err(TenantError::WrongTenant {
-                            held: held.clone(),
-                            given: tenant,
-                        });
-                    }
-                }
+                self.check_tenant(&tenant)?;
                 if self.adjustments.contains_key(&adjustment_id) {
                     return Err(TenantError::DuplicateAdjustment(adjustment_id));
                 }
@@ -278,6 +330,22 @@ impl Aggregate for Tenant {
                     reason,
                 }])
             }
+            TenantCommand::SetPolicy {
+                tenant,
+                policy,
+                set_by,
+            } => {
+                self.check_tenant(&tenant)?;
+                check_policy(&policy)?;
+                if self.policy.as_ref() == Some(&policy) {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![TenantEvent::PolicySet {
+                    tenant,
+                    policy,
+                    set_by,
+                }])
+            }
         }
     }
 
@@ -324,6 +392,10 @@ impl Aggregate for Tenant {
                             .map_or(*effective_at, |u| u.min(*effective_at)),
                     );
                 }
+            }
+            TenantEvent::PolicySet { tenant, policy, .. } => {
+                self.name.get_or_insert_with(|| tenant.clone());
+                self.policy = Some(policy.clone());
             }
         }
     }

@@ -86,6 +86,10 @@ pub enum WorkflowCommand {
         storage_rate: StorageRate,
         estimated_cost: Money,
         explanation: PlacementExplanation,
+        /// Jobs placed away from `site` (a split workflow); empty: all run at `site`.
+        job_sites: BTreeMap<String, String>,
+        /// The storage rate at each of those other sites.
+        storage_rates: BTreeMap<String, StorageRate>,
     },
     RejectPlacement {
         rejections: Vec<SiteRejection>,
@@ -200,12 +204,41 @@ pub struct CurrentPlacement {
     pub rate: ComputeRate,
     pub job_rates: BTreeMap<String, ComputeRate>,
     pub storage_rate: StorageRate,
+    /// Jobs that run away from `site` (a split workflow).
+    pub job_sites: BTreeMap<String, String>,
+    pub storage_rates: BTreeMap<String, StorageRate>,
 }
 
 impl CurrentPlacement {
     /// The rate `job` is billed at.
     pub fn rate_for(&self, job: &str) -> &ComputeRate {
         self.job_rates.get(job).unwrap_or(&self.rate)
+    }
+
+    /// Where `job` runs.
+    pub fn site_for(&self, job: &str) -> &str {
+        self.job_sites.get(job).unwrap_or(&self.site)
+    }
+
+    /// The storage rate at `site`, when the placement uses it.
+    pub fn storage_rate_at(&self, site: &str) -> Option<&StorageRate> {
+        if site == self.site {
+            Some(&self.storage_rate)
+        } else {
+            self.storage_rates.get(site)
+        }
+    }
+
+    /// Every site the placement uses: `site` first, then the others by name.
+    pub fn sites(&self) -> Vec<&str> {
+        let mut out = vec![self.site.as_str()];
+        for s in self.job_sites.values() {
+            if !out.contains(&s.as_str()) {
+                out.push(s);
+            }
+        }
+        out[1..].sort_unstable();
+        out
     }
 }
 
@@ -802,6 +835,8 @@ impl Aggregate for Workflow {
                 storage_rate,
                 estimated_cost,
                 explanation,
+                job_sites,
+                storage_rates,
             } => {
                 let state = self.active_state()?;
                 let chosen: Vec<&str> = explanation
@@ -815,7 +850,77 @@ impl Aggregate for Workflow {
                         reason: format!("placed at {site:?} but the explanation chose {chosen:?}"),
                     });
                 }
-                if let Some(job) = job_rates.keys().find(|j| !self.nodes.contains_key(*j)) {
+                let split_chosen = explanation
+                    .split
+                    .as_ref()
+                    .is_some_and(|p| p.verdict == Verdict::Chosen);
+                if split_chosen && !chosen.is_empty() {
+                    return Err(WorkflowError::InvalidPlacement {
+                        reason: "the explanation chose both one site and a split".into(),
+                    });
+                }
+                if !job_sites.is_empty() && !split_chosen {
+                    return Err(WorkflowError::InvalidPlacement {
+                        reason: "jobs placed at several sites without a chosen split plan".into(),
+                    });
+                }
+                if let Some(plan) = explanation.split.as_ref().filter(|_| split_chosen) {
+                    if job_sites.is_empty() {
+                        return Err(WorkflowError::InvalidPlacement {
+                            reason: "a chosen split plan places every job at one site".into(),
+                        });
+                    }
+                    if plan.jobs.first().map(|j| &j.site) != Some(&site) {
+                        return Err(WorkflowError::InvalidPlacement {
+                            reason: format!(
+                                "placed at {site:?} but the split plan's first job runs elsewhere"
+                            ),
+                        });
+                    }
+                    if let Some(j) = plan
+                        .jobs
+                        .iter()
+                        .find(|j| job_sites.get(&j.job).unwrap_or(&site) != &j.site)
+                    {
+                        return Err(WorkflowError::InvalidPlacement {
+                            reason: format!(
+                                "job {} runs at {:?} in the split plan but not in job_sites",
+                                j.job, j.site
+                            ),
+                        });
+                    }
+                }
+                if let Some(job) = job_sites.keys().find(|j| !job_rates.contains_key(*j)) {
+                    return Err(WorkflowError::InvalidPlacement {
+                        reason: format!(
+                            "job {job} runs away from {site:?} without a rate of its own"
+                        ),
+                    });
+                }
+                if let Some(at) = job_sites
+                    .values()
+                    .find(|s| **s != site && !storage_rates.contains_key(*s))
+                {
+                    return Err(WorkflowError::InvalidPlacement {
+                        reason: format!("no storage rate for site {at:?}, where jobs run"),
+                    });
+                }
+                if let Some((at, _)) = storage_rates
+                    .iter()
+                    .find(|(_, r)| r.currency != storage_rate.currency)
+                {
+                    return Err(WorkflowError::InvalidPlacement {
+                        reason: format!(
+                            "the storage rate at {at:?} is not in {}, the placement's currency",
+                            storage_rate.currency
+                        ),
+                    });
+                }
+                if let Some(job) = job_rates
+                    .keys()
+                    .chain(job_sites.keys())
+                    .find(|j| !self.nodes.contains_key(*j))
+                {
                     return Err(WorkflowError::UnknownJob { job: job.clone() });
                 }
                 let next_state = match state {
@@ -834,6 +939,8 @@ impl Aggregate for Workflow {
                     storage_rate,
                     estimated_cost,
                     explanation,
+                    job_sites,
+                    storage_rates,
                 }];
                 events.extend(conclusion);
                 Ok(events)
@@ -966,6 +1073,8 @@ impl Aggregate for Workflow {
                 rate,
                 job_rates,
                 storage_rate,
+                job_sites,
+                storage_rates,
                 ..
             } => {
                 self.placement_attempts = *attempt;
@@ -976,6 +1085,8 @@ impl Aggregate for Workflow {
                     rate: rate.clone(),
                     job_rates: job_rates.clone(),
                     storage_rate: storage_rate.clone(),
+                    job_sites: job_sites.clone(),
+                    storage_rates: storage_rates.clone(),
                 });
                 if self.state == Some(WorkflowState::Submitted) {
                     self.state = Some(WorkflowState::Placed);

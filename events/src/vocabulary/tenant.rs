@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::SiteKind;
-use crate::money::Currency;
+use crate::money::{Currency, Money};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type")]
@@ -43,6 +43,63 @@ pub enum TenantEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+
+    /// From now on the tenant's workflows are placed within `policy`, on top of each
+    /// workflow's own hints. Replaces any earlier policy whole.
+    #[serde(rename = "tenant.policy_set.v1")]
+    PolicySet {
+        tenant: String,
+        policy: PlacementPolicy,
+        set_by: String,
+    },
+}
+
+/// Where a tenant's work may run, whatever its workflows ask: the stricter of this and
+/// a workflow's `placement` hints applies. The default is [`PlacementPolicy::open`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementPolicy {
+    /// Sites the tenant may use; empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<String>,
+    /// Regions the tenant may use; empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<String>,
+    /// The jurisdiction its data must stay in, such as `eu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residency: Option<String>,
+    /// The most one workflow's estimate may be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_per_workflow: Option<Money>,
+    /// Whether its workflows may run on spot (preemptible) capacity when they ask to.
+    #[serde(default = "yes")]
+    pub spot_allowed: bool,
+    /// Whether its workflows may be split across sites when they ask to.
+    #[serde(default = "yes")]
+    pub split_allowed: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl PlacementPolicy {
+    /// A policy that allows everything: what a tenant without one gets.
+    pub fn open() -> PlacementPolicy {
+        PlacementPolicy {
+            sites: Vec::new(),
+            regions: Vec::new(),
+            residency: None,
+            budget_per_workflow: None,
+            spot_allowed: true,
+            split_allowed: true,
+        }
+    }
+}
+
+impl Default for PlacementPolicy {
+    fn default() -> Self {
+        PlacementPolicy::open()
+    }
 }
 
 impl TenantEvent {
@@ -51,6 +108,7 @@ impl TenantEvent {
         match self {
             TenantEvent::AdjustmentGranted { .. } => "tenant.adjustment_granted.v1",
             TenantEvent::AdjustmentRevoked { .. } => "tenant.adjustment_revoked.v1",
+            TenantEvent::PolicySet { .. } => "tenant.policy_set.v1",
         }
     }
 }

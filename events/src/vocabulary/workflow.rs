@@ -42,6 +42,14 @@ pub enum WorkflowEvent {
         storage_rate: StorageRate,
         estimated_cost: Money,
         explanation: PlacementExplanation,
+        /// Where each job runs when the workflow is split across sites (`placement.split`);
+        /// a job not named here runs at `site`.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        job_sites: BTreeMap<String, String>,
+        /// The storage price in force at each other site a split workflow uses, for the
+        /// volumes held there.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        storage_rates: BTreeMap<String, StorageRate>,
     },
 
     /// No site could take the workflow this time.
@@ -199,7 +207,62 @@ impl WorkflowEvent {
 /// Why the router chose what it chose: every candidate it looked at.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacementExplanation {
+    /// Running the whole workflow at one site, site by site.
     pub candidates: Vec<Candidate>,
+    /// Running its jobs at different sites, when `placement.split` allows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitPlan>,
+}
+
+/// A plan that runs a workflow's jobs at different sites, each where it costs least
+/// counting the volumes it must receive from the sites of the jobs before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitPlan {
+    pub verdict: Verdict,
+    /// Each job (or service), in the order they were placed.
+    pub jobs: Vec<JobPlacement>,
+    /// Volumes copied from one site to another between jobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<VolumeMove>,
+    /// Absent when the plan could not be priced (see the verdict).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostTerms>,
+}
+
+impl SplitPlan {
+    /// The distinct sites the plan uses, in the order first used.
+    pub fn sites(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for j in &self.jobs {
+            if !out.contains(&j.site.as_str()) {
+                out.push(&j.site);
+            }
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPlacement {
+    pub job: String,
+    pub site: String,
+    /// The offer it runs on there.
+    pub offer: String,
+    /// Its compute estimate there.
+    pub compute: Decimal,
+}
+
+/// A volume copied between the sites of two jobs, at the source's egress price.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMove {
+    pub volume: String,
+    pub from: String,
+    pub to: String,
+    /// Its declared size: the most the copy moves.
+    pub bytes: u64,
+    /// Before the job that needs it there.
+    pub before_job: String,
+    pub cost: Decimal,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,11 +295,14 @@ pub struct CostTerms {
     pub storage: Decimal,
     /// Moving results to their destinations.
     pub data_out: Decimal,
+    /// Moving volumes between the sites of a split workflow.
+    #[serde(default, skip_serializing_if = "Decimal::is_zero")]
+    pub data_between: Decimal,
 }
 
 impl CostTerms {
     pub fn total(&self) -> Result<Money, MoneyError> {
-        [self.data_in, self.storage, self.data_out]
+        [self.data_in, self.storage, self.data_out, self.data_between]
             .into_iter()
             .try_fold(self.compute, |sum, term| sum.checked_add(term))
             .map(|amount| Money::new(amount, self.currency))

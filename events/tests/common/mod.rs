@@ -108,6 +108,7 @@ pub fn explanation() -> PlacementExplanation {
                     data_in: dec("1.20"),
                     storage: dec("0.30"),
                     data_out: dec("0"),
+                    data_between: dec("0"),
                 }),
             },
             Candidate {
@@ -119,6 +120,7 @@ pub fn explanation() -> PlacementExplanation {
                     data_in: dec("0"),
                     storage: dec("0.50"),
                     data_out: dec("9.00"),
+                    data_between: dec("0"),
                 }),
             },
             Candidate {
@@ -129,6 +131,7 @@ pub fn explanation() -> PlacementExplanation {
                 cost: None,
             },
         ],
+        split: None,
     }
 }
 
@@ -141,6 +144,8 @@ pub fn place_cmd() -> WorkflowCommand {
         storage_rate: storage_rate(),
         estimated_cost: Money::new(dec("174.00"), usd()),
         explanation: explanation(),
+        job_sites: BTreeMap::new(),
+        storage_rates: BTreeMap::new(),
     }
 }
 

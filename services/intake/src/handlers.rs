@@ -84,7 +84,7 @@ fn valid_tenant(value: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-fn tenant(headers: &HeaderMap) -> Result<String, ApiError> {
+pub(crate) fn tenant(headers: &HeaderMap) -> Result<String, ApiError> {
     match header_text(headers, TENANT)? {
         None => Ok(DEFAULT_TENANT.to_string()),
         Some(t) if valid_tenant(t) => Ok(t.to_string()),

@@ -21,9 +21,10 @@ use std::sync::Arc;
 use axum::routing::{get, post};
 use axum::Router;
 use meridian_eventlog::EventLog;
+use meridian_router::Catalog;
 use meridian_store::{Projection, Store};
 use tokio::net::TcpListener;
-use tokio::sync::OnceCell;
+use tokio::sync::{Mutex, OnceCell};
 
 pub mod api;
 mod error;
@@ -34,6 +35,7 @@ mod projection;
 pub mod read;
 mod reports;
 mod sites;
+mod tenants;
 
 pub use error::ApiError;
 pub use handlers::{
@@ -56,6 +58,9 @@ pub struct Intake {
     store: Store,
     /// The intake's tables exist; created on first use so that `new` needs no I/O.
     schema: Arc<OnceCell<()>>,
+    /// The site catalogue behind the `/v1/sites` and `/v1/quotes` endpoints: starts
+    /// empty, and each of them catches it up with what was appended since.
+    catalog: Arc<Mutex<Catalog>>,
 }
 
 impl Intake {
@@ -64,6 +69,7 @@ impl Intake {
             log,
             store,
             schema: Arc::new(OnceCell::new()),
+            catalog: Arc::new(Mutex::new(Catalog::default())),
         }
     }
 
@@ -138,6 +144,10 @@ fn routes() -> Router<Intake> {
         .route("/v1/sites/{name}/drain", post(sites::drain))
         .route("/v1/sites/{name}/undrain", post(sites::undrain))
         .route("/v1/quotes", post(sites::quote))
+        .route(
+            "/v1/tenants/{tenant}/policy",
+            get(tenants::get_policy).put(tenants::set_policy),
+        )
 }
 
 /// Serves `intake`'s routes on `listener` until `shutdown` completes, then finishes the

@@ -29,6 +29,8 @@ use crate::handlers;
         crate::sites::drain,
         crate::sites::undrain,
         crate::sites::quote,
+        crate::tenants::get_policy,
+        crate::tenants::set_policy,
         crate::reports::tenant_bill,
         crate::reports::focus_export,
     ),
@@ -63,12 +65,15 @@ use crate::handlers;
         crate::sites::DrainRequest,
         crate::sites::SiteState,
         crate::sites::Quote,
+        crate::tenants::PolicyDocument,
+        crate::tenants::TenantPolicy,
         meridian_store::job_logs::JobLog,
     )),
     tags(
         (name = "workflows", description = "Submit, watch and cancel workflows"),
         (name = "billing", description = "Bills from the ledger and FinOps FOCUS exports"),
         (name = "sites", description = "The site catalogue, and quotes against it"),
+        (name = "tenants", description = "Where each tenant's work may run"),
         (name = "service", description = "The service itself"),
     )
 )]

@@ -1,6 +1,11 @@
 //! The site catalogue through the API: list the sites, apply a catalogue document,
 //! drain and undrain, and quote a workflow against the live catalogue. Every change is
 //! a Site event in the log, like the CLI's `meridian site` verbs.
+//!
+//! Reads come from the [`Catalog`] the [`Intake`] keeps in memory: each endpoint first
+//! catches it up, reading only the commits appended since the last call (its own
+//! changes included, so a read after a drain sees it), then answers under its lock.
+//! A restarted intake reads the log once, on the first call.
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -9,15 +14,16 @@ use axum::http::HeaderMap;
 use axum::Json;
 use meridian_eventlog::aggregates::{execute, ExecuteError};
 use meridian_events::aggregate::{Site, SiteCommand, SiteError};
-use meridian_events::vocabulary::workflow::Candidate;
+use meridian_events::vocabulary::workflow::{Candidate, SplitPlan};
 use meridian_events::EventContext;
 use meridian_router::catalog_file;
-use meridian_router::placement::{decide, Decision};
+use meridian_router::placement::{decide_for, Decision};
 use meridian_router::Catalog;
 use serde::{Deserialize, Serialize};
+use tokio::sync::MutexGuard;
 
 use crate::api::{ErrorBody, FieldErrorBody};
-use crate::handlers::{read_body, user};
+use crate::handlers::{read_body, tenant, user};
 use crate::{ApiError, Intake};
 
 /// The largest catalogue document taken in one request.
@@ -84,12 +90,25 @@ pub struct Quote {
     /// Every site, with its verdict and cost terms, or why it was rejected.
     #[schema(value_type = Vec<Object>)]
     pub candidates: Vec<Candidate>,
+    /// Jobs that would run away from `site`, when the workflow is split across sites.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub job_sites: std::collections::BTreeMap<String, String>,
+    /// The plan that runs the jobs at different sites, when `placement.split` asks for
+    /// one: each job's site, the volumes moved and its cost terms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub split: Option<SplitPlan>,
 }
 
-async fn catalog(intake: &Intake) -> Result<Catalog, ApiError> {
-    Catalog::load(&**intake.log())
+/// The intake's catalogue, caught up with the log. Callers hold the guard only to read
+/// from it: catch-ups wait on it.
+async fn catalog(intake: &Intake) -> Result<MutexGuard<'_, Catalog>, ApiError> {
+    let mut catalog = intake.catalog.lock().await;
+    catalog
+        .catch_up(&**intake.log())
         .await
-        .map_err(|e| ApiError::from_log("reading the site catalogue", e))
+        .map_err(|e| ApiError::from_log("reading the site catalogue", e))?;
+    Ok(catalog)
 }
 
 fn body_text(bytes: &[u8]) -> Result<&str, ApiError> {
@@ -153,7 +172,9 @@ pub(crate) async fn apply(
             message: e.message,
         }])
     })?;
-    let applied = catalog_file::apply(&**intake.log(), &specs, &by)
+    // A copy, so that the lock is not held while the changes are appended.
+    let current = Catalog::clone(&*catalog(&intake).await?);
+    let applied = catalog_file::apply_to(&**intake.log(), &current, &specs, &by)
         .await
         .map_err(|e| match e {
             catalog_file::ApplyError::Log(e) => ApiError::from_log("applying the catalogue", e),
@@ -185,17 +206,15 @@ async fn on_site(
     let Path(name) =
         path.map_err(|e| ApiError::BadRequest(format!("invalid site name: {}", e.body_text())))?;
     let by = user(headers)?;
-    let catalog = catalog(intake).await?;
-    let site = catalog
+    let id = catalog(intake)
+        .await?
         .find(&name)
+        .map(|site| site.id)
         .ok_or_else(|| ApiError::NotFound(format!("no site {name}")))?;
     let command = command(by.clone());
-    match execute::<Site, _>(
-        &**intake.log(),
-        site.id,
-        &EventContext::new_chain(by),
-        |_| command.clone(),
-    )
+    match execute::<Site, _>(&**intake.log(), id, &EventContext::new_chain(by), |_| {
+        command.clone()
+    })
     .await
     {
         Ok(_) => Ok(Json(SiteState {
@@ -271,7 +290,8 @@ pub(crate) async fn undrain(
     .await
 }
 
-/// Prices a workflow at every site of the live catalogue, without submitting it.
+/// Prices a workflow at every site of the live catalogue, without submitting it, under
+/// the placement policy of the tenant in `X-Meridian-Tenant`.
 #[utoipa::path(post, path = "/v1/quotes", tag = "sites", operation_id = "quote",
     request_body(content = String, description = "A workflow document (YAML or JSON)", content_type = "application/yaml"),
     responses(
@@ -285,28 +305,35 @@ pub(crate) async fn quote(
 ) -> Result<Json<Quote>, ApiError> {
     let bytes = read_body(&headers, body, meridian_spec::MAX_DOCUMENT_BYTES).await?;
     let spec = meridian_spec::parse(body_text(&bytes)?)?;
+    let tenant = tenant(&headers)?;
     let catalog = catalog(&intake).await?;
-    Ok(Json(match decide(&spec, &catalog, chrono::Utc::now()) {
-        Decision::Placed(p) => Quote {
-            site: Some(p.site),
-            estimated_cost: Some(p.estimated_cost.amount.to_string()),
-            currency: Some(p.estimated_cost.currency.to_string()),
-            candidates: p.explanation.candidates,
+    Ok(Json(
+        match decide_for(&spec, Some(&tenant), &catalog, chrono::Utc::now()) {
+            Decision::Placed(p) => Quote {
+                site: Some(p.site),
+                estimated_cost: Some(p.estimated_cost.amount.to_string()),
+                currency: Some(p.estimated_cost.currency.to_string()),
+                candidates: p.explanation.candidates,
+                job_sites: p.job_sites,
+                split: p.explanation.split,
+            },
+            Decision::Rejected { rejections } => Quote {
+                site: None,
+                estimated_cost: None,
+                currency: None,
+                job_sites: Default::default(),
+                split: None,
+                candidates: rejections
+                    .into_iter()
+                    .map(|r| Candidate {
+                        site: r.site,
+                        verdict: meridian_events::vocabulary::workflow::Verdict::Rejected {
+                            reason: r.reason,
+                        },
+                        cost: None,
+                    })
+                    .collect(),
+            },
         },
-        Decision::Rejected { rejections } => Quote {
-            site: None,
-            estimated_cost: None,
-            currency: None,
-            candidates: rejections
-                .into_iter()
-                .map(|r| Candidate {
-                    site: r.site,
-                    verdict: meridian_events::vocabulary::workflow::Verdict::Rejected {
-                        reason: r.reason,
-                    },
-                    cost: None,
-                })
-                .collect(),
-        },
-    }))
+    ))
 }

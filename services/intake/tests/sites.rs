@@ -1,9 +1,13 @@
-//! The site catalogue and quotes through the API, on a real SQLite log and both stores.
+//! The site catalogue and quotes through the API, on a real SQLite log and both stores,
+//! and what a catalogue read costs: only the commits appended since the last one.
 
 mod common;
 
 use axum::http::{Method, StatusCode};
 use common::*;
+use meridian_eventlog::{Appended, Commit, EventLog, LogError, Subscription};
+use meridian_events::{AggregateRef, RawEnvelope};
+use meridian_intake::Intake;
 use serde_json::json;
 
 const CATALOG: &str = r#"
@@ -125,6 +129,83 @@ async fn sites_scenario(db: Db) {
     b.finish().await;
 }
 
+/// A tenant's placement policy: set, read back, applied to its quotes and no one else's,
+/// and refused whole when a field is wrong.
+#[tokio::test]
+async fn a_tenant_policy_is_set_through_the_api_and_binds_its_quotes() {
+    let b = Bench::new(Db::Sqlite).await;
+    let res = b.call(put("/v1/sites").body(CATALOG)).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+
+    let res = b.call(Req::get("/v1/tenants/physics/policy")).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.body["set"], false);
+    assert_eq!(res.body["policy"]["spot_allowed"], true);
+
+    let res = b
+        .call(
+            put("/v1/tenants/physics/policy")
+                .json(&json!({"residency": "us", "budget_per_workflow": "50 USD"})),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.body["set"], true);
+    assert_eq!(res.body["policy"]["residency"], "us");
+    assert_eq!(res.body["policy"]["budget_per_workflow"], "50 USD");
+
+    let cpu = "version: v1\nname: q\njobs:\n  a: {image: host, command: [\"true\"], resources: {cpus: 4, walltime: 2h}}\n";
+    let res = b
+        .call(
+            Req::post("/v1/quotes")
+                .header("x-meridian-tenant", "physics")
+                .body(cpu),
+        )
+        .await;
+    assert_eq!(res.body["site"], "gpu", "{}", res.body);
+    let cheap = res.body["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["site"] == "cheap")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        cheap["verdict"]["reason"],
+        "jurisdiction eu does not satisfy the tenant's residency us"
+    );
+    // Other tenants are not bound by it.
+    let res = b.call(Req::post("/v1/quotes").body(cpu)).await;
+    assert_eq!(res.body["site"], "cheap");
+
+    // Bad input names the field and records nothing.
+    let head = b.head().await;
+    for (body, field) in [
+        (
+            json!({"budget_per_workflow": "fifty"}),
+            "budget_per_workflow",
+        ),
+        (
+            json!({"budget_per_workflow": "0 USD"}),
+            "budget_per_workflow",
+        ),
+        (json!({"regions": [""]}), "regions"),
+        (json!({"sitez": ["cheap"]}), "sitez"),
+        (json!({"spot_allowed": "no"}), "spot_allowed"),
+        (json!({"sites": "cheap"}), "sites"),
+    ] {
+        let res = b.call(put("/v1/tenants/physics/policy").json(&body)).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}");
+        let error = res.body["error"].as_str().unwrap();
+        assert!(error.contains(field), "{error} names {field}");
+    }
+    let res = b
+        .call(put("/v1/tenants/No%20Such/policy").json(&json!({})))
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert_eq!(b.head().await, head, "refused policies append nothing");
+    b.finish().await;
+}
+
 #[tokio::test]
 async fn sqlite_sites_and_quotes_through_the_api() {
     sites_scenario(Db::Sqlite).await;
@@ -133,4 +214,134 @@ async fn sqlite_sites_and_quotes_through_the_api() {
 #[tokio::test]
 async fn postgres_sites_and_quotes_through_the_api() {
     sites_scenario(Db::Postgres).await;
+}
+
+/// The real log, recording where each `read_from` started: what a catalogue read cost.
+struct RecordingLog {
+    inner: std::sync::Arc<dyn EventLog>,
+    reads: std::sync::Mutex<Vec<u64>>,
+}
+
+impl RecordingLog {
+    /// The `after` of every `read_from` since the last call, oldest first.
+    fn take_reads(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.reads.lock().unwrap())
+    }
+}
+
+#[async_trait::async_trait]
+impl EventLog for RecordingLog {
+    async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError> {
+        self.inner.append(events).await
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {
+        self.inner.read_aggregate(aggregate).await
+    }
+
+    async fn read_from(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError> {
+        self.reads.lock().unwrap().push(after);
+        self.inner.read_from(after, max).await
+    }
+
+    async fn head(&self) -> Result<u64, LogError> {
+        self.inner.head().await
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Box<dyn Subscription>, LogError> {
+        self.inner.subscribe(name).await
+    }
+
+    async fn tail(&self, after: u64) -> Result<Box<dyn Subscription>, LogError> {
+        self.inner.tail(after).await
+    }
+}
+
+fn states(res: &Res) -> Vec<(String, String)> {
+    res.body["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn pair(name: &str, state: &str) -> (String, String) {
+    (name.to_string(), state.to_string())
+}
+
+/// The intake keeps its catalogue between calls: each read catches up from where the
+/// last one stopped, and still sees every change (its own and others') made since.
+#[tokio::test]
+async fn site_reads_catch_up_from_where_the_last_one_stopped() {
+    let b = Bench::new(Db::Sqlite).await;
+    let log = std::sync::Arc::new(RecordingLog {
+        inner: b.log.clone(),
+        reads: Default::default(),
+    });
+    let intake = Intake::new(log.clone(), b.store.clone());
+    let router = intake.router();
+    assert!(log.take_reads().is_empty(), "a new intake reads nothing");
+
+    let res = call(&router, put("/v1/sites").body(CATALOG)).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let registered = b.head().await;
+    log.take_reads();
+
+    // The first read after the writes reads them, from where the PUT's catch-up stopped
+    // (an empty log: 0)…
+    let res = call(&router, Req::get("/v1/sites")).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(states(&res), [pair("cheap", "ok"), pair("gpu", "ok")]);
+    assert_eq!(log.take_reads(), [0, registered]);
+    // …and the next one only asks for what came after.
+    let res = call(&router, Req::get("/v1/sites")).await;
+    assert_eq!(states(&res), [pair("cheap", "ok"), pair("gpu", "ok")]);
+    assert_eq!(log.take_reads(), [registered]);
+
+    // A drain between two reads is in the second, read from the last position on.
+    let res = call(&router, Req::post("/v1/sites/cheap/drain")).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let drained = b.head().await;
+    assert!(drained > registered);
+    log.take_reads();
+    let res = call(&router, Req::get("/v1/sites")).await;
+    assert_eq!(states(&res), [pair("cheap", "drained"), pair("gpu", "ok")]);
+    assert_eq!(log.take_reads(), [registered, drained]);
+
+    // So is a change made around the intake, straight in the log (as the CLI does).
+    let specs =
+        meridian_router::catalog_file::parse(&CATALOG.replace("name: gpu", "name: gpu2")).unwrap();
+    meridian_router::catalog_file::apply(&*b.log, &specs, "cli")
+        .await
+        .unwrap();
+    let res = call(&router, Req::get("/v1/sites")).await;
+    assert_eq!(
+        states(&res),
+        [
+            pair("cheap", "drained"),
+            pair("gpu", "ok"),
+            pair("gpu2", "ok")
+        ]
+    );
+    assert_eq!(log.take_reads(), [drained, b.head().await]);
+
+    // Quotes read the same way, and see the drain.
+    let cpu = "version: v1\nname: q\njobs:\n  a: {image: host, command: [\"true\"], resources: {cpus: 4, walltime: 2h}}\n";
+    let res = call(&router, Req::post("/v1/quotes").body(cpu)).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.body["site"], "gpu");
+    assert_eq!(log.take_reads(), [b.head().await]);
+
+    // A new intake (a restart) starts empty and reads the log once.
+    let restarted = Intake::new(log.clone(), b.store.clone()).router();
+    let res = call(&restarted, Req::get("/v1/sites")).await;
+    assert_eq!(states(&res).len(), 3);
+    assert_eq!(log.take_reads(), [0, b.head().await]);
+    b.finish().await;
 }

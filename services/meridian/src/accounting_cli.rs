@@ -16,8 +16,10 @@ use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::tenant::valid_tenant_name;
 use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
-use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, ChargeKind, Meter};
-use meridian_events::{Currency, EventContext, SiteKind, TenantEvent};
+use meridian_events::vocabulary::tenant::{
+    AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy,
+};
+use meridian_events::{Currency, EventContext, Money, SiteKind, TenantEvent};
 use meridian_store::Store;
 use rust_decimal::Decimal;
 use serde_json::Value;
@@ -397,6 +399,49 @@ pub enum Admin {
         #[command(flatten)]
         target: Target,
     },
+    /// Set or show where a tenant's work may run (on top of each workflow's hints).
+    #[command(subcommand)]
+    Policy(PolicyVerb),
+}
+
+#[derive(clap::Subcommand)]
+pub enum PolicyVerb {
+    /// Replace the tenant's placement policy. The stricter of it and a workflow's own
+    /// `placement` hints applies to every placement from now on; workflows already
+    /// placed stay where they are. With no limits given, the tenant may go anywhere.
+    Set {
+        #[arg(long)]
+        tenant: String,
+        /// A site the tenant may use (repeat for more); none: any site.
+        #[arg(long = "site")]
+        sites: Vec<String>,
+        /// A region the tenant may use (repeat for more); none: any region.
+        #[arg(long = "region")]
+        regions: Vec<String>,
+        /// The jurisdiction its data must stay in, such as eu.
+        #[arg(long)]
+        residency: Option<String>,
+        /// The most one workflow's estimate may be, such as "500 USD".
+        #[arg(long)]
+        budget_per_workflow: Option<String>,
+        /// Never run on spot capacity, even when a workflow asks.
+        #[arg(long)]
+        no_spot: bool,
+        /// Never split a workflow across sites, even when it asks.
+        #[arg(long)]
+        no_split: bool,
+        #[arg(long, default_value = "admin")]
+        by: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Show the tenant's placement policy.
+    Show {
+        #[arg(long)]
+        tenant: String,
+        #[command(flatten)]
+        target: Target,
+    },
 }
 
 #[derive(clap::Subcommand)]
@@ -616,6 +661,7 @@ pub async fn admin(which: Admin) -> anyhow::Result<i32> {
             println!("{id}: revoked");
             Ok(0)
         }
+        Admin::Policy(verb) => policy(verb).await,
         Admin::Adjustments { tenant, target } => {
             let log = target.log().await?;
             let loaded = load::<Tenant>(&*log, tenant_id(&tenant))
@@ -639,6 +685,100 @@ pub async fn admin(which: Admin) -> anyhow::Result<i32> {
                 &["ID", "TERMS", "SCOPE", "FROM", "UNTIL", "REFERENCE"],
                 &rows,
             );
+            Ok(0)
+        }
+    }
+}
+
+fn print_policy(tenant: &str, policy: Option<&PlacementPolicy>) {
+    let Some(p) = policy else {
+        println!("{tenant}: no placement policy; its workflows may run anywhere their hints allow");
+        return;
+    };
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "any".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
+    let yes_no = |b: bool| if b { "allowed" } else { "never" };
+    let rows = vec![
+        vec!["sites".to_string(), list(&p.sites)],
+        vec!["regions".to_string(), list(&p.regions)],
+        vec![
+            "residency".to_string(),
+            p.residency.clone().unwrap_or_else(|| "any".into()),
+        ],
+        vec![
+            "budget per workflow".to_string(),
+            p.budget_per_workflow
+                .as_ref()
+                .map_or("none".into(), |m| format!("{} {}", m.amount, m.currency)),
+        ],
+        vec!["spot".to_string(), yes_no(p.spot_allowed).to_string()],
+        vec![
+            "split across sites".to_string(),
+            yes_no(p.split_allowed).to_string(),
+        ],
+    ];
+    println!("placement policy of {tenant}:");
+    table(&["LIMIT", "VALUE"], &rows);
+}
+
+async fn policy(verb: PolicyVerb) -> anyhow::Result<i32> {
+    match verb {
+        PolicyVerb::Set {
+            tenant,
+            sites,
+            regions,
+            residency,
+            budget_per_workflow,
+            no_spot,
+            no_split,
+            by,
+            target,
+        } => {
+            if !valid_tenant_name(&tenant) {
+                bail!("--tenant {tenant:?}: expected 1 to 63 of a-z, 0-9, '-', '_'");
+            }
+            let policy = PlacementPolicy {
+                sites,
+                regions,
+                residency,
+                budget_per_workflow: budget_per_workflow
+                    .as_deref()
+                    .map(|b| {
+                        b.parse::<Money>()
+                            .map_err(|e| anyhow::anyhow!("--budget-per-workflow {b:?}: {e}"))
+                    })
+                    .transpose()?,
+                spot_allowed: !no_spot,
+                split_allowed: !no_split,
+            };
+            let log = target.log().await?;
+            let ctx = EventContext::new_chain(tenant.clone());
+            let events = execute::<Tenant, _>(&*log, tenant_id(&tenant), &ctx, |_| {
+                TenantCommand::SetPolicy {
+                    tenant: tenant.clone(),
+                    policy: policy.clone(),
+                    set_by: by.clone(),
+                }
+            })
+            .await
+            .map_err(refused)?;
+            if events.is_empty() {
+                println!("{tenant}: the policy is already this; nothing recorded");
+            }
+            print_policy(&tenant, Some(&policy));
+            Ok(0)
+        }
+        PolicyVerb::Show { tenant, target } => {
+            let log = target.log().await?;
+            let loaded = load::<Tenant>(&*log, tenant_id(&tenant))
+                .await
+                .context("reading the tenant's history")?;
+            print_policy(&tenant, loaded.state.policy());
             Ok(0)
         }
     }

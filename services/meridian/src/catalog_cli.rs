@@ -11,7 +11,7 @@ use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand, SiteError};
-use meridian_events::vocabulary::workflow::{Candidate, Verdict};
+use meridian_events::vocabulary::workflow::{Candidate, CostTerms, SplitPlan, Verdict};
 use meridian_events::EventContext;
 use meridian_router::catalog_file::{self, SiteSpec};
 use meridian_router::placement::{decide, Decision};
@@ -104,46 +104,102 @@ fn load_specs(extra: Option<&Path>) -> anyhow::Result<Vec<SiteSpec>> {
     }
 }
 
-fn candidate_rows(candidates: &[Candidate]) -> Vec<Vec<String>> {
-    candidates
-        .iter()
-        .map(|c| {
-            let (verdict, reason) = match &c.verdict {
-                Verdict::Chosen => ("chosen".to_string(), String::new()),
-                Verdict::Fitted => ("fits".to_string(), String::new()),
-                Verdict::Rejected { reason } => ("rejected".to_string(), reason.clone()),
-            };
-            let money = |v: rust_decimal::Decimal| v.round_dp(2).to_string();
-            match &c.cost {
-                Some(cost) => vec![
-                    c.site.clone(),
-                    verdict,
-                    money(cost.compute),
-                    money(cost.data_in),
-                    money(cost.storage),
-                    money(cost.data_out),
-                    cost.total()
-                        .map(|t| format!("{} {}", money(t.amount), t.currency))
-                        .unwrap_or_default(),
-                    reason,
-                ],
-                None => vec![
-                    c.site.clone(),
-                    verdict,
-                    "-".into(),
-                    "-".into(),
-                    "-".into(),
-                    "-".into(),
-                    "-".into(),
-                    reason,
-                ],
-            }
-        })
-        .collect()
+fn verdict_text(verdict: &Verdict) -> (String, String) {
+    match verdict {
+        Verdict::Chosen => ("chosen".to_string(), String::new()),
+        Verdict::Fitted => ("fits".to_string(), String::new()),
+        Verdict::Rejected { reason } => ("rejected".to_string(), reason.clone()),
+    }
 }
 
-const COLUMNS: [&str; 8] = [
-    "SITE", "VERDICT", "COMPUTE", "DATA IN", "STORAGE", "DATA OUT", "TOTAL", "WHY NOT",
+fn cost_row(site: String, verdict: &Verdict, cost: Option<&CostTerms>) -> Vec<String> {
+    let (verdict, reason) = verdict_text(verdict);
+    let money = |v: rust_decimal::Decimal| v.round_dp(2).to_string();
+    match cost {
+        Some(cost) => vec![
+            site,
+            verdict,
+            money(cost.compute),
+            money(cost.data_in),
+            money(cost.storage),
+            money(cost.data_out),
+            money(cost.data_between),
+            cost.total()
+                .map(|t| format!("{} {}", money(t.amount), t.currency))
+                .unwrap_or_default(),
+            reason,
+        ],
+        None => {
+            let mut row = vec![site, verdict];
+            row.extend(std::iter::repeat_n("-".to_string(), 6));
+            row.push(reason);
+            row
+        }
+    }
+}
+
+/// One row per candidate site, then one for the split plan when there is one.
+fn candidate_rows(candidates: &[Candidate], split: Option<&SplitPlan>) -> Vec<Vec<String>> {
+    let mut rows: Vec<Vec<String>> = candidates
+        .iter()
+        .map(|c| cost_row(c.site.clone(), &c.verdict, c.cost.as_ref()))
+        .collect();
+    if let Some(plan) = split {
+        let sites = plan.sites();
+        let name = if sites.is_empty() {
+            "split across sites".to_string()
+        } else {
+            format!("split: {}", sites.join(" + "))
+        };
+        rows.push(cost_row(name, &plan.verdict, plan.cost.as_ref()));
+    }
+    rows
+}
+
+/// Where each job of a split plan runs, and the volumes it moves.
+fn print_split(plan: &SplitPlan) {
+    if plan.jobs.is_empty() {
+        return;
+    }
+    println!(
+        "
+split plan ({}):",
+        verdict_text(&plan.verdict).0
+    );
+    let rows: Vec<Vec<String>> = plan
+        .jobs
+        .iter()
+        .map(|j| {
+            vec![
+                j.job.clone(),
+                j.site.clone(),
+                j.offer.clone(),
+                j.compute.round_dp(2).to_string(),
+            ]
+        })
+        .collect();
+    client::table(&["JOB", "SITE", "OFFER", "COMPUTE"], &rows);
+    if !plan.moves.is_empty() {
+        let rows: Vec<Vec<String>> = plan
+            .moves
+            .iter()
+            .map(|m| {
+                vec![
+                    m.volume.clone(),
+                    m.from.clone(),
+                    m.to.clone(),
+                    meridian_spec::Size::from_bytes(m.bytes).to_string(),
+                    m.before_job.clone(),
+                    m.cost.round_dp(2).to_string(),
+                ]
+            })
+            .collect();
+        client::table(&["VOLUME", "FROM", "TO", "SIZE", "BEFORE", "COST"], &rows);
+    }
+}
+
+const COLUMNS: [&str; 9] = [
+    "SITE", "VERDICT", "COMPUTE", "DATA IN", "STORAGE", "DATA OUT", "BETWEEN", "TOTAL", "WHY NOT",
 ];
 
 /// `meridian quote FILE`: prices a workflow at every site of a catalogue, offline.
@@ -172,7 +228,9 @@ pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Res
                 "region": p.region,
                 "estimated_cost": {"amount": p.estimated_cost.amount.to_string(), "currency": p.estimated_cost.currency.to_string()},
                 "job_rates": p.job_rates,
+                "job_sites": p.job_sites,
                 "candidates": p.explanation.candidates,
+                "split": p.explanation.split,
             }),
             p.explanation.candidates.clone(),
             0,
@@ -195,17 +253,31 @@ pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Res
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&value)?),
         Output::Table => {
-            client::table(&COLUMNS, &candidate_rows(&candidates));
+            let split = match &decision {
+                Decision::Placed(p) => p.explanation.split.as_ref(),
+                Decision::Rejected { .. } => None,
+            };
+            client::table(&COLUMNS, &candidate_rows(&candidates, split));
             match &decision {
                 Decision::Placed(p) => {
+                    let mut sites = vec![p.site.as_str()];
+                    for s in p.job_sites.values() {
+                        if !sites.contains(&s.as_str()) {
+                            sites.push(s);
+                        }
+                    }
                     println!(
                         "\ncheapest: {} at {} {} (estimate over the requested walltimes)",
-                        p.site,
+                        sites.join(" + "),
                         p.estimated_cost.amount.round_dp(2),
                         p.estimated_cost.currency
                     );
                     for (job, rate) in &p.job_rates {
-                        println!("  {job}: {}", rate.offer);
+                        let at = p.job_sites.get(job).unwrap_or(&p.site);
+                        println!("  {job}: {} at {at}", rate.offer);
+                    }
+                    if let Some(plan) = split {
+                        print_split(plan);
                     }
                 }
                 Decision::Rejected { .. } => println!("\nno site can run it"),
@@ -226,10 +298,14 @@ pub async fn quote_live(server: &str, file: &Path, output: Output) -> anyhow::Re
     let quote = c.post_text("/v1/quotes", text).await?;
     let candidates: Vec<Candidate> =
         serde_json::from_value(quote["candidates"].clone()).unwrap_or_default();
+    let split: Option<SplitPlan> = serde_json::from_value(quote["split"].clone()).unwrap_or(None);
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&quote)?),
         Output::Table => {
-            client::table(&COLUMNS, &candidate_rows(&candidates));
+            client::table(&COLUMNS, &candidate_rows(&candidates, split.as_ref()));
+            if let Some(plan) = &split {
+                print_split(plan);
+            }
             match quote["site"].as_str() {
                 Some(site) => println!(
                     "\ncheapest: {site} at {} {}",
@@ -298,7 +374,12 @@ pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()>
         );
         let candidates: Vec<Candidate> =
             serde_json::from_value(p["explanation"]["candidates"].clone()).unwrap_or_default();
-        client::table(&COLUMNS, &candidate_rows(&candidates));
+        let split: Option<SplitPlan> =
+            serde_json::from_value(p["explanation"]["split"].clone()).unwrap_or(None);
+        client::table(&COLUMNS, &candidate_rows(&candidates, split.as_ref()));
+        if let Some(plan) = &split {
+            print_split(plan);
+        }
         println!(
             "prices in force: {} from {} (source: {})",
             p["rate"]["offer"].as_str().unwrap_or("-"),

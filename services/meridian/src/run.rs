@@ -174,10 +174,12 @@ pub(crate) fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
-/// A site adapter of `kind` built from its YAML configuration file (Slurm, PBS).
+/// A site adapter of `kind` built from its YAML configuration file. A local site whose
+/// file sets no `root` keeps its jobs under `default_root`, never the main local site's.
 fn configured_adapter(
     kind: &str,
     config: &Path,
+    default_root: &Path,
 ) -> anyhow::Result<Arc<dyn meridian_adapter_core::SiteAdapter>> {
     let text = std::fs::read_to_string(config)
         .with_context(|| format!("cannot read {}", config.display()))?;
@@ -188,6 +190,13 @@ fn configured_adapter(
         )
     };
     Ok(match kind {
+        "local" => {
+            let mut config: LocalConfig = serde_saphyr::from_str(&text).with_context(context)?;
+            if config.root == LocalConfig::default().root {
+                config.root = default_root.to_path_buf();
+            }
+            Arc::new(LocalAdapter::new(config).with_context(context)?)
+        }
         "slurm" => {
             let config: meridian_adapter_slurm::SlurmConfig =
                 serde_saphyr::from_str(&text).with_context(context)?;
@@ -293,7 +302,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         require_site(&*log, &spec.site).await?;
         extra.push((
             spec.site.clone(),
-            configured_adapter(&spec.kind, &spec.config)?,
+            configured_adapter(
+                &spec.kind,
+                &spec.config,
+                &args.data_dir.join("sites").join(&spec.site),
+            )?,
         ));
     }
     let listener = bind(args.listen).await?;
@@ -449,7 +462,8 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                     adapter_config.context("--adapter-config FILE is required for this kind")?;
                 let (log, store) = (log.log().await?, db.store().await?);
                 require_site(&*log, &site).await?;
-                let adapter = configured_adapter(&kind, &config)?;
+                let adapter =
+                    configured_adapter(&kind, &config, root.as_deref().unwrap_or(Path::new(".")))?;
                 tasks.site(&site, adapter, log, store);
                 return tasks.wait().await;
             }

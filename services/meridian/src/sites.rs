@@ -56,6 +56,7 @@ impl LocalPrices {
             storage_per_gib_hour: Decimal::ZERO,
             egress_per_gb: Decimal::ZERO,
             egress_by_destination: None,
+            egress_tiers: Vec::new(),
         })
     }
 }

@@ -12,22 +12,24 @@ struct Up {
 }
 
 fn up_in(dir: tempfile::TempDir, port: u16) -> Up {
+    up_with(dir, port, &[])
+}
+
+/// `meridian up` with a local site of 2 CPUs, and `extra` arguments.
+fn up_with(dir: tempfile::TempDir, port: u16, extra: &[&str]) -> Up {
     let server = format!("http://127.0.0.1:{port}");
     let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
+    let mut args = vec![
         "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--local-cpus",
-            "2",
-        ],
-        &[],
-    );
+        "--data-dir",
+        "data",
+        "--listen",
+        &listen,
+        "--local-cpus",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let proc = Proc::spawn("up", dir.path(), &args, &[]);
     wait_ready(&server, &[&proc]);
     Up { server, dir, proc }
 }
@@ -235,4 +237,171 @@ fn quote_prices_a_workflow_offline_against_the_reference() {
         .parse()
         .unwrap();
     assert_eq!(sum, total);
+}
+
+/// Two local sites in one `meridian up`: `local` (2 CPUs, 0.01 per core-hour) and `big`
+/// (8 CPUs, from a catalogue file, 0.05). A workflow that may split runs its 1-CPU step
+/// at `local` and its 4-CPU step at `big`, and the bill charges each at its own site.
+#[test]
+fn a_split_workflow_runs_its_jobs_at_two_sites_and_each_is_billed_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = write(
+        dir.path(),
+        "sites.yaml",
+        r#"
+sites:
+  - name: big
+    kind: local
+    region: here
+    jurisdiction: eu
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: test
+      compute: [{offer: node, per_core_hour: "0.05", per_gib_hour: "0.001"}]
+    shapes: [{name: node, offer: node, cpus: 8, memory: 16GiB}]
+"#,
+    );
+    let big = write(
+        dir.path(),
+        "big.yaml",
+        "cpus: 8\nmemory_bytes: 17179869184\n",
+    );
+    let adapter = format!("big=local:{}", big.display());
+    let catalog = catalog.display().to_string();
+    let up = up_with(
+        dir,
+        free_port(),
+        &["--catalog", &catalog, "--adapter", &adapter],
+    );
+    let server = up.server.clone();
+
+    let file = write(
+        up.dir.path(),
+        "split.yaml",
+        r#"
+version: v1
+name: split
+placement: {split: true}
+jobs:
+  prep: {image: host, command: ["true"], resources: {cpus: 1, memory: 64MiB, walltime: 10m}}
+  crunch: {requires: [prep], image: host, command: ["true"], resources: {cpus: 4, memory: 64MiB, walltime: 10m}}
+"#,
+    );
+    let status = submit_wait(&server, &file);
+    assert_eq!(status["state"], "finished", "{status:#}");
+    let id = status["id"].as_str().unwrap();
+
+    let explained = cli_json(&server, &["explain", id]);
+    let decision = &explained["decisions"][0]["payload"];
+    assert_eq!(decision["site"], "local", "{decision:#}");
+    assert_eq!(decision["job_sites"]["crunch"], "big", "{decision:#}");
+    assert_eq!(
+        decision["explanation"]["split"]["verdict"]["verdict"],
+        "chosen"
+    );
+    let text = String::from_utf8_lossy(&cli(&server, &["explain", id]).stdout).to_string();
+    assert!(text.contains("split: local + big"), "{text}");
+
+    let bill = bill(&server, id, 2);
+    let mut sites: Vec<String> = billed_runs(&bill)
+        .values()
+        .map(|lines| lines[0]["site"].as_str().unwrap().to_string())
+        .collect();
+    sites.sort();
+    assert_eq!(sites, ["big", "local"], "{bill:#}");
+    // Each run at its own site's rates, computed here by hand: 1 core at 0.01 at local,
+    // 4 at 0.05 at big, 64 MiB at 0.001 per GiB-hour at both.
+    use rust_decimal::Decimal;
+    use std::str::FromStr;
+    let dec = |v: &serde_json::Value| Decimal::from_str(v.as_str().unwrap()).unwrap();
+    let mut sum = Decimal::ZERO;
+    for lines in billed_runs(&bill).values() {
+        let (cores, core_rate) = if lines[0]["site"] == "big" {
+            (4, "0.05")
+        } else {
+            (1, "0.01")
+        };
+        let per_hour = Decimal::from(cores) * Decimal::from_str(core_rate).unwrap()
+            + Decimal::from_str("0.0625").unwrap() * Decimal::from_str("0.001").unwrap();
+        let line = lines.iter().find(|l| l["meter"] == "core_hours").unwrap();
+        let run = chrono::DateTime::parse_from_rfc3339(line["ended_at"].as_str().unwrap()).unwrap()
+            - chrono::DateTime::parse_from_rfc3339(line["started_at"].as_str().unwrap()).unwrap();
+        let hours =
+            Decimal::from(run.num_microseconds().unwrap()) / Decimal::from(3_600_000_000u64);
+        let amount: Decimal = lines.iter().map(|l| dec(&l["amount"])).sum();
+        assert!(
+            (amount - per_hour * hours).abs() < Decimal::from_str("0.0000000001").unwrap(),
+            "{lines:#?} should cost {}",
+            per_hour * hours
+        );
+        sum += amount;
+    }
+    assert_eq!(dec(&bill["totals"][0]["amount"]), sum.normalize());
+}
+
+#[test]
+fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
+    let up = up();
+    let data = up.dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let admin = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .args(["admin", "policy"])
+            .args(args)
+            .args(["--data-dir", data])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let shown = admin(&["set", "--tenant", "default", "--region", "eu-west-9"]);
+    assert!(shown.contains("eu-west-9"), "{shown}");
+
+    let file = write(up.dir.path(), "hello.yaml", "version: v1\nname: h\njobs:\n  a: {image: host, command: [\"true\"], resources: {memory: 64MiB}}\n");
+    let id = submit(&up.server, &file);
+    let status = wait_state(&up.server, &id, &["failed"]);
+    assert!(
+        status["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not among the regions the tenant's policy allows"),
+        "{status:#}"
+    );
+
+    // Opened again, the same workflow runs; `show` says what is in force.
+    admin(&["set", "--tenant", "default"]);
+    let shown = admin(&["show", "--tenant", "default"]);
+    assert!(
+        shown.contains("regions") && shown.contains("any"),
+        "{shown}"
+    );
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(status["state"], "finished", "{status:#}");
+
+    // Bad input names the flag and records nothing.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "admin",
+            "policy",
+            "set",
+            "--tenant",
+            "default",
+            "--budget-per-workflow",
+            "lots",
+            "--data-dir",
+            data,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--budget-per-workflow \"lots\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

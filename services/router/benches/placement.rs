@@ -1,6 +1,7 @@
 //! Placement benchmarks:
 //! 1. decision latency (p50/p99) of `placement::decide` for a three-job workflow against
-//!    catalogues of 10, 100 and 1,000 sites with 50 shapes each;
+//!    catalogues of 10, 100 and 1,000 sites with 50 shapes each, placed whole and with
+//!    `placement.split` (which adds a per-job pass over the sites);
 //! 2. sustained placements per second through the router service over JetStream (a
 //!    real nats-server; submissions appended as fast as the log takes them).
 //!
@@ -89,6 +90,7 @@ fn site(i: usize) -> SiteSpec {
             storage_per_gib_hour: Decimal::ZERO,
             egress_per_gb: Decimal::new(9, 2),
             egress_by_destination: None,
+            egress_tiers: Vec::new(),
         },
         shapes,
         datasets: Vec::new(),
@@ -100,33 +102,40 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn latency(quick: bool) {
-    let spec = meridian_spec::parse(WORKFLOW).unwrap();
-    println!("| sites × shapes | decisions | p50 ms | p99 ms | per site-shape µs |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
-    for sites in [10usize, 100, 1000] {
-        let catalog = offline_catalog(&(0..sites).map(site).collect::<Vec<_>>());
-        let runs = if quick {
-            5
-        } else {
-            (20_000 / sites).clamp(30, 1000)
-        };
-        let mut times = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let t = Instant::now();
-            let decision = std::hint::black_box(decide(&spec, &catalog, Utc::now()));
-            times.push(t.elapsed());
-            assert!(
-                matches!(decision, meridian_router::placement::Decision::Placed(_)),
-                "the bench workflow must be placeable"
+    let whole = meridian_spec::parse(WORKFLOW).unwrap();
+    let split = meridian_spec::parse(
+        &WORKFLOW.replace("name: bench\n", "name: bench\nplacement: {split: true}\n"),
+    )
+    .unwrap();
+    assert!(split.placement.split);
+    println!("| workflow | sites × shapes | decisions | p50 ms | p99 ms | per site-shape µs |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    for (label, spec) in [("one site", &whole), ("split: true", &split)] {
+        for sites in [10usize, 100, 1000] {
+            let catalog = offline_catalog(&(0..sites).map(site).collect::<Vec<_>>());
+            let runs = if quick {
+                5
+            } else {
+                (20_000 / sites).clamp(30, 1000)
+            };
+            let mut times = Vec::with_capacity(runs);
+            for _ in 0..runs {
+                let t = Instant::now();
+                let decision = std::hint::black_box(decide(spec, &catalog, Utc::now()));
+                times.push(t.elapsed());
+                assert!(
+                    matches!(decision, meridian_router::placement::Decision::Placed(_)),
+                    "the bench workflow must be placeable"
+                );
+            }
+            times.sort();
+            let p50 = percentile(&times, 0.5);
+            println!(
+                "| {label} | {sites} × 50 | {runs} | {p50:.3} | {:.3} | {:.3} |",
+                percentile(&times, 0.99),
+                p50 * 1e3 / (sites as f64 * 50.0)
             );
         }
-        times.sort();
-        let p50 = percentile(&times, 0.5);
-        println!(
-            "| {sites} × 50 | {runs} | {p50:.3} | {:.3} | {:.3} |",
-            percentile(&times, 0.99),
-            p50 * 1e3 / (sites as f64 * 50.0)
-        );
     }
 }
 

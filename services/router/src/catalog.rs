@@ -1,5 +1,12 @@
-//! The site catalogue as the router sees it: a projection of Site events, kept in
+//! The site catalogue as the router sees it: a projection of Site, Transfer, Job and
+//! Tenant events (tenants' placement policies and month-to-date egress), kept in
 //! memory. Every decision reads prices from here and copies them into its event.
+//!
+//! It is an incremental read model: it remembers the last log [`Catalog::position`] it
+//! folded in, and [`Catalog::catch_up`] reads only the commits after it, so a long-lived
+//! copy (the intake's, the router's) pays for what was appended since, not for the whole
+//! log. [`Catalog::load`] is a catch-up from an empty catalogue. Job events count too:
+//! each site's runs and faults (its reliability) come from job terminal events.
 
 use std::collections::BTreeMap;
 
@@ -67,33 +74,88 @@ pub struct Catalog {
     pub datasets: BTreeMap<String, (String, u64)>,
     /// The locality map: digest → the sites holding those bytes.
     pub holdings: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Tenants' placement policies and their egress so far this month.
+    pub tenants: crate::tenant_view::TenantView,
+    /// The last log position folded in (0: none yet).
+    position: u64,
+    /// The aggregate sequence of the last event folded in from the commit at `position`;
+    /// `u64::MAX` once that whole commit is in. With `position` it orders every event
+    /// in the log, so [`Catalog::observe_at`] can tell one it already counted.
+    sequence: u64,
 }
 
 impl Catalog {
-    /// Builds the catalogue from the whole log (Site events only).
+    /// Builds the catalogue from the whole log.
     pub async fn load(log: &dyn EventLog) -> Result<Catalog, LogError> {
         let mut catalog = Catalog::default();
-        let mut after = 0;
+        catalog.catch_up(log).await?;
+        Ok(catalog)
+    }
+
+    /// The last log position folded in (0 for an empty catalogue).
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Reads the commits appended after [`Catalog::position`] and folds them in. On an
+    /// error the commits before the failing one stay folded in, and the next call
+    /// resumes there.
+    pub async fn catch_up(&mut self, log: &dyn EventLog) -> Result<(), LogError> {
         loop {
-            let commits = log.read_from(after, 512).await?;
-            let Some(last) = commits.last() else {
-                return Ok(catalog);
+            // A commit only partly folded in by `observe_at` is read again for the rest.
+            let after = if self.sequence == u64::MAX {
+                self.position
+            } else {
+                self.position.saturating_sub(1)
             };
-            after = last.position;
-            for raw in commits.into_iter().flat_map(|c| c.events) {
-                if !matches!(
-                    raw.aggregate.kind,
-                    AggregateKind::Site | AggregateKind::Transfer
-                ) {
-                    continue;
+            let commits = log.read_from(after, 512).await?;
+            if commits.is_empty() {
+                return Ok(());
+            }
+            for commit in commits {
+                // Decoding is the costly part: only the kinds the catalogue folds in.
+                let mut events = Vec::new();
+                for raw in commit.events {
+                    if !matches!(
+                        raw.aggregate.kind,
+                        AggregateKind::Site
+                            | AggregateKind::Transfer
+                            | AggregateKind::Job
+                            | AggregateKind::Tenant
+                    ) {
+                        continue;
+                    }
+                    events.push(raw.decode::<Event>().map_err(|e| LogError::Corrupt {
+                        position: commit.position,
+                        message: e.to_string(),
+                    })?);
                 }
-                let envelope = raw.decode::<Event>().map_err(|e| LogError::Corrupt {
-                    position: after,
-                    message: e.to_string(),
-                })?;
-                catalog.observe(&envelope);
+                // A whole commit or nothing, so that a corrupt one is met again next time.
+                for envelope in &events {
+                    self.observe_at(commit.position, envelope);
+                }
+                self.position = commit.position;
+                self.sequence = u64::MAX;
             }
         }
+    }
+
+    /// The placement policy of `tenant`, if an admin set one.
+    pub fn policy(
+        &self,
+        tenant: &str,
+    ) -> Option<&meridian_events::vocabulary::tenant::PlacementPolicy> {
+        self.tenants.policy(tenant)
+    }
+
+    /// GB of billable egress that left `source` for `tenant` in the month of `now`.
+    pub fn egress_so_far(
+        &self,
+        tenant: &str,
+        source: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> rust_decimal::Decimal {
+        self.tenants.egress_so_far(tenant, source, now)
     }
 
     pub fn find(&self, name: &str) -> Option<&SiteEntry> {
@@ -116,9 +178,29 @@ impl Catalog {
             .map(|(_, (digest, bytes))| (digest.as_str(), *bytes))
     }
 
-    /// Folds in one event: Site events, and finished transfers for the locality map
-    /// (a finished transfer means those bytes are now at that site). Others are ignored.
+    /// [`Catalog::observe`] for an event delivered from the commit at log `position`
+    /// (a subscription's), unless this catalogue already folded it in: a catalogue
+    /// loaded up to the head and then fed by a subscription that resumes from an older
+    /// acknowledgement sees those commits twice, and counting a job's end twice would
+    /// skew its site's reliability. Returns whether the event was folded in.
+    pub fn observe_at(&mut self, position: u64, envelope: &Envelope<Event>) -> bool {
+        if (position, envelope.sequence) <= (self.position, self.sequence) {
+            return false;
+        }
+        self.observe(envelope);
+        self.position = position;
+        self.sequence = envelope.sequence;
+        true
+    }
+
+    /// Folds in one event: Site events, finished transfers for the locality map (a
+    /// finished transfer means those bytes are now at that site, and a billable one counts
+    /// towards its tenant's egress tiers), job ends for each site's reliability, and
+    /// tenants' placement policies. Others are ignored. Nothing guards against folding the same
+    /// event twice (use [`Catalog::observe_at`] for events that may come again), and
+    /// [`Catalog::position`] does not move.
     pub fn observe(&mut self, envelope: &Envelope<Event>) {
+        self.tenants.observe(envelope);
         if let Event::Job(job) = &envelope.payload {
             let site = match job {
                 JobEvent::Finished { site, .. }

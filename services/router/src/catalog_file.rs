@@ -23,7 +23,9 @@
 //!
 //! Prices are strings so they stay exact. `egress_per_gb` prices data leaving the site for
 //! the internet (and for anywhere, alone); `egress_within: {same_region, other_region}`
-//! gives the provider's cheaper prices inside its own network. A compute offer is priced either
+//! gives the provider's cheaper prices inside its own network; `egress_tiers:
+//! [{from_gb, per_gb}]` lowers the internet price as the tenant's monthly volume out of
+//! the site grows. A compute offer is priced either
 //! `per_instance_hour` (clouds) or `per_core_hour` + `per_gib_hour` + `per_gpu_hour` (HPC).
 
 use std::collections::BTreeMap;
@@ -31,7 +33,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use meridian_events::aggregate::SiteCommand;
-use meridian_events::money::EgressByDestination;
+use meridian_events::money::{EgressByDestination, EgressTier};
 use meridian_events::vocabulary::site::{Dataset, Shape, ShapeGpus};
 use meridian_events::vocabulary::AcceleratorVendor;
 use meridian_events::{
@@ -106,7 +108,17 @@ struct PricesFile {
     /// Cheaper egress inside the provider: to the same region, to its other regions.
     #[serde(default)]
     egress_within: Option<EgressWithinFile>,
+    /// Internet egress by monthly volume: `[{from_gb, per_gb}]`, `from_gb` increasing.
+    #[serde(default)]
+    egress_tiers: Vec<EgressTierFile>,
     compute: Vec<OfferFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EgressTierFile {
+    from_gb: String,
+    per_gb: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -258,7 +270,28 @@ pub fn parse(text: &str) -> Result<Vec<SiteSpec>, CatalogFileError> {
                     )?,
                 }),
             },
+            egress_tiers: p
+                .egress_tiers
+                .iter()
+                .enumerate()
+                .map(|(k, t)| {
+                    let here = format!("{at}.prices.egress_tiers[{k}]");
+                    Ok(EgressTier {
+                        from_gb: decimal(&format!("{here}.from_gb"), &t.from_gb)?,
+                        per_gb: decimal(&format!("{here}.per_gb"), &t.per_gb)?,
+                    })
+                })
+                .collect::<Result<_, CatalogFileError>>()?,
         };
+        if let Err(e) = prices.egress_tariff().validate() {
+            return Err(error(
+                format!("{at}.prices.egress_tiers"),
+                format!(
+                    "{}; expected from_gb above 0 and increasing, prices not negative",
+                    e.0
+                ),
+            ));
+        }
         if p.source.trim().is_empty() {
             return Err(error(
                 format!("{at}.prices.source"),
@@ -435,8 +468,19 @@ pub async fn apply(
     specs: &[SiteSpec],
     by: &str,
 ) -> Result<Vec<(String, Applied)>, ApplyError> {
-    use meridian_eventlog::aggregates::execute;
     let catalog = Catalog::load(log).await?;
+    apply_to(log, &catalog, specs, by).await
+}
+
+/// [`apply`] against a catalogue the caller already holds, caught up with `log` (the
+/// intake keeps one, so that it need not read the whole log).
+pub async fn apply_to(
+    log: &dyn meridian_eventlog::EventLog,
+    catalog: &Catalog,
+    specs: &[SiteSpec],
+    by: &str,
+) -> Result<Vec<(String, Applied)>, ApplyError> {
+    use meridian_eventlog::aggregates::execute;
     let mut outcome = Vec::new();
     for spec in specs {
         let current = catalog.find(&spec.name);

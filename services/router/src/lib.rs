@@ -33,6 +33,7 @@ use uuid::Uuid;
 pub mod catalog;
 pub mod catalog_file;
 pub mod placement;
+pub mod tenant_view;
 
 pub use catalog::Catalog;
 
@@ -168,7 +169,7 @@ impl Router {
                         position: commit.position,
                         message: e.to_string(),
                     })?;
-                    if let Some(workflow) = self.observe(&envelope).await? {
+                    if let Some(workflow) = self.observe(commit.position, &envelope).await? {
                         touched.insert(workflow);
                     }
                 }
@@ -181,11 +182,17 @@ impl Router {
     }
 
     /// Folds one delivered event into the caches; returns the workflow it concerns.
-    async fn observe(&mut self, envelope: &Envelope<Event>) -> Result<Option<Uuid>, RouterError> {
+    async fn observe(
+        &mut self,
+        position: u64,
+        envelope: &Envelope<Event>,
+    ) -> Result<Option<Uuid>, RouterError> {
         let id = envelope.aggregate.id;
         match envelope.aggregate.kind {
-            AggregateKind::Site | AggregateKind::Transfer => {
-                self.catalog.observe(envelope);
+            AggregateKind::Site | AggregateKind::Transfer | AggregateKind::Tenant => {
+                // The catalogue was loaded up to the head; the subscription may resume
+                // from an older ack and deliver those commits again.
+                self.catalog.observe_at(position, envelope);
                 Ok(None)
             }
             AggregateKind::Workflow => {
@@ -195,7 +202,9 @@ impl Router {
                 Ok(Some(id))
             }
             AggregateKind::Job => {
-                self.catalog.observe(envelope);
+                // The catalogue was loaded up to the head; the subscription may resume
+                // from an older ack and deliver those commits again.
+                self.catalog.observe_at(position, envelope);
                 let cached = self.jobs.entry(id).or_insert_with(|| Cached::fresh(id));
                 if !cached.observe(envelope) {
                     // A gap: we missed some of its history; the log has all of it.
@@ -210,7 +219,6 @@ impl Router {
                 }
                 Ok(workflow)
             }
-            AggregateKind::Tenant => Ok(None),
         }
     }
 
@@ -295,16 +303,23 @@ impl Router {
                     .collect()
             })
             .unwrap_or_default();
-        let (spec, current) = {
-            let wf = &self.workflow(id).await?.state;
-            (wf.spec().cloned(), wf.placement().map(|p| p.site.clone()))
+        let (spec, current, tenant) = {
+            let wf = self.workflow(id).await?;
+            let sites = wf.state.placement().map(|p| {
+                p.sites()
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            });
+            (wf.state.spec().cloned(), sites, wf.tenant.clone())
         };
         let (Some(spec), Some(current)) = (spec, current) else {
             return Ok(());
         };
-        if !excluded.contains_key(&current) {
+        if !current.iter().any(|s| excluded.contains_key(s)) {
             return Ok(());
         }
+        let current = current.join("+");
         let mut catalog = self.catalog.clone();
         for (site, exclusion) in &excluded {
             catalog.exclude(
@@ -318,20 +333,35 @@ impl Router {
                 ),
             );
         }
-        let placement::Decision::Placed(placed) = placement::decide(&spec, &catalog, now) else {
+        let placement::Decision::Placed(placed) =
+            placement::decide_for(&spec, tenant.as_deref(), &catalog, now)
+        else {
             tracing::info!(workflow = %id, site = %current, "no other site fits; retrying where it is after the backoff");
             return Ok(());
         };
+        tracing::info!(workflow = %id, from = %current, to = %placed.site, "re-placed after a site fault");
+        self.record_placement(id, *placed).await?;
+        // The new site has no reason to wait.
+        self.not_before.remove(&id);
+        self.hold_volumes(id).await
+    }
+
+    async fn record_placement(
+        &mut self,
+        id: Uuid,
+        placed: placement::Placed,
+    ) -> Result<(), RouterError> {
         let placement::Placed {
             site,
             region,
+            job_sites,
+            storage_rates,
             rate,
             job_rates,
             storage_rate,
             estimated_cost,
             explanation,
-        } = *placed;
-        tracing::info!(workflow = %id, from = %current, to = %site, "re-placed after a site fault");
+        } = placed;
         self.on_workflow(id, |_| WorkflowCommand::RecordPlacement {
             site: site.clone(),
             region: region.clone(),
@@ -340,40 +370,78 @@ impl Router {
             storage_rate: storage_rate.clone(),
             estimated_cost: estimated_cost.clone(),
             explanation: explanation.clone(),
+            job_sites: job_sites.clone(),
+            storage_rates: storage_rates.clone(),
         })
         .await?;
-        // The new site has no reason to wait.
-        self.not_before.remove(&id);
-        self.hold_volumes(id).await
+        Ok(())
     }
 
-    /// Sets aside the spec's volumes at the workflow's site (storage is billed from
-    /// here), giving back any held at another site after a re-placement.
+    /// Sets aside the spec's volumes where the workflow's jobs use them (storage is
+    /// billed from here): at its site, or, split, at each site whose jobs mount them.
+    /// Gives back any held at a site no longer used after a re-placement, unless a task
+    /// still running there mounts it.
     async fn hold_volumes(&mut self, id: Uuid) -> Result<(), RouterError> {
         let now = Utc::now();
-        let (wanted, held, site, rate) = {
-            let wf = &self.workflow(id).await?.state;
+        self.workflow(id).await?;
+        let (wanted, held, busy) = {
+            let wf = &self.workflows[&id].state;
             let (Some(spec), Some(placement)) = (wf.spec(), wf.placement()) else {
                 return Ok(());
             };
-            let wanted: Vec<(String, u64)> = spec
-                .volumes
-                .iter()
-                .map(|(name, v)| (name.clone(), v.size.bytes()))
-                .collect();
+            let mut wanted: Vec<(String, String, u64, meridian_events::StorageRate)> = Vec::new();
+            for (name, volume) in &spec.volumes {
+                let mut sites: Vec<&str> = spec
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| j.mounts.contains_key(name))
+                    .map(|(job, _)| job)
+                    .chain(
+                        spec.services
+                            .iter()
+                            .filter(|(_, s)| s.mounts.contains_key(name))
+                            .map(|(service, _)| service),
+                    )
+                    .map(|job| placement.site_for(job))
+                    .collect();
+                if sites.is_empty() {
+                    sites.push(&placement.site);
+                }
+                sites.sort_unstable();
+                sites.dedup();
+                for site in sites {
+                    let rate = placement
+                        .storage_rate_at(site)
+                        .unwrap_or(&placement.storage_rate)
+                        .clone();
+                    wanted.push((name.clone(), site.to_string(), volume.size.bytes(), rate));
+                }
+            }
             let held: Vec<(String, String)> = wf
                 .allocated_volumes()
                 .map(|a| (a.volume.clone(), a.site.clone()))
                 .collect();
-            (
-                wanted,
-                held,
-                placement.site.clone(),
-                placement.storage_rate.clone(),
-            )
+            // Volumes that running tasks mount where they run stay, whatever the new
+            // placement says: they are in use.
+            let busy: BTreeSet<(String, String)> = wf
+                .running_jobs()
+                .iter()
+                .filter_map(|(job_id, task)| {
+                    let site = self.releases.get(job_id)?.site.clone();
+                    let mounts = spec
+                        .jobs
+                        .get(&task.job)
+                        .map(|j| &j.mounts)
+                        .or_else(|| spec.services.get(&task.job).map(|s| &s.mounts))?;
+                    Some(mounts.keys().map(move |v| (v.clone(), site.clone())))
+                })
+                .flatten()
+                .collect();
+            (wanted, held, busy)
         };
         for (volume, at) in &held {
-            if *at != site {
+            let in_use = busy.contains(&(volume.clone(), at.clone()));
+            if !in_use && !wanted.iter().any(|(v, s, ..)| v == volume && s == at) {
                 let (volume, at) = (volume.clone(), at.clone());
                 self.on_workflow(id, |_| WorkflowCommand::ReleaseVolume {
                     volume: volume.clone(),
@@ -383,7 +451,7 @@ impl Router {
                 .await?;
             }
         }
-        for (volume, bytes) in wanted {
+        for (volume, site, bytes, rate) in wanted {
             if held.iter().any(|(v, at)| *v == volume && *at == site) {
                 continue;
             }
@@ -541,28 +609,11 @@ impl Router {
         let Some(spec) = self.workflow(id).await?.state.spec().cloned() else {
             return Ok(());
         };
-        match placement::decide(&spec, &self.catalog, chrono::Utc::now()) {
+        let tenant = self.workflow(id).await?.tenant.clone();
+        match placement::decide_for(&spec, tenant.as_deref(), &self.catalog, Utc::now()) {
             placement::Decision::Placed(placed) => {
-                let placement::Placed {
-                    site,
-                    region,
-                    rate,
-                    job_rates,
-                    storage_rate,
-                    estimated_cost,
-                    explanation,
-                } = *placed;
-                tracing::info!(workflow = %id, %site, estimate = %estimated_cost.amount, "placed");
-                self.on_workflow(id, |_| WorkflowCommand::RecordPlacement {
-                    site: site.clone(),
-                    region: region.clone(),
-                    rate: rate.clone(),
-                    job_rates: job_rates.clone(),
-                    storage_rate: storage_rate.clone(),
-                    estimated_cost: estimated_cost.clone(),
-                    explanation: explanation.clone(),
-                })
-                .await?;
+                tracing::info!(workflow = %id, site = %placed.site, split = !placed.job_sites.is_empty(), estimate = %placed.estimated_cost.amount, "placed");
+                self.record_placement(id, *placed).await?;
                 self.hold_volumes(id).await?;
                 // A workflow with nothing to run may already be finished; else release.
                 self.reconcile_after_placement(id).await
@@ -658,13 +709,16 @@ impl Router {
     async fn release_runnable(&mut self, id: Uuid) -> Result<(), RouterError> {
         let mut released = std::collections::HashSet::new();
         loop {
-            let (runnable, site) = {
+            let (task, site) = {
                 let wf = &self.workflow(id).await?.state;
-                let site = wf.placement().map(|p| p.site.clone());
-                (wf.runnable_jobs(), site)
-            };
-            let (Some(task), Some(site)) = (runnable.into_iter().next(), site) else {
-                return Ok(());
+                let Some(task) = wf.runnable_jobs().into_iter().next() else {
+                    return Ok(());
+                };
+                let Some(placement) = wf.placement() else {
+                    return Ok(());
+                };
+                let site = placement.site_for(&task.job).to_string();
+                (task, site)
             };
             if !released.insert(task.clone()) {
                 // The aggregate still calls it runnable after releasing it: a bug, and

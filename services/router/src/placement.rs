@@ -1,30 +1,39 @@
-//! The placement decision, pure: filter the sites that can run every job, price the
-//! whole workflow at each, choose the cheapest, and explain every candidate.
-//!
-//! Minimal today: compute cost only (data and storage terms are zero until datasets
-//! and tariffs are modelled), fit judged from the site's labels (see
-//! [`crate::catalog::labels`]). Ties go to the site name, so decisions are repeatable.
+//! The placement decision, pure: filter the sites the workflow's hints and its tenant's
+//! policy allow, price the whole workflow at each site that can run every job (compute
+//! on the cheapest fitting shape, inputs moved from where they are, storage, results
+//! moved out, egress through the source's monthly volume tiers), and, when the workflow
+//! may be split, a plan that runs each job where it costs least counting the volumes
+//! moved between sites. Choose, and explain every candidate. Ties go to reliability,
+//! queue depth, then the site name, so decisions are repeatable.
 
 use chrono::{DateTime, Utc};
 use meridian_events::money::Destination;
 use meridian_events::vocabulary::site::Shape;
+use meridian_events::vocabulary::tenant::PlacementPolicy;
 use meridian_events::vocabulary::workflow::{
-    Candidate, CostTerms, PlacementExplanation, SiteRejection, Verdict,
+    Candidate, CostTerms, JobPlacement, PlacementExplanation, SiteRejection, SplitPlan, Verdict,
+    VolumeMove,
 };
 use meridian_events::vocabulary::AcceleratorVendor;
 use meridian_events::{Allocation, ComputeRate, Money, StorageRate};
 use meridian_spec::{GpuVendor, Resources, Size, Walltime, Workflow};
 use rust_decimal::Decimal;
+use std::collections::BTreeMap;
 
 use crate::catalog::{labels, Catalog, SiteEntry};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Placed {
+    /// The site of the first job (all of them, unless split).
     pub site: String,
     pub region: String,
+    /// Jobs that run away from `site`, when the workflow is split.
+    pub job_sites: BTreeMap<String, String>,
+    /// The storage rate at each of those other sites.
+    pub storage_rates: BTreeMap<String, StorageRate>,
     /// The rate of the first job's shape; `job_rates` holds every job's.
     pub rate: ComputeRate,
-    pub job_rates: std::collections::BTreeMap<String, ComputeRate>,
+    pub job_rates: BTreeMap<String, ComputeRate>,
     pub storage_rate: StorageRate,
     pub estimated_cost: Money,
     pub explanation: PlacementExplanation,
@@ -235,17 +244,237 @@ fn cheapest_shape(
     })
 }
 
-/// Decides where `spec` runs at `now` among the catalogue's sites.
+/// Decides where `spec` runs at `now` among the catalogue's sites, with no tenant policy
+/// beyond the workflow's own hints (offline quotes). The router uses [`decide_for`].
 pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decision {
+    decide_for(spec, None, catalog, now)
+}
+
+/// What one site offers a workflow: each job's cheapest rate and compute cost there, or
+/// why the job does not fit.
+struct SiteOffer<'c> {
+    site: &'c SiteEntry,
+    sheet: &'c meridian_events::PriceSheet,
+    jobs: BTreeMap<String, Result<(ComputeRate, Decimal), String>>,
+}
+
+/// Egress estimates through volume tiers: the tenant's month so far out of each source,
+/// plus what this estimate already moved from it.
+struct EgressMeter<'c> {
+    catalog: &'c Catalog,
+    tenant: Option<&'c str>,
+    now: DateTime<Utc>,
+    moved_gb: BTreeMap<String, Decimal>,
+}
+
+impl<'c> EgressMeter<'c> {
+    fn new(catalog: &'c Catalog, tenant: Option<&'c str>, now: DateTime<Utc>) -> Self {
+        EgressMeter {
+            catalog,
+            tenant,
+            now,
+            moved_gb: BTreeMap::new(),
+        }
+    }
+
+    /// What `bytes` leaving `from` for `destination` would cost now, without counting them.
+    fn price(&self, from: &SiteEntry, destination: Destination, bytes: u64) -> Option<Decimal> {
+        let tariff = from.prices_at(self.now)?.egress_tariff_to(destination);
+        let already = self.already_gb(&from.name);
+        tariff.cost_after(already, gb(bytes)).ok()
+    }
+
+    fn already_gb(&self, source: &str) -> Decimal {
+        let before = self.tenant.map_or(Decimal::ZERO, |t| {
+            self.catalog.egress_so_far(t, source, self.now)
+        });
+        before + self.moved_gb.get(source).copied().unwrap_or_default()
+    }
+
+    /// Prices `bytes` leaving `from` and counts them towards its later tiers.
+    fn charge(&mut self, from: &SiteEntry, destination: Destination, bytes: u64) -> Decimal {
+        let cost = self.price(from, destination, bytes).unwrap_or_default();
+        *self.moved_gb.entry(from.name.clone()).or_default() += gb(bytes);
+        cost
+    }
+}
+
+fn gb(bytes: u64) -> Decimal {
+    Decimal::from(bytes) / Decimal::from(1_000_000_000u64)
+}
+
+/// How egress prices class a copy from `from` to `to`.
+fn destination(from: &SiteEntry, to: &SiteEntry) -> Destination {
+    if from.region == to.region {
+        Destination::SameRegion
+    } else if from.kind == to.kind {
+        Destination::OtherRegion
+    } else {
+        Destination::Internet
+    }
+}
+
+/// Why the workflow's hints or the tenant's policy keep `site` out, if they do.
+fn not_allowed(site: &SiteEntry, spec: &Workflow, policy: &PlacementPolicy) -> Option<String> {
+    let hints = &spec.placement;
+    if !hints.sites.is_empty() && !hints.sites.contains(&site.name) {
+        return Some("not in the workflow's placement.sites".into());
+    }
+    if !policy.sites.is_empty() && !policy.sites.contains(&site.name) {
+        return Some("not among the sites the tenant's policy allows".into());
+    }
+    if !hints.regions.is_empty() && !hints.regions.contains(&site.region) {
+        return Some(format!(
+            "region {} is not in the workflow's placement.regions",
+            site.region
+        ));
+    }
+    if !policy.regions.is_empty() && !policy.regions.contains(&site.region) {
+        return Some(format!(
+            "region {} is not among the regions the tenant's policy allows",
+            site.region
+        ));
+    }
+    for (residency, whose) in [
+        (&hints.residency, "the workflow's"),
+        (&policy.residency, "the tenant's"),
+    ] {
+        if let Some(residency) = residency {
+            if &site.jurisdiction != residency {
+                return Some(format!(
+                    "jurisdiction {} does not satisfy {whose} residency {residency}",
+                    site.jurisdiction
+                ));
+            }
+        }
+    }
+    if site.drained {
+        return Some("drained by an admin".into());
+    }
+    if let Some(reason) = &site.excluded {
+        return Some(reason.clone());
+    }
+    if !site.healthy {
+        return Some("unhealthy at its last report".into());
+    }
+    None
+}
+
+/// Why `total` breaks a budget of the workflow or the tenant, if it does. A budget in
+/// another currency cannot be checked (there are no exchange rates), so it keeps the
+/// site out rather than letting the estimate past unchecked.
+fn over_budget(total: &Money, spec: &Workflow, policy: &PlacementPolicy) -> Option<String> {
+    let budgets = [
+        spec.placement
+            .budget
+            .as_ref()
+            .map(|b| ("the workflow's budget", b.amount, b.currency.clone())),
+        policy.budget_per_workflow.as_ref().map(|b| {
+            (
+                "the tenant's budget per workflow",
+                b.amount,
+                b.currency.to_string(),
+            )
+        }),
+    ];
+    for (whose, amount, currency) in budgets.into_iter().flatten() {
+        if currency != total.currency.to_string() {
+            return Some(format!(
+                "priced in {}, which {whose} of {amount} {currency} cannot be compared with (no exchange rates)",
+                total.currency
+            ));
+        }
+        if total.amount > amount {
+            return Some(format!(
+                "estimated {} {} exceeds {whose} of {amount} {currency}",
+                total.amount, total.currency
+            ));
+        }
+    }
+    None
+}
+
+/// Each job's cheapest way to run at `site`. Unless `every_job` (a split plan needs to
+/// know each job's fit), pricing stops at the first job that does not fit.
+fn offer<'c>(
+    site: &'c SiteEntry,
+    sheet: &'c meridian_events::PriceSheet,
+    work: &[(String, &Resources, u32)],
+    spot: bool,
+    every_job: bool,
+) -> Result<SiteOffer<'c>, String> {
+    let mut jobs = BTreeMap::new();
+    if site.shapes.is_empty() {
+        // A site without declared shapes is judged by its labels and first offer.
+        let offer = sheet
+            .compute
+            .first()
+            .ok_or("its price sheet has no compute offer")?;
+        let rate = sheet
+            .compute_rate(&offer.offer)
+            .expect("the offer comes from this sheet");
+        for (job, resources, tasks) in work {
+            let priced = match misfit(site, job, resources) {
+                Some(reason) => Err(reason),
+                None => {
+                    let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(*tasks);
+                    rate.cost(&allocation(resources), seconds)
+                        .map(|c| (rate.clone(), c.amount))
+                        .map_err(|_| "the estimate overflows".to_string())
+                }
+            };
+            let misfit = priced.is_err();
+            jobs.insert(job.clone(), priced);
+            if misfit && !every_job {
+                break;
+            }
+        }
+    } else {
+        for (job, resources, tasks) in work {
+            let priced = cheapest_shape(site, sheet, job, resources, *tasks, spot);
+            let misfit = priced.is_err();
+            jobs.insert(job.clone(), priced);
+            if misfit && !every_job {
+                break;
+            }
+        }
+    }
+    Ok(SiteOffer { site, sheet, jobs })
+}
+
+/// The volumes a job or service mounts.
+fn mounts<'s>(spec: &'s Workflow, job: &str) -> Vec<&'s str> {
+    let mounts = spec
+        .jobs
+        .get(job)
+        .map(|j| &j.mounts)
+        .or_else(|| spec.services.get(job).map(|s| &s.mounts));
+    mounts
+        .into_iter()
+        .flat_map(|m| m.keys().map(String::as_str))
+        .collect()
+}
+
+/// Decides where `spec` of `tenant` runs at `now`: the stricter of the workflow's hints
+/// and the tenant's placement policy apply.
+pub fn decide_for(
+    spec: &Workflow,
+    tenant: Option<&str>,
+    catalog: &Catalog,
+    now: DateTime<Utc>,
+) -> Decision {
+    let open = PlacementPolicy::open();
+    let policy = tenant.and_then(|t| catalog.policy(t)).unwrap_or(&open);
     let work = workloads(spec);
+    let spot = spec.placement.spot && policy.spot_allowed;
+    let may_split = spec.placement.split && work.len() > 1;
     let mut candidates = Vec::new();
-    #[allow(clippy::type_complexity)]
+    let mut offers: Vec<SiteOffer> = Vec::new();
     let mut priced: Vec<(
         Money,
         &SiteEntry,
-        ComputeRate,
         StorageRate,
-        std::collections::BTreeMap<String, ComputeRate>,
+        BTreeMap<String, ComputeRate>,
     )> = Vec::new();
     for site in catalog.sites.values() {
         let reject = |reason: String| Candidate {
@@ -253,127 +482,83 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
             verdict: Verdict::Rejected { reason },
             cost: None,
         };
-        if !spec.placement.sites.is_empty() && !spec.placement.sites.contains(&site.name) {
-            candidates.push(reject("not in the workflow's placement.sites".into()));
-            continue;
-        }
-        if !spec.placement.regions.is_empty() && !spec.placement.regions.contains(&site.region) {
-            candidates.push(reject(format!(
-                "region {} is not in the workflow's placement.regions",
-                site.region
-            )));
-            continue;
-        }
-        if let Some(residency) = &spec.placement.residency {
-            if &site.jurisdiction != residency {
-                candidates.push(reject(format!(
-                    "jurisdiction {} does not satisfy residency {residency}",
-                    site.jurisdiction
-                )));
-                continue;
-            }
-        }
-        if site.drained {
-            candidates.push(reject("drained by an admin".into()));
-            continue;
-        }
-        if let Some(reason) = &site.excluded {
-            candidates.push(reject(reason.clone()));
-            continue;
-        }
-        if !site.healthy {
-            candidates.push(reject("unhealthy at its last report".into()));
+        if let Some(reason) = not_allowed(site, spec, policy) {
+            candidates.push(reject(reason));
             continue;
         }
         let Some(sheet) = site.prices_at(now) else {
             candidates.push(reject("has no prices in force".into()));
             continue;
         };
-        let mut job_rates = std::collections::BTreeMap::new();
-        let mut compute = Decimal::ZERO;
-        let mut misfit_reason = None;
-        if site.shapes.is_empty() {
-            // A site without declared shapes is judged by its labels and first offer.
-            let Some(offer) = sheet.compute.first() else {
-                candidates.push(reject("its price sheet has no compute offer".into()));
-                continue;
-            };
-            if let Some(reason) = work.iter().find_map(|(job, r, _)| misfit(site, job, r)) {
+        let site_offer = match offer(site, sheet, &work, spot, may_split) {
+            Ok(o) => o,
+            Err(reason) => {
                 candidates.push(reject(reason));
                 continue;
             }
-            let rate = sheet
-                .compute_rate(&offer.offer)
-                .expect("the offer comes from this sheet");
-            for (job, resources, tasks) in &work {
-                let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(*tasks);
-                match rate.cost(&allocation(resources), seconds) {
-                    Ok(cost) => compute += cost.amount,
-                    Err(_) => misfit_reason = Some("the estimate overflows".to_string()),
-                }
-                job_rates.insert(job.clone(), rate.clone());
+        };
+        let whole = site_offer.jobs.values().try_fold(
+            (Decimal::ZERO, Vec::new()),
+            |(sum, mut rates), r| {
+                let (rate, cost) = r.as_ref().map_err(Clone::clone)?;
+                rates.push(rate.clone());
+                Ok::<_, String>((sum + cost, rates))
+            },
+        );
+        // Job order in `work`, not by name: the first job's rate is the workflow's.
+        let job_rates: BTreeMap<String, ComputeRate> = site_offer
+            .jobs
+            .iter()
+            .filter_map(|(job, r)| r.as_ref().ok().map(|(rate, _)| (job.clone(), rate.clone())))
+            .collect();
+        offers.push(site_offer);
+        let (compute, rates) = match whole {
+            Ok(w) => w,
+            Err(reason) => {
+                candidates.push(reject(reason));
+                continue;
             }
-        } else {
-            for (job, resources, tasks) in &work {
-                match cheapest_shape(site, sheet, job, resources, *tasks, spec.placement.spot) {
-                    Ok((rate, cost)) => {
-                        compute += cost;
-                        job_rates.insert(job.clone(), rate);
-                    }
-                    Err(reason) => {
-                        misfit_reason = Some(reason);
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(reason) = misfit_reason {
-            candidates.push(reject(reason));
-            continue;
-        }
-        let Some(rate) = job_rates.values().next().cloned() else {
+        };
+        let Some(rate) = rates.first().cloned() else {
             candidates.push(reject("the workflow has nothing to run".into()));
             continue;
         };
-        if job_rates.values().any(|r| r.currency != rate.currency) {
+        if rates.iter().any(|r| r.currency != rate.currency) {
             candidates.push(reject("its offers are priced in several currencies".into()));
             continue;
         }
-        let storage = storage_estimate(spec, sheet);
-        let data_in = ingress_estimate(spec, catalog, site, now);
-        let data_out = egress_estimate(spec, sheet);
+        let mut meter = EgressMeter::new(catalog, tenant, now);
+        let data_in = spec
+            .volumes
+            .values()
+            .map(|v| ingress_cost(v, catalog, site, &mut meter))
+            .sum();
         let terms = CostTerms {
             currency: rate.currency,
             compute,
             data_in,
-            storage,
-            data_out,
+            storage: storage_estimate(spec, sheet),
+            data_out: egress_estimate(spec, site, &mut meter),
+            data_between: Decimal::ZERO,
         };
         let Ok(total) = terms.total() else {
             candidates.push(reject("the estimate overflows".into()));
             continue;
         };
-        if let Some(budget) = &spec.placement.budget {
-            if budget.currency == rate.currency.to_string() && total.amount > budget.amount {
-                candidates.push(Candidate {
-                    site: site.name.clone(),
-                    verdict: Verdict::Rejected {
-                        reason: format!(
-                            "estimated {} {} exceeds the budget of {budget}",
-                            total.amount, total.currency
-                        ),
-                    },
-                    cost: Some(terms),
-                });
-                continue;
-            }
+        if let Some(reason) = over_budget(&total, spec, policy) {
+            candidates.push(Candidate {
+                site: site.name.clone(),
+                verdict: Verdict::Rejected { reason },
+                cost: Some(terms),
+            });
+            continue;
         }
         candidates.push(Candidate {
             site: site.name.clone(),
             verdict: Verdict::Fitted,
             cost: Some(terms),
         });
-        priced.push((total, site, rate, sheet.storage_rate(), job_rates));
+        priced.push((total, site, sheet.storage_rate(), job_rates));
     }
 
     // Sites priced in different currencies are not compared by amount alone (there are
@@ -399,8 +584,82 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
         };
         currency.then(order).then(a.1.name.cmp(&b.1.name))
     });
-    let Some((total, site, rate, storage_rate, job_rates)) = priced.into_iter().next() else {
-        let rejections = candidates
+    let best = priced.into_iter().next();
+
+    let split = may_split.then(|| {
+        if !policy.split_allowed {
+            return Err(Box::new(SplitPlan {
+                verdict: Verdict::Rejected {
+                    reason: "the tenant's policy does not allow splitting a workflow".into(),
+                },
+                jobs: Vec::new(),
+                moves: Vec::new(),
+                cost: None,
+            }));
+        }
+        let currency = best.as_ref().map(|b| b.0.currency);
+        split_plan(spec, &work, &offers, currency, catalog, tenant, now, policy)
+    });
+    let mut split_explained = None;
+    let mut chosen_split = None;
+    match split {
+        None => {}
+        Some(Err(plan)) => split_explained = Some(*plan),
+        Some(Ok(planned)) => {
+            let take = match &best {
+                None => true,
+                Some((total, ..)) => {
+                    spec.placement.prefer == meridian_spec::Preference::Cheapest
+                        && planned.total.currency == total.currency
+                        && planned.total.amount < total.amount
+                }
+            };
+            if take {
+                chosen_split = Some(planned);
+            } else {
+                let mut plan = planned.plan;
+                plan.verdict = Verdict::Fitted;
+                split_explained = Some(plan);
+            }
+        }
+    }
+
+    if let Some(mut planned) = chosen_split {
+        planned.plan.verdict = Verdict::Chosen;
+        let home = planned.plan.jobs[0].site.clone();
+        let home_entry = catalog.find(&home).expect("planned at a known site");
+        let job_sites: BTreeMap<String, String> = planned
+            .plan
+            .jobs
+            .iter()
+            .filter(|j| j.site != home)
+            .map(|j| (j.job.clone(), j.site.clone()))
+            .collect();
+        let storage_rates = planned
+            .sheets
+            .iter()
+            .filter(|(site, _)| **site != home)
+            .map(|(site, rate)| (site.clone(), rate.clone()))
+            .collect();
+        let first_job = planned.plan.jobs[0].job.clone();
+        return Decision::Placed(Box::new(Placed {
+            site: home.clone(),
+            region: home_entry.region.clone(),
+            job_sites,
+            storage_rates,
+            rate: planned.job_rates[&first_job].clone(),
+            job_rates: planned.job_rates,
+            storage_rate: planned.sheets[&home].clone(),
+            estimated_cost: planned.total,
+            explanation: PlacementExplanation {
+                candidates,
+                split: Some(planned.plan),
+            },
+        }));
+    }
+
+    let Some((total, site, storage_rate, job_rates)) = best else {
+        let mut rejections = candidates
             .into_iter()
             .map(|c| SiteRejection {
                 site: c.site,
@@ -410,14 +669,22 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
                 },
             })
             .collect::<Vec<_>>();
-        let rejections = if rejections.is_empty() {
-            vec![SiteRejection {
+        if rejections.is_empty() {
+            rejections.push(SiteRejection {
                 site: "(none)".into(),
                 reason: "no sites are registered".into(),
-            }]
-        } else {
-            rejections
-        };
+            });
+        }
+        if let Some(SplitPlan {
+            verdict: Verdict::Rejected { reason },
+            ..
+        }) = &split_explained
+        {
+            rejections.push(SiteRejection {
+                site: "(split across sites)".into(),
+                reason: reason.clone(),
+            });
+        }
         return Decision::Rejected { rejections };
     };
     for c in &mut candidates {
@@ -425,85 +692,392 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
             c.verdict = Verdict::Chosen;
         }
     }
+    let rate = work
+        .first()
+        .and_then(|(job, ..)| job_rates.get(job))
+        .cloned()
+        .expect("a priced site has a rate for every job");
     Decision::Placed(Box::new(Placed {
         site: site.name.clone(),
         region: site.region.clone(),
+        job_sites: BTreeMap::new(),
+        storage_rates: BTreeMap::new(),
         rate,
         job_rates,
         storage_rate,
         estimated_cost: total,
-        explanation: PlacementExplanation { candidates },
+        explanation: PlacementExplanation {
+            candidates,
+            split: split_explained,
+        },
     }))
 }
 
-/// Storage: every volume held for the sum of the walltimes of the jobs that mount it
-/// (an upper bound: they may overlap), at the site's storage rate.
-fn storage_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Decimal {
-    let mut total = Decimal::ZERO;
-    for (name, volume) in &spec.volumes {
-        let seconds: u64 = spec
-            .jobs
-            .values()
-            .filter(|j| j.mounts.contains_key(name))
-            .map(|j| j.resources.walltime.secs() * u64::from(j.array.map_or(1, |a| a.len())))
-            .sum();
-        let gib = Decimal::from(volume.size.bytes()) / Decimal::from(1u64 << 30);
-        total += gib * Decimal::from(seconds) / Decimal::from(3600) * sheet.storage_per_gib_hour;
+/// A priced split plan, with what the placement event needs.
+struct PlannedSplit {
+    plan: SplitPlan,
+    total: Money,
+    job_rates: BTreeMap<String, ComputeRate>,
+    /// The storage rate at every site the plan uses.
+    sheets: BTreeMap<String, StorageRate>,
+}
+
+/// Places each job in `requires` order at the site where it costs least: its compute
+/// there, plus bringing each volume it mounts from where the job before left it (or its
+/// inputs, for the first job to mount it). Greedy, so not always the cheapest split, but
+/// linear in jobs × sites and explainable term by term. `Err` carries the reason no
+/// split works.
+#[allow(clippy::too_many_arguments)]
+fn split_plan(
+    spec: &Workflow,
+    work: &[(String, &Resources, u32)],
+    offers: &[SiteOffer],
+    currency: Option<meridian_events::Currency>,
+    catalog: &Catalog,
+    tenant: Option<&str>,
+    now: DateTime<Utc>,
+    policy: &PlacementPolicy,
+) -> Result<PlannedSplit, Box<SplitPlan>> {
+    // One currency, as there are no exchange rates: the best single site's, else each
+    // currency any job fits in, by code, until one gives a plan.
+    let currencies = match currency {
+        Some(c) => vec![c],
+        None => {
+            let mut codes: Vec<_> = offers
+                .iter()
+                .filter(|o| o.jobs.values().any(Result::is_ok))
+                .map(|o| o.sheet.currency)
+                .collect();
+            codes.sort_by_key(|c| c.to_string());
+            codes.dedup();
+            codes
+        }
+    };
+    let mut last = None;
+    for currency in currencies {
+        match split_plan_in(spec, work, offers, currency, catalog, tenant, now, policy) {
+            Ok(plan) => return Ok(plan),
+            Err(plan) => last = Some(plan),
+        }
     }
-    total
+    Err(last.unwrap_or_else(|| rejected("no allowed site can run any of its jobs".into())))
+}
+
+fn rejected(reason: String) -> Box<SplitPlan> {
+    Box::new(SplitPlan {
+        verdict: Verdict::Rejected { reason },
+        jobs: Vec::new(),
+        moves: Vec::new(),
+        cost: None,
+    })
+}
+
+/// [`split_plan`] among the sites priced in `currency`.
+#[allow(clippy::too_many_arguments)]
+fn split_plan_in(
+    spec: &Workflow,
+    work: &[(String, &Resources, u32)],
+    offers: &[SiteOffer],
+    currency: meridian_events::Currency,
+    catalog: &Catalog,
+    tenant: Option<&str>,
+    now: DateTime<Utc>,
+    policy: &PlacementPolicy,
+) -> Result<PlannedSplit, Box<SplitPlan>> {
+    let offers: Vec<&SiteOffer> = offers
+        .iter()
+        .filter(|o| o.sheet.currency == currency)
+        .collect();
+    let mut meter = EgressMeter::new(catalog, tenant, now);
+    let mut volume_at: BTreeMap<&str, &SiteEntry> = BTreeMap::new();
+    // Each volume is held at every site whose jobs mount it, as the router holds it.
+    let mut held_at: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    let mut jobs = Vec::new();
+    let mut moves = Vec::new();
+    let mut job_rates = BTreeMap::new();
+    let mut sheets = BTreeMap::new();
+    let mut terms = CostTerms {
+        currency,
+        compute: Decimal::ZERO,
+        data_in: Decimal::ZERO,
+        storage: Decimal::ZERO,
+        data_out: Decimal::ZERO,
+        data_between: Decimal::ZERO,
+    };
+    let order = spec.job_order();
+    for job in order.iter().copied() {
+        if !work.iter().any(|(name, ..)| name == job) {
+            continue;
+        }
+        let mounted = mounts(spec, job);
+        // What running `job` at `o` would add: compute, plus its volumes' arrival.
+        let cost_at = |o: &SiteOffer| -> Option<Decimal> {
+            let (_, compute) = o.jobs.get(job)?.as_ref().ok()?;
+            let mut sum = *compute;
+            for volume in &mounted {
+                sum += match volume_at.get(volume) {
+                    Some(at) if at.name == o.site.name => Decimal::ZERO,
+                    Some(at) => {
+                        let bytes = spec.volumes.get(*volume).map_or(0, |v| v.size.bytes());
+                        meter.price(at, destination(at, o.site), bytes)?
+                    }
+                    None => spec
+                        .volumes
+                        .get(*volume)
+                        .map_or(Decimal::ZERO, |v| ingress_price(v, catalog, o.site, &meter)),
+                };
+            }
+            Some(sum)
+        };
+        let used: Vec<&str> = jobs
+            .iter()
+            .map(|j: &JobPlacement| j.site.as_str())
+            .collect();
+        let choice = offers
+            .iter()
+            .filter_map(|o| cost_at(o).map(|c| (c, *o)))
+            .min_by(|a, b| {
+                a.0.cmp(&b.0)
+                    // Equal cost: stay where earlier jobs run, then by name.
+                    .then(
+                        (!used.contains(&a.1.site.name.as_str()))
+                            .cmp(&!used.contains(&b.1.site.name.as_str())),
+                    )
+                    .then(a.1.site.name.cmp(&b.1.site.name))
+            });
+        let Some((_, chosen)) = choice else {
+            let why = offers
+                .iter()
+                .filter_map(|o| match o.jobs.get(job) {
+                    Some(Err(reason)) => Some(format!("{}: {reason}", o.site.name)),
+                    _ => None,
+                })
+                .take(3)
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(rejected(format!(
+                "job {job} fits no allowed site priced in {currency}{}",
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({why})")
+                }
+            )));
+        };
+        let (rate, compute) = chosen.jobs[job].as_ref().expect("chosen where it fits");
+        terms.compute += *compute;
+        for volume in &mounted {
+            let Some(declared) = spec.volumes.get(*volume) else {
+                continue;
+            };
+            match volume_at.get(volume).copied() {
+                Some(at) if at.name == chosen.site.name => {}
+                Some(at) => {
+                    let bytes = declared.size.bytes();
+                    let cost = meter.charge(at, destination(at, chosen.site), bytes);
+                    terms.data_between += cost;
+                    moves.push(VolumeMove {
+                        volume: volume.to_string(),
+                        from: at.name.clone(),
+                        to: chosen.site.name.clone(),
+                        bytes,
+                        before_job: job.to_string(),
+                        cost,
+                    });
+                }
+                None => terms.data_in += ingress_cost(declared, catalog, chosen.site, &mut meter),
+            }
+            volume_at.insert(volume, chosen.site);
+            held_at
+                .entry(*volume)
+                .or_default()
+                .insert(chosen.site.name.as_str());
+        }
+        job_rates.insert(job.to_string(), rate.clone());
+        sheets.insert(chosen.site.name.clone(), chosen.sheet.storage_rate());
+        jobs.push(JobPlacement {
+            job: job.to_string(),
+            site: chosen.site.name.clone(),
+            offer: rate.offer.clone(),
+            compute: *compute,
+        });
+    }
+    let Some(home) = jobs.first().map(|j| j.site.clone()) else {
+        return Err(rejected("the workflow has nothing to run".into()));
+    };
+    let home = catalog.find(&home).expect("planned at a known site");
+    // Volumes no job mounts are filled and held at the first job's site; results leave
+    // from where the last job to use each volume ran.
+    let span = span_seconds(spec);
+    for (name, volume) in &spec.volumes {
+        if !volume_at.contains_key(name.as_str()) {
+            terms.data_in += ingress_cost(volume, catalog, home, &mut meter);
+        }
+        let sites = held_at.get(name.as_str()).cloned().unwrap_or_default();
+        let sites = if sites.is_empty() {
+            std::collections::BTreeSet::from([home.name.as_str()])
+        } else {
+            sites
+        };
+        for site in sites {
+            let per_gib_hour = offers
+                .iter()
+                .find(|o| o.site.name == site)
+                .map_or(Decimal::ZERO, |o| o.sheet.storage_per_gib_hour);
+            terms.storage += storage_cost(volume.size.bytes(), span, per_gib_hour);
+        }
+        if !volume.egress.is_empty() {
+            let from = volume_at.get(name.as_str()).copied().unwrap_or(home);
+            terms.data_out += meter.charge(from, Destination::Internet, volume.size.bytes());
+        }
+    }
+    let mut plan = SplitPlan {
+        verdict: Verdict::Fitted,
+        jobs,
+        moves,
+        cost: None,
+    };
+    let total = match terms.total() {
+        Ok(t) => t,
+        Err(_) => {
+            plan.verdict = Verdict::Rejected {
+                reason: "the estimate overflows".into(),
+            };
+            return Err(Box::new(plan));
+        }
+    };
+    plan.cost = Some(terms);
+    if plan.sites().len() < 2 {
+        plan.verdict = Verdict::Rejected {
+            reason: format!(
+                "every job is cheapest at {}, so the plan is that site's",
+                home.name
+            ),
+        };
+        return Err(Box::new(plan));
+    }
+    if let Some(reason) = over_budget(&total, spec, policy) {
+        plan.verdict = Verdict::Rejected { reason };
+        return Err(Box::new(plan));
+    }
+    Ok(PlannedSplit {
+        plan,
+        total,
+        job_rates,
+        sheets,
+    })
+}
+
+/// How long the workflow runs if nothing waits in a queue: the longest path through
+/// `requires`, each step taking its walltime once per wave of its array (tasks over
+/// parallelism, rounded up). Volumes are held from placement to the end, so storage is
+/// estimated over this span.
+fn span_seconds(spec: &Workflow) -> u64 {
+    let mut finish: BTreeMap<&str, u64> = BTreeMap::new();
+    for step in spec.job_order() {
+        let duration = match (spec.jobs.get(step), spec.services.get(step)) {
+            (Some(job), _) => {
+                let waves = job
+                    .array
+                    .map_or(1, |a| a.len().div_ceil(a.parallelism.max(1)));
+                job.resources.walltime.secs() * u64::from(waves)
+            }
+            (None, Some(service)) => service.resources.walltime.secs(),
+            (None, None) => 0,
+        };
+        let start = spec
+            .requires_of(step)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| finish.get(r.as_str()))
+            .max()
+            .copied()
+            .unwrap_or(0);
+        finish.insert(step, start.saturating_add(duration));
+    }
+    finish.values().max().copied().unwrap_or(0)
+}
+
+/// What holding `bytes` for `seconds` costs at `per_gib_hour`.
+fn storage_cost(bytes: u64, seconds: u64, per_gib_hour: Decimal) -> Decimal {
+    let gib = Decimal::from(bytes) / Decimal::from(1u64 << 30);
+    gib * Decimal::from(seconds) / Decimal::from(3600) * per_gib_hour
+}
+
+/// Storage: every volume held from placement until the workflow ends, estimated over
+/// its span without queue waits ([`span_seconds`]), at the site's storage rate.
+fn storage_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Decimal {
+    let span = span_seconds(spec);
+    spec.volumes
+        .values()
+        .map(|v| storage_cost(v.size.bytes(), span, sheet.storage_per_gib_hour))
+        .sum()
 }
 
 /// Results leaving the site: each volume with egress steps, at most its size, at the
-/// site's egress price per GB.
-fn egress_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Decimal {
+/// site's internet egress through its volume tiers.
+fn egress_estimate(spec: &Workflow, site: &SiteEntry, meter: &mut EgressMeter) -> Decimal {
     spec.volumes
         .values()
         .filter(|v| !v.egress.is_empty())
-        .map(|v| {
-            Decimal::from(v.size.bytes()) / Decimal::from(1_000_000_000u64) * sheet.egress_per_gb
+        .map(|v| meter.charge(site, Destination::Internet, v.size.bytes()))
+        .sum()
+}
+
+/// The cheapest holder of the data set `uri` names, for a copy to `site`, with its price;
+/// `None` when the data is already there or its size is not known.
+fn cheapest_holder<'c>(
+    uri: &str,
+    catalog: &'c Catalog,
+    site: &SiteEntry,
+    meter: &EgressMeter,
+) -> Option<(&'c SiteEntry, u64, Decimal)> {
+    let (digest, bytes) = catalog.dataset_for(uri)?;
+    let holders = catalog.holdings.get(digest);
+    if holders.is_some_and(|h| h.contains(&site.name)) {
+        return None;
+    }
+    holders
+        .into_iter()
+        .flatten()
+        .filter_map(|h| {
+            let holder = catalog.find(h)?;
+            let price = meter.price(holder, destination(holder, site), bytes)?;
+            Some((holder, bytes, price))
         })
+        .min_by(|a, b| a.2.cmp(&b.2).then(a.0.name.cmp(&b.0.name)))
+}
+
+/// What filling `volume` at `site` would cost, without counting it in `meter`.
+fn ingress_price(
+    volume: &meridian_spec::Volume,
+    catalog: &Catalog,
+    site: &SiteEntry,
+    meter: &EgressMeter,
+) -> Decimal {
+    volume
+        .ingress
+        .iter()
+        .filter_map(|step| cheapest_holder(&step.source, catalog, site, meter))
+        .map(|(_, _, price)| price)
         .sum()
 }
 
 /// Inputs not already at `site`: each ingress source that names a known data set costs
-/// its bytes at the cheapest egress price among the sites holding it, by destination
-/// class: the holder's same-region price when the site shares its region, its
-/// other-region price when it is the same provider (kind), else its internet price. Sources that name
-/// no known data set cost nothing here: their size is not known.
-fn ingress_estimate(
-    spec: &Workflow,
+/// its bytes at the cheapest holder's egress for the destination class (the holder's
+/// same-region price when the site shares its region, its other-region price when it is
+/// the same provider, else its internet price), through the holder's volume tiers.
+/// Sources that name no known data set cost nothing here: their size is not known.
+fn ingress_cost(
+    volume: &meridian_spec::Volume,
     catalog: &Catalog,
     site: &SiteEntry,
-    now: DateTime<Utc>,
+    meter: &mut EgressMeter,
 ) -> Decimal {
     let mut total = Decimal::ZERO;
-    for volume in spec.volumes.values() {
-        for step in &volume.ingress {
-            let Some((digest, bytes)) = catalog.dataset_for(&step.source) else {
-                continue;
-            };
-            let holders = catalog.holdings.get(digest);
-            if holders.is_some_and(|h| h.contains(&site.name)) {
-                continue;
-            }
-            let cheapest = holders
-                .into_iter()
-                .flatten()
-                .filter_map(|h| {
-                    let holder = catalog.find(h)?;
-                    let destination = if holder.region == site.region {
-                        Destination::SameRegion
-                    } else if holder.kind == site.kind {
-                        Destination::OtherRegion
-                    } else {
-                        Destination::Internet
-                    };
-                    Some(holder.prices_at(now)?.egress_per_gb_to(destination))
-                })
-                .min();
-            if let Some(per_gb) = cheapest {
-                total += Decimal::from(bytes) / Decimal::from(1_000_000_000u64) * per_gb;
-            }
+    for step in &volume.ingress {
+        if let Some((holder, bytes, _)) = cheapest_holder(&step.source, catalog, site, meter) {
+            total += meter.charge(holder, destination(holder, site), bytes);
         }
     }
     total

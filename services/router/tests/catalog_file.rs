@@ -31,6 +31,30 @@ fn the_reference_catalogue_covers_every_kind_and_names_every_source() {
         );
         assert!(!site.shapes.is_empty(), "{} has shapes", site.name);
     }
+    // The public clouds publish internet egress in monthly volume bands.
+    for name in [
+        "aws-us-east-1",
+        "azure-eastus",
+        "gcp-us-central1",
+        "oci-us-ashburn-1",
+    ] {
+        let site = sites.iter().find(|s| s.name == name).unwrap();
+        assert!(
+            !site.prices.egress_tiers.is_empty(),
+            "{name} has egress tiers"
+        );
+    }
+    // OCI's first 10 TB a month are free: 20 TB out cost 10,000 GB × 0.0085.
+    let oci = sites.iter().find(|s| s.name == "oci-us-ashburn-1").unwrap();
+    let cost = oci
+        .prices
+        .egress_tariff()
+        .cost_after(
+            rust_decimal::Decimal::ZERO,
+            rust_decimal::Decimal::from(20_000),
+        )
+        .unwrap();
+    assert_eq!(cost.normalize().to_string(), "85");
     let azure = sites.iter().find(|s| s.name == "azure-eastus").unwrap();
     let mi300x = azure
         .shapes

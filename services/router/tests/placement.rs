@@ -59,6 +59,7 @@ fn catalog(sites: &[Site], drained: &[&str]) -> Catalog {
                     storage_per_gib_hour: d("0"),
                     egress_per_gb: d("0"),
                     egress_by_destination: None,
+                    egress_tiers: Vec::new(),
                 },
             }),
         ];
@@ -255,9 +256,9 @@ fn placement_hints_and_the_budget_filter_sites() {
         panic!("0.26 at the cheapest site exceeds a budget of 0.25");
     };
     assert!(
-        rejections
-            .iter()
-            .all(|r| r.reason.contains("exceeds the budget of 0.25 USD")),
+        rejections.iter().all(|r| r
+            .reason
+            .contains("exceeds the workflow's budget of 0.25 USD")),
         "{rejections:?}"
     );
 }
@@ -322,6 +323,7 @@ fn shaped(sites: &[(&str, &[ShapeRow])]) -> Catalog {
                     storage_per_gib_hour: d("0"),
                     egress_per_gb: d("0"),
                     egress_by_destination: None,
+                    egress_tiers: Vec::new(),
                 },
             }),
             Event::Site(SiteEvent::ShapesDeclared { shapes: declared }),

@@ -197,6 +197,10 @@ impl Bench {
 }
 
 async fn register_site(log: &dyn EventLog, name: &str, core_hour: &str) {
+    register_sized_site(log, name, core_hour, 8).await
+}
+
+async fn register_sized_site(log: &dyn EventLog, name: &str, core_hour: &str, max_cpus: u32) {
     let prices = PriceSheet {
         currency: Currency::USD,
         effective_from: Utc::now() - chrono::Duration::days(1),
@@ -212,6 +216,7 @@ async fn register_site(log: &dyn EventLog, name: &str, core_hour: &str) {
         storage_per_gib_hour: Decimal::ZERO,
         egress_per_gb: Decimal::ZERO,
         egress_by_destination: None,
+        egress_tiers: Vec::new(),
     };
     execute::<Site, _>(
         log,
@@ -223,7 +228,7 @@ async fn register_site(log: &dyn EventLog, name: &str, core_hour: &str) {
             region: "here".into(),
             jurisdiction: "eu".into(),
             credentials_secret: None,
-            labels: BTreeMap::from([("max_cpus".into(), "8".into())]),
+            labels: BTreeMap::from([("max_cpus".into(), max_cpus.to_string())]),
             prices: Some(prices.clone()),
         },
     )
@@ -571,4 +576,162 @@ async fn volumes_are_held_from_placement_until_the_workflow_ends() {
             "workflow.volume_released.v1"
         ]
     );
+}
+
+const SPLIT: &str = r#"
+version: v1
+name: split
+placement: {split: true}
+volumes:
+  data: {size: 1GiB}
+jobs:
+  prep: {image: host, command: ["true"], mounts: {data: /data}, resources: {cpus: 4, walltime: 1h}}
+  train: {requires: [prep], image: host, command: ["true"], mounts: {data: /data}, resources: {cpus: 32, walltime: 1h}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_workflow_runs_each_job_at_its_planned_site_and_holds_volumes_where_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    // Only `big` has 32 CPUs; `small` runs prep for a fifth of the price: 4 × 0.01
+    // there against 4 × 0.05, and moving the volume costs nothing here.
+    register_sized_site(&*log, "small", "0.01", 8).await;
+    register_sized_site(&*log, "big", "0.05", 64).await;
+    let (stop, stopped) = watch::channel(false);
+    let b = Bench {
+        log: log.clone(),
+        stop,
+        router: Bench::spawn(log, stopped),
+        _dir: dir,
+    };
+    let id = b.submit(SPLIT).await;
+    let first = b
+        .wait_for("prep dispatched", async || {
+            let d = dispatch_sites(&*b.log, id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].1, "small");
+    let wf = b.workflow(id).await;
+    let placement = wf.placement().unwrap();
+    assert_eq!(placement.site, "small");
+    assert_eq!(placement.site_for("train"), "big");
+    assert!(placement.storage_rate_at("big").is_some());
+    let mut held: Vec<(String, String)> = wf
+        .allocated_volumes()
+        .map(|a| (a.volume.clone(), a.site.clone()))
+        .collect();
+    held.sort();
+    assert_eq!(
+        held,
+        [
+            ("data".to_string(), "big".to_string()),
+            ("data".to_string(), "small".to_string())
+        ]
+    );
+
+    b.run_job(first[0].0, 0).await;
+    let both = b
+        .wait_for("train dispatched", async || {
+            let d = dispatch_sites(&*b.log, id).await;
+            (d.len() == 2).then_some(d)
+        })
+        .await;
+    assert_eq!(both[1].1, "big", "train runs where the plan put it");
+    b.run_job(both[1].0, 0).await;
+    b.wait_for("finished with nothing held", async || {
+        let wf = b.workflow(id).await;
+        (wf.state() == Some(WorkflowState::Finished) && wf.allocated_volumes().next().is_none())
+            .then_some(())
+    })
+    .await;
+    b.stop.send(true).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_policy_keeps_its_work_off_sites_it_does_not_allow() {
+    use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
+    use meridian_events::vocabulary::tenant::PlacementPolicy;
+    let b = Bench::with_sites(&[("cheap", "1"), ("pricey", "2")]).await;
+    execute::<Tenant, _>(
+        &*b.log,
+        tenant_id("t"),
+        &EventContext::new_chain("t"),
+        |_| TenantCommand::SetPolicy {
+            tenant: "t".into(),
+            policy: PlacementPolicy {
+                sites: vec!["pricey".into()],
+                ..PlacementPolicy::open()
+            },
+            set_by: "admin".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let id = b.submit(DAG).await;
+    let (site, why_not_cheap) = b
+        .wait_for("placed", async || {
+            let history = load::<Workflow>(&*b.log, id).await.unwrap().history;
+            history.iter().find_map(|e| match &e.payload {
+                Event::Workflow(WorkflowEvent::PlacementDecided {
+                    site, explanation, ..
+                }) => {
+                    let cheap = explanation.candidates.iter().find(|c| c.site == "cheap")?;
+                    Some((site.clone(), cheap.verdict.clone()))
+                }
+                _ => None,
+            })
+        })
+        .await;
+    assert_eq!(site, "pricey");
+    assert_eq!(
+        why_not_cheap,
+        meridian_events::vocabulary::workflow::Verdict::Rejected {
+            reason: "not among the sites the tenant's policy allows".into()
+        }
+    );
+    b.stop.send(true).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_placement_keeps_a_volume_where_a_running_task_still_mounts_it() {
+    let b = Bench::with_sites(&[("cheap", "1"), ("backup", "2")]).await;
+    let id = b
+        .submit(
+            "version: v1\nname: two\nvolumes:\n  data: {size: 1GiB}\njobs:\n  a: {image: host, command: [\"true\"], mounts: {data: /data}, array: {start: 1, end: 2, parallelism: 2}}\n",
+        )
+        .await;
+    let first = b
+        .wait_for("both tasks dispatched", async || {
+            let d = dispatch_sites(&*b.log, id).await;
+            (d.len() == 2).then_some(d)
+        })
+        .await;
+    assert!(first.iter().all(|(_, site)| site == "cheap"));
+    // Task 1 loses its node: the workflow moves to backup, but task 2 still runs at
+    // cheap with `data` mounted, so `data` stays held there too.
+    b.lose_node(first[0].0).await;
+    b.wait_for("the retry dispatched at backup", async || {
+        let d = dispatch_sites(&*b.log, id).await;
+        (d.len() == 3).then_some(())
+    })
+    .await;
+    let held = |wf: &Workflow| {
+        let mut h: Vec<String> = wf.allocated_volumes().map(|a| a.site.clone()).collect();
+        h.sort();
+        h
+    };
+    assert_eq!(held(&b.workflow(id).await), ["backup", "cheap"]);
+    let retry = dispatch_sites(&*b.log, id).await[2].clone();
+    assert_eq!(retry.1, "backup");
+    b.run_job(first[1].0, 0).await;
+    b.run_job(retry.0, 0).await;
+    b.wait_for("finished with nothing held", async || {
+        let wf = b.workflow(id).await;
+        (wf.state() == Some(WorkflowState::Finished) && wf.allocated_volumes().next().is_none())
+            .then_some(())
+    })
+    .await;
 }

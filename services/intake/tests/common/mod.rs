@@ -342,6 +342,8 @@ pub async fn place(log: &dyn EventLog, workflow: Uuid, site: &str) {
             },
             estimated_cost: Money::new(dec("1.00"), Currency::USD),
             explanation: PlacementExplanation::default(),
+            job_sites: BTreeMap::new(),
+            storage_rates: BTreeMap::new(),
         }
     })
     .await
