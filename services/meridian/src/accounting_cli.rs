@@ -134,9 +134,6 @@ pub async fn bill(server: &str, id: &str, output: Output) -> anyhow::Result<i32>
 
 #[derive(clap::Args)]
 pub struct BillsArgs {
-    /// The tenant.
-    #[arg(long)]
-    tenant: String,
     /// The month, YYYY-MM (UTC).
     #[arg(long)]
     period: String,
@@ -146,11 +143,14 @@ pub struct BillsArgs {
 
 /// `meridian bills --tenant T --period YYYY-MM`: a tenant's month.
 pub async fn bills(args: BillsArgs) -> anyhow::Result<i32> {
-    let c = Client::new(&args.remote.server)?;
+    let Some(tenant) = args.remote.tenant.as_deref() else {
+        bail!("--tenant is required: whose bills (or set MERIDIAN_TENANT)");
+    };
+    let c = Client::new(&args.remote.server)?.for_tenant(Some(tenant));
     let bill = c
         .get(&format!(
-            "/v1/tenants/{}/bills?period={}",
-            args.tenant, args.period
+            "/v1/tenants/{tenant}/bills?period={}",
+            args.period
         ))
         .await?;
     match args.remote.output {

@@ -291,10 +291,15 @@ pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Res
 }
 
 /// `meridian quote FILE --server URL`: the same, against a deployment's live catalogue.
-pub async fn quote_live(server: &str, file: &Path, output: Output) -> anyhow::Result<i32> {
+pub async fn quote_live(
+    server: &str,
+    tenant: Option<&str>,
+    file: &Path,
+    output: Output,
+) -> anyhow::Result<i32> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let c = Client::new(server)?;
+    let c = Client::new(server)?.for_tenant(tenant);
     let quote = c.post_text("/v1/quotes", text).await?;
     let candidates: Vec<Candidate> =
         serde_json::from_value(quote["candidates"].clone()).unwrap_or_default();

@@ -14,6 +14,8 @@ use crate::Output;
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// Sent as X-Meridian-Tenant with every request, when set.
+    tenant: Option<String>,
 }
 
 /// An API answer that is not a success: its status and the server's message.
@@ -47,10 +49,21 @@ impl Client {
         Ok(Client {
             base: base.trim_end_matches('/').to_string(),
             http,
+            tenant: None,
         })
     }
 
+    /// Speaks for `tenant` (the server's default tenant when `None`).
+    pub fn for_tenant(mut self, tenant: Option<&str>) -> Client {
+        self.tenant = tenant.map(str::to_string);
+        self
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let request = match &self.tenant {
+            Some(tenant) => request.header("x-meridian-tenant", tenant),
+            None => request,
+        };
         let response = request.send().await.with_context(|| {
             format!(
                 "cannot reach Meridian at {} (is `meridian up` running? set --server or MERIDIAN_SERVER)",

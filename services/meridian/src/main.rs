@@ -45,8 +45,18 @@ struct Remote {
         global = true
     )]
     server: String,
+    /// Act for this tenant (sent as X-Meridian-Tenant): its workflows, its placement
+    /// policy. Default: the server's default tenant.
+    #[arg(long, env = "MERIDIAN_TENANT", global = true)]
+    tenant: Option<String>,
     #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
+}
+
+impl Remote {
+    fn client(&self) -> anyhow::Result<client::Client> {
+        Ok(client::Client::new(&self.server)?.for_tenant(self.tenant.as_deref()))
+    }
 }
 
 #[derive(Subcommand)]
@@ -126,6 +136,9 @@ enum Command {
         /// Quote against a running Meridian's live catalogue instead of a file.
         #[arg(long)]
         server: Option<String>,
+        /// With --server: quote under this tenant's placement policy.
+        #[arg(long, env = "MERIDIAN_TENANT", requires = "server")]
+        tenant: Option<String>,
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -226,16 +239,23 @@ fn main() -> ExitCode {
             file,
             catalog,
             server: Some(server),
+            tenant,
             output,
         } => {
             let _ = catalog;
-            finish(runtime().block_on(catalog_cli::quote_live(&server, &file, output)))
+            finish(runtime().block_on(catalog_cli::quote_live(
+                &server,
+                tenant.as_deref(),
+                &file,
+                output,
+            )))
         }
         Command::Quote {
             file,
             catalog,
             server: None,
             output,
+            ..
         } => finish(catalog_cli::quote(&file, catalog.as_deref(), output)),
         Command::Site { verb, output } => {
             finish(runtime().block_on(catalog_cli::site(verb, output)))
@@ -252,11 +272,11 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
             idempotency_key,
             remote,
         } => {
-            let c = client::Client::new(&remote.server)?;
+            let c = remote.client()?;
             client::submit(&c, &file, wait, idempotency_key.as_deref(), remote.output).await
         }
         Command::Status { id, remote } => {
-            let c = client::Client::new(&remote.server)?;
+            let c = remote.client()?;
             client::status(&c, &id, remote.output).await.map(|_| 0)
         }
         Command::List {
@@ -264,27 +284,27 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
             limit,
             remote,
         } => {
-            let c = client::Client::new(&remote.server)?;
+            let c = remote.client()?;
             client::list(&c, state.as_deref(), limit, remote.output)
                 .await
                 .map(|_| 0)
         }
         Command::Logs { id, job, remote } => {
-            let c = client::Client::new(&remote.server)?;
+            let c = remote.client()?;
             client::logs(&c, &id, job.as_deref(), remote.output)
                 .await
                 .map(|_| 0)
         }
         Command::Cancel { id, remote } => {
-            let c = client::Client::new(&remote.server)?;
+            let c = remote.client()?;
             client::cancel(&c, &id, remote.output).await.map(|_| 0)
         }
         Command::Events { id, remote } => {
-            let c = client::Client::new(&remote.server)?;
+            let c = remote.client()?;
             client::events(&c, &id, remote.output).await.map(|_| 0)
         }
         Command::Explain { id, remote } => {
-            let c = client::Client::new(&remote.server)?;
+            let c = remote.client()?;
             catalog_cli::explain(&c, &id, remote.output)
                 .await
                 .map(|_| 0)
@@ -303,5 +323,17 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
         | Command::Site { .. } => {
             unreachable!("handled in main")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Clap checks its definitions only when a subcommand is used; check them all here, so
+    /// that two arguments of one name (a global one and a local one) fail the build's tests
+    /// rather than a user's command.
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

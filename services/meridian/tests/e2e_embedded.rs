@@ -359,12 +359,27 @@ fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
         );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
-    let shown = admin(&["set", "--tenant", "default", "--region", "eu-west-9"]);
+    let shown = admin(&["set", "--tenant", "physics", "--region", "eu-west-9"]);
     assert!(shown.contains("eu-west-9"), "{shown}");
 
     let file = write(up.dir.path(), "hello.yaml", "version: v1\nname: h\njobs:\n  a: {image: host, command: [\"true\"], resources: {memory: 64MiB}}\n");
-    let id = submit(&up.server, &file);
-    let status = wait_state(&up.server, &id, &["failed"]);
+    let path = file.to_str().unwrap();
+    // The policy binds what `--tenant physics` submits and quotes, not other tenants.
+    let out = cli(
+        &up.server,
+        &[
+            "quote", path, "--server", &up.server, "--tenant", "physics", "-o", "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "no site may take it");
+    let quote: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        quote["candidates"][0]["verdict"]["reason"],
+        "region local is not among the regions the tenant's policy allows"
+    );
+    let accepted = cli_json(&up.server, &["submit", path, "--tenant", "physics"]);
+    let id = accepted["id"].as_str().unwrap();
+    let status = wait_state(&up.server, id, &["failed"]);
     assert!(
         status["reason"]
             .as_str()
@@ -372,16 +387,18 @@ fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
             .contains("not among the regions the tenant's policy allows"),
         "{status:#}"
     );
+    assert_eq!(submit_wait(&up.server, &file)["state"], "finished");
 
-    // Opened again, the same workflow runs; `show` says what is in force.
-    admin(&["set", "--tenant", "default"]);
-    let shown = admin(&["show", "--tenant", "default"]);
+    // Opened again, physics's work runs; `show` says what is in force.
+    admin(&["set", "--tenant", "physics"]);
+    let shown = admin(&["show", "--tenant", "physics"]);
     assert!(
         shown.contains("regions") && shown.contains("any"),
         "{shown}"
     );
-    let status = submit_wait(&up.server, &file);
-    assert_eq!(status["state"], "finished", "{status:#}");
+    let accepted = cli_json(&up.server, &["submit", path, "--tenant", "physics"]);
+    let status = wait_state(&up.server, accepted["id"].as_str().unwrap(), &["finished"]);
+    assert_eq!(status["tenant"], "physics", "{status:#}");
 
     // Bad input names the flag and records nothing.
     let out = std::process::Command::new(BIN)
@@ -390,7 +407,7 @@ fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
             "policy",
             "set",
             "--tenant",
-            "default",
+            "physics",
             "--budget-per-workflow",
             "lots",
             "--data-dir",
