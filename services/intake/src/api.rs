@@ -148,7 +148,8 @@ pub struct WorkflowStatus {
     pub name: String,
     pub tenant: String,
     pub state: WorkflowState,
-    /// Where it was placed, once it was.
+    /// Where it was placed, once it was; for a workflow split across sites, its first
+    /// job's site (each run in `jobs` says where it ran).
     pub site: Option<String>,
     #[schema(format = DateTime)]
     pub submitted_at: String,

@@ -505,7 +505,7 @@ pub fn decide_for(
                 Ok::<_, String>((sum + cost, rates))
             },
         );
-        // Job order in `work`, not by name: the first job's rate is the workflow's.
+        // What fits here, for the split plan too.
         let job_rates: BTreeMap<String, ComputeRate> = site_offer
             .jobs
             .iter()
