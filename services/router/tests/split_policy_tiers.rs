@@ -112,6 +112,17 @@ fn placed(decision: Decision) -> Placed {
     }
 }
 
+fn candidate<'p>(
+    p: &'p Placed,
+    site: &str,
+) -> &'p meridian_events::vocabulary::workflow::Candidate {
+    p.explanation
+        .candidates
+        .iter()
+        .find(|c| c.site == site)
+        .unwrap_or_else(|| panic!("{site} is a candidate"))
+}
+
 fn sum(terms: &CostTerms) -> Decimal {
     terms.compute + terms.data_in + terms.storage + terms.data_out + terms.data_between
 }
@@ -159,12 +170,7 @@ fn a_split_is_chosen_when_it_beats_every_single_site_and_its_terms_add_up() {
     assert_eq!(m.bytes, 100_000_000_000);
     assert_eq!(m.cost, terms.data_between);
 
-    let gpu = p
-        .explanation
-        .candidates
-        .iter()
-        .find(|c| c.site == "gpu")
-        .unwrap();
+    let gpu = candidate(&p, "gpu");
     assert_eq!(gpu.verdict, Verdict::Fitted);
     assert_eq!(text(sum(gpu.cost.as_ref().unwrap())), "230");
 }
@@ -265,12 +271,7 @@ fn a_tenant_policy_narrows_placement_on_top_of_the_workflows_hints() {
     let spec = pipeline("100GB", "{}");
     let p = placed(decide_for(&spec, Some("physics"), &catalog, Utc::now()));
     assert_eq!(p.site, "other");
-    let gpu = p
-        .explanation
-        .candidates
-        .iter()
-        .find(|c| c.site == "gpu")
-        .unwrap();
+    let gpu = candidate(&p, "gpu");
     assert_eq!(
         gpu.verdict,
         Verdict::Rejected {
@@ -421,12 +422,7 @@ fn data_in_at_consumer(catalog: &Catalog, tenant: &str, now: DateTime<Utc>) -> S
     let spec = meridian_spec::parse(READS_CORPUS).unwrap();
     let p = placed(decide_for(&spec, Some(tenant), catalog, now));
     assert_eq!(p.site, "consumer");
-    let c = p
-        .explanation
-        .candidates
-        .iter()
-        .find(|c| c.site == "consumer")
-        .unwrap();
+    let c = candidate(&p, "consumer");
     text(c.cost.as_ref().unwrap().data_in)
 }
 
@@ -527,12 +523,7 @@ fn a_shared_volume_is_held_at_each_site_of_a_split_for_the_whole_span() {
     ));
     let split = p.explanation.split.as_ref().unwrap();
     assert_eq!(split.verdict, Verdict::Chosen);
-    let at_gpu = p
-        .explanation
-        .candidates
-        .iter()
-        .find(|c| c.site == "gpu")
-        .unwrap();
+    let at_gpu = candidate(&p, "gpu");
     // One site holds `data` for the span, prep then train: 20 h at 0.001 per GiB-hour.
     let one = at_gpu.cost.as_ref().unwrap().storage;
     let expected =
