@@ -370,10 +370,24 @@ pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()>
             client::table(&["SITE", "WHY NOT"], &rows);
             continue;
         }
+        let mut sites = vec![p["site"].as_str().unwrap_or("-").to_string()];
+        for s in p["job_sites"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+        {
+            let s = s.as_str().unwrap_or("-").to_string();
+            if !sites.contains(&s) {
+                sites.push(s);
+            }
+        }
+        let place = if sites.len() > 1 {
+            format!("split across {}", sites.join(" + "))
+        } else {
+            format!("{} ({})", sites[0], p["region"].as_str().unwrap_or("-"))
+        };
         println!(
-            "attempt {attempt} at {when}: {} ({}), estimated {} {}",
-            p["site"].as_str().unwrap_or("-"),
-            p["region"].as_str().unwrap_or("-"),
+            "attempt {attempt} at {when}: {place}, estimated {} {}",
             p["estimated_cost"]["amount"].as_str().unwrap_or("-"),
             p["estimated_cost"]["currency"].as_str().unwrap_or(""),
         );

@@ -210,6 +210,9 @@ fn finish(result: anyhow::Result<i32>) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Up(_) | Command::Server(_)) {
+        quiet_on_closed_pipe();
+    }
     match cli.command {
         Command::Validate { files, output } => validate::validate(&files, output),
         Command::Schema { kind } => {
@@ -323,6 +326,18 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
         | Command::Site { .. } => {
             unreachable!("handled in main")
         }
+    }
+}
+
+/// A reader that goes away (`meridian explain ID | head`) ends a client command quietly,
+/// as it does any Unix filter, instead of a panic in `println!`. Not for the services:
+/// they must outlive their clients' connections.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called once at start, before any thread exists; restores the default
+    // disposition the Rust runtime replaced.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

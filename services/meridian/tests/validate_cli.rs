@@ -145,3 +145,20 @@ fn the_checked_in_schema_is_what_the_binary_prints() {
         "regenerate with `meridian schema workflow`"
     );
 }
+
+#[test]
+fn a_reader_that_stops_early_ends_the_command_quietly() {
+    // The reader (`true`) is gone before the command starts writing, so every write
+    // meets a closed pipe, as after `| head -1`: that must not become a panic.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "(sleep 0.3; '{}' quote examples/train-h100.yaml) | true",
+            env!("CARGO_BIN_EXE_meridian")
+        ))
+        .current_dir(repo())
+        .output()
+        .expect("run sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
