@@ -457,6 +457,16 @@ impl Workflow {
             .or_else(|| self.services.get(name).map(|s| s.requires.as_slice()))
     }
 
+    /// The volumes a job or service mounts, by name (none for an unknown step).
+    pub fn mounts_of(&self, name: &str) -> impl Iterator<Item = &str> {
+        self.jobs
+            .get(name)
+            .map(|job| &job.mounts)
+            .or_else(|| self.services.get(name).map(|s| &s.mounts))
+            .into_iter()
+            .flat_map(|m| m.keys().map(String::as_str))
+    }
+
     /// How many tasks a job runs: its array's length, or 1. Zero when there is no job by that
     /// name (services are not counted as tasks).
     pub fn task_count(&self, job: &str) -> u32 {

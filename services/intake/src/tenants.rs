@@ -20,8 +20,10 @@ use crate::{ApiError, Intake};
 
 const MAX_POLICY_BYTES: usize = 64 * 1024;
 
+// Request bodies are read field by field (`parse_policy`) so that an error names its
+// field; the serde attributes here give the OpenAPI document the same shape and defaults.
 /// A tenant's placement policy. Every field is optional; what is left out does not limit.
-#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyDocument {
     /// Sites the tenant may use; empty or absent: any.

@@ -38,6 +38,30 @@ fn up() -> Up {
     up_in(tempfile::tempdir().unwrap(), free_port())
 }
 
+impl Up {
+    /// Runs `meridian ARGS --data-dir DATA` straight on the embedded log, as an admin
+    /// on the same machine would while `up` runs.
+    fn on_data(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(BIN)
+            .args(args)
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .output()
+            .unwrap()
+    }
+
+    /// [`Up::on_data`], which must succeed; its standard output.
+    fn on_data_ok(&self, args: &[&str]) -> String {
+        let out = self.on_data(args);
+        assert!(
+            out.status.success(),
+            "meridian {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+}
+
 #[test]
 fn embedded_dag_with_an_array_runs_in_order_within_its_cap_and_is_billed() {
     let up = up();
@@ -127,30 +151,8 @@ fn a_second_up_on_the_same_data_dir_is_refused() {
 #[test]
 fn a_drained_site_takes_no_work_and_explain_says_why() {
     let up = up();
-    let data = up.dir.path().join("data");
-    let data = data.to_str().unwrap();
-    let out = std::process::Command::new(BIN)
-        .args([
-            "site",
-            "drain",
-            "local",
-            "--reason",
-            "maintenance",
-            "--data-dir",
-            data,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let listed = std::process::Command::new(BIN)
-        .args(["site", "list", "--data-dir", data])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&listed.stdout).contains("drained"));
+    up.on_data_ok(&["site", "drain", "local", "--reason", "maintenance"]);
+    assert!(up.on_data_ok(&["site", "list"]).contains("drained"));
 
     let file = write(up.dir.path(), "hello.yaml", "version: v1\nname: h\njobs:\n  a: {image: host, command: [\"true\"], resources: {memory: 64MiB}}\n");
     let id = submit(&up.server, &file);
@@ -167,11 +169,7 @@ fn a_drained_site_takes_no_work_and_explain_says_why() {
     );
 
     // Undrained, the same workflow runs.
-    let out = std::process::Command::new(BIN)
-        .args(["site", "undrain", "local", "--data-dir", data])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    up.on_data_ok(&["site", "undrain", "local"]);
     let status = submit_wait(&up.server, &file);
     assert_eq!(status["state"], "finished", "{status:#}");
     let explained = cli_json(&up.server, &["explain", status["id"].as_str().unwrap()]);
@@ -343,22 +341,7 @@ jobs:
 #[test]
 fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
     let up = up();
-    let data = up.dir.path().join("data");
-    let data = data.to_str().unwrap();
-    let admin = |args: &[&str]| {
-        let out = std::process::Command::new(BIN)
-            .args(["admin", "policy"])
-            .args(args)
-            .args(["--data-dir", data])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let admin = |args: &[&str]| up.on_data_ok(&[&["admin", "policy"], args].concat());
     let shown = admin(&["set", "--tenant", "physics", "--region", "eu-west-9"]);
     assert!(shown.contains("eu-west-9"), "{shown}");
 
@@ -401,24 +384,24 @@ fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
     assert_eq!(status["tenant"], "physics", "{status:#}");
 
     // Bad input names the flag and records nothing.
-    let out = std::process::Command::new(BIN)
-        .args([
-            "admin",
-            "policy",
-            "set",
-            "--tenant",
-            "physics",
-            "--budget-per-workflow",
-            "lots",
-            "--data-dir",
-            data,
-        ])
-        .output()
-        .unwrap();
+    let out = up.on_data(&[
+        "admin",
+        "policy",
+        "set",
+        "--tenant",
+        "physics",
+        "--budget-per-workflow",
+        "lots",
+    ]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--budget-per-workflow \"lots\""),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        !admin(&["show", "--tenant", "physics"]).contains("lots"),
+        "the refused policy was not recorded"
+    );
+    assert!(admin(&["show", "--tenant", "physics"]).contains("none"));
 }

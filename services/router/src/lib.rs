@@ -393,16 +393,10 @@ impl Router {
             for (name, volume) in &spec.volumes {
                 let mut sites: Vec<&str> = spec
                     .jobs
-                    .iter()
-                    .filter(|(_, j)| j.mounts.contains_key(name))
-                    .map(|(job, _)| job)
-                    .chain(
-                        spec.services
-                            .iter()
-                            .filter(|(_, s)| s.mounts.contains_key(name))
-                            .map(|(service, _)| service),
-                    )
-                    .map(|job| placement.site_for(job))
+                    .keys()
+                    .chain(spec.services.keys())
+                    .filter(|step| spec.mounts_of(step).any(|v| v == name))
+                    .map(|step| placement.site_for(step))
                     .collect();
                 if sites.is_empty() {
                     sites.push(&placement.site);
@@ -427,13 +421,11 @@ impl Router {
                 .running_jobs()
                 .iter()
                 .filter_map(|(job_id, task)| {
-                    let site = self.releases.get(job_id)?.site.clone();
-                    let mounts = spec
-                        .jobs
-                        .get(&task.job)
-                        .map(|j| &j.mounts)
-                        .or_else(|| spec.services.get(&task.job).map(|s| &s.mounts))?;
-                    Some(mounts.keys().map(move |v| (v.clone(), site.clone())))
+                    let site = &self.releases.get(job_id)?.site;
+                    Some(
+                        spec.mounts_of(&task.job)
+                            .map(move |v| (v.to_string(), site.clone())),
+                    )
                 })
                 .flatten()
                 .collect();

@@ -442,19 +442,6 @@ fn offer<'c>(
     Ok(SiteOffer { site, sheet, jobs })
 }
 
-/// The volumes a job or service mounts.
-fn mounts<'s>(spec: &'s Workflow, job: &str) -> Vec<&'s str> {
-    let mounts = spec
-        .jobs
-        .get(job)
-        .map(|j| &j.mounts)
-        .or_else(|| spec.services.get(job).map(|s| &s.mounts));
-    mounts
-        .into_iter()
-        .flat_map(|m| m.keys().map(String::as_str))
-        .collect()
-}
-
 /// Decides where `spec` of `tenant` runs at `now`: the stricter of the workflow's hints
 /// and the tenant's placement policy apply.
 pub fn decide_for(
@@ -809,7 +796,7 @@ fn split_plan_in(
         if !work.iter().any(|(name, ..)| name == job) {
             continue;
         }
-        let mounted = mounts(spec, job);
+        let mounted: Vec<&str> = spec.mounts_of(job).collect();
         // What running `job` at `o` would add: compute, plus its volumes' arrival.
         let cost_at = |o: &SiteOffer| -> Option<Decimal> {
             let (_, compute) = o.jobs.get(job)?.as_ref().ok()?;
