@@ -24,10 +24,12 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 32] = [
+const TAGS: [&str; 37] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
+    "workflow.placement_waiting.v1",
+    "workflow.service_ready.v1",
     "workflow.job_released.v1",
     "workflow.job_settled.v1",
     "workflow.cancel_requested.v1",
@@ -40,6 +42,7 @@ const TAGS: [&str; 32] = [
     "job.dispatched.v1",
     "job.submitted_to_site.v1",
     "job.started.v1",
+    "job.service_ready.v1",
     "job.finished.v1",
     "job.failed.v1",
     "job.cancel_requested.v1",
@@ -51,6 +54,8 @@ const TAGS: [&str; 32] = [
     "site.datasets_declared.v1",
     "site.drained.v1",
     "site.undrained.v1",
+    "site.heartbeat.v1",
+    "site.disconnected.v1",
     "transfer.requested.v1",
     "transfer.completed.v1",
     "transfer.failed.v1",
@@ -162,6 +167,18 @@ fn every_event() -> Vec<Event> {
             }],
         }
         .into(),
+        WorkflowEvent::PlacementWaiting {
+            reason: "waiting for a site to connect: gpu-a".into(),
+            sites: vec!["gpu-a".into()],
+            since: at(0, 5),
+        }
+        .into(),
+        WorkflowEvent::ServiceReady {
+            service: "serve".into(),
+            job_id: id(28),
+            address: "gpu017:8000".into(),
+        }
+        .into(),
         WorkflowEvent::JobReleased {
             job: "sweep".into(),
             index: Some(7),
@@ -243,6 +260,11 @@ fn every_event() -> Vec<Event> {
             started_at: at(1, 0),
             allocated: gpu_allocation(),
             hosts: vec!["gpu017".into(), "gpu018".into()],
+        }
+        .into(),
+        JobEvent::ServiceReady {
+            address: "gpu017:8000".into(),
+            ready_at: at(1, 1),
         }
         .into(),
         JobEvent::Finished {
@@ -341,6 +363,18 @@ fn every_event() -> Vec<Event> {
         SiteEvent::Undrained {
             by: "admin".into(),
             undrained_at: at(5, 0),
+        }
+        .into(),
+        SiteEvent::Heartbeat {
+            adapter: "slurm".into(),
+            instance: id(40),
+            ttl_secs: 90,
+            observed_at: at(5, 1),
+        }
+        .into(),
+        SiteEvent::Disconnected {
+            instance: id(40),
+            observed_at: at(5, 2),
         }
         .into(),
         TransferEvent::Requested {

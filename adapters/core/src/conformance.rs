@@ -22,7 +22,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::{
-    AdapterError, BackendJobId, Failure, JobReport, JobRequest, JobState, Resources, SiteAdapter,
+    AdapterError, BackendJobId, FailureReason, JobReport, JobRequest, JobState, Resources,
+    SiteAdapter,
 };
 
 /// Opens a new adapter instance on the backend under test (same state every call).
@@ -106,6 +107,8 @@ impl ConformanceOptions {
             env: BTreeMap::new(),
             cwd: None,
             resources: self.resources.clone(),
+            service: None,
+            mounts: Default::default(),
         }
     }
 
@@ -283,7 +286,7 @@ pub async fn failed_job_reports_exit_code(h: Harness) {
             exit_code,
             failure,
         } => {
-            assert_eq!(failure, Failure::ExitCode { code: 3 });
+            assert_eq!(failure, FailureReason::ExitCode { code: 3 });
             assert_eq!(exit_code, Some(3));
             let started_at = started_at.expect("a job that ran has a start time");
             assert_ordered(o, before, started_at, ended_at, after);
@@ -412,7 +415,7 @@ fn assert_timed_out(o: &ConformanceOptions, report: &JobReport) {
             failure,
             ..
         } => {
-            assert_eq!(failure, &Failure::Timeout, "{report:?}");
+            assert_eq!(failure, &FailureReason::Timeout, "{report:?}");
             let started_at = started_at.expect("it ran, so it has a start time");
             let walltime = chrono::Duration::from_std(o.short_walltime).unwrap();
             assert!(

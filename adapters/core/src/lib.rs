@@ -1,6 +1,8 @@
-//! What every site adapter is: the [`SiteAdapter`] trait (submit, status, cancel,
-//! find-again after a restart, logs, capacity), the job model it speaks, and the
-//! conformance kit ([`conformance`]) each adapter runs against its real backend.
+//! What every site adapter is: the [`SiteAdapter`] trait (submit a job or start a
+//! service, status, cancel, find-again after a restart, logs, capacity), the job model it
+//! speaks, and the conformance kit ([`conformance`]) each adapter runs against its real
+//! backend. Adapters report failures in the events' own taxonomy ([`FailureReason`]),
+//! so nothing is lost between what a site says and what the log records.
 //!
 //! Adapters know nothing of the event log: the adapter service turns what they report
 //! into events. They tag every backend job with its Meridian job id, so a restarted
@@ -13,6 +15,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
+
+pub use meridian_events::FailureReason;
 
 pub mod batch;
 pub mod conformance;
@@ -33,7 +37,29 @@ pub struct JobRequest {
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
     pub resources: Resources,
+    /// Set for a service: run it until cancelled, restart it when it crashes, and say
+    /// when it answers on its port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceRequest>,
+    /// Volume name → where the job sees it at the site.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mounts: BTreeMap<String, String>,
 }
+
+/// What makes a run a service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRequest {
+    /// The TCP port it listens on.
+    pub port: u16,
+    /// Replicas to start now (`min`) and to scale to (`max`, not used yet).
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// How often a crashed service is started again before its run fails.
+    pub max_restarts: u32,
+}
+
+/// How often a crashed service is restarted unless the adapter is told otherwise.
+pub const DEFAULT_MAX_RESTARTS: u32 = 3;
 
 impl JobRequest {
     /// The container image to run in, or `None` to run on the host (`host` or empty).
@@ -122,40 +148,6 @@ impl std::fmt::Display for BackendJobId {
     }
 }
 
-/// Why a job ended without success. Site faults send the work back to placement;
-/// job faults are the workflow's own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Failure {
-    /// The command exited non-zero (or was killed by a signal).
-    ExitCode {
-        code: i32,
-    },
-    /// Killed at its walltime limit.
-    Timeout,
-    OutOfMemory,
-    /// The site lost the node, preempted the job, or could not boot it.
-    NodeFailure,
-    Preempted,
-    BootFailure,
-    /// The job cannot be found any more and its outcome is unknown.
-    Lost,
-    /// The site refused or could not start it (no container runtime, bad image…).
-    Refused {
-        message: String,
-    },
-}
-
-impl Failure {
-    /// True when the site, not the job, is to blame: the router may re-place the work.
-    pub fn is_site_fault(&self) -> bool {
-        matches!(
-            self,
-            Failure::NodeFailure | Failure::Preempted | Failure::BootFailure | Failure::Lost
-        )
-    }
-}
-
 /// Where a job stands at its site.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -173,7 +165,7 @@ pub enum JobState {
         started_at: Option<DateTime<Utc>>,
         ended_at: DateTime<Utc>,
         exit_code: Option<i32>,
-        failure: Failure,
+        failure: FailureReason,
     },
     Cancelled {
         started_at: Option<DateTime<Utc>>,
@@ -200,6 +192,12 @@ pub struct Usage {
     /// CPU time used (user + system), when the backend reports it.
     pub cpu_seconds: Option<f64>,
     pub max_rss_bytes: Option<u64>,
+    /// The accelerators the site gave, when it says (a job that asked for vendor `any`
+    /// is billed for what it got): `nvidia` or `amd`, and the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_vendor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -207,6 +205,9 @@ pub struct JobReport {
     pub backend_id: BackendJobId,
     pub state: JobState,
     pub usage: Usage,
+    /// For a running service that answers: where (`host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 /// Free capacity and health, as the site sees it now.
@@ -242,6 +243,10 @@ pub enum AdapterError {
     /// The request can never run here (a bad image, resources the site lacks).
     #[error("rejected by the site: {0}")]
     Rejected(String),
+    /// The site cannot take it now (capacity, quota): another site may, so the router
+    /// places the work again, with backoff.
+    #[error("refused by the site for now: {0}")]
+    Refused(String),
     #[error("not supported by this site: {0}")]
     NotSupported(String),
     #[error("{0}")]

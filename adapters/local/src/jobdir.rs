@@ -12,7 +12,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
-use meridian_adapter_core::{Failure, JobRequest, JobState, Usage};
+use meridian_adapter_core::{FailureReason, JobRequest, JobState, Usage};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -293,7 +293,7 @@ impl JobDir {
                         started_at: Some(started_at),
                         ended_at,
                         exit_code: Some(code),
-                        failure: Failure::ExitCode { code },
+                        failure: FailureReason::ExitCode { code },
                     }
                 };
                 let on_host = self.launch()?.is_some_and(|l| l.on_host());
@@ -357,12 +357,12 @@ fn outcome_state(outcome: Outcome, started_at: Option<DateTime<Utc>>) -> JobStat
             started_at,
             ended_at,
         },
-        OutcomeKind::Timeout => failed(Failure::Timeout),
-        OutcomeKind::Refused => failed(Failure::Refused {
+        OutcomeKind::Timeout => failed(FailureReason::Timeout),
+        OutcomeKind::Refused => failed(FailureReason::Other {
             message: outcome.message.unwrap_or_default(),
         }),
-        OutcomeKind::BootFailure => failed(Failure::BootFailure),
-        OutcomeKind::Lost => failed(Failure::Lost),
+        OutcomeKind::BootFailure => failed(FailureReason::BootFailure),
+        OutcomeKind::Lost => failed(FailureReason::Lost),
     }
 }
 
@@ -378,6 +378,8 @@ fn usage(request: &JobRequest, started: bool, cpu_seconds: Option<f64>) -> Usage
         gpus: 0,
         cpu_seconds,
         max_rss_bytes: None,
+        gpu_vendor: None,
+        gpu_model: None,
     }
 }
 

@@ -83,6 +83,16 @@ pub(crate) fn plan(
         .collect();
     // Ours come last, so a job cannot pass itself off as another.
     env.extend(job.meridian_env());
+    let volumes = volume_dirs(job, dir)?;
+    if job.container_image().is_none() {
+        // On the host a volume cannot appear at its mount path without privileges: the
+        // job finds its directory in MERIDIAN_VOLUME_<NAME> instead.
+        env.extend(
+            volumes
+                .iter()
+                .map(|(name, host, _)| (volume_variable(name), host.display().to_string())),
+        );
+    }
 
     let Some(image) = job.container_image() else {
         return plan_host(job, dir, command, env);
@@ -92,6 +102,12 @@ pub(crate) fn plan(
         (RuntimeKind::Podman, podman) => {
             let mut argv = vec![podman, "run".into(), "--rm".into()];
             argv.extend(["--name".into(), container.clone()]);
+            if let Some(service) = &job.service {
+                argv.extend(["--publish".into(), format!("{0}:{0}", service.port)]);
+            }
+            for (_, host, path) in &volumes {
+                argv.extend(["--volume".into(), format!("{}:{path}", host.display())]);
+            }
             let env_file_path = dir.join(CONTAINER_ENV).display().to_string();
             argv.extend(["--env-file".into(), env_file_path]);
             let mut env_file = String::new();
@@ -127,6 +143,9 @@ pub(crate) fn plan(
         (_, apptainer) => {
             let verb = if command.is_empty() { "run" } else { "exec" };
             let mut argv = vec![apptainer, verb.into()];
+            for (_, host, path) in &volumes {
+                argv.extend(["--bind".into(), format!("{}:{path}", host.display())]);
+            }
             if let Some(cwd) = &job.cwd {
                 argv.extend(["--pwd".into(), cwd.clone()]);
             }
@@ -153,6 +172,36 @@ pub(crate) fn plan(
             })
         }
     }
+}
+
+/// Where each of the job's volumes lives on this machine: a directory per workflow and
+/// volume under the site root (`<root>/volumes/<workflow>/<volume>`), made if needed.
+/// Returns (volume, directory, path in the job).
+fn volume_dirs(job: &JobRequest, dir: &Path) -> Result<Vec<(String, PathBuf, String)>, String> {
+    // The job directory is `<root>/jobs/<job id>`.
+    let Some(root) = dir.parent().and_then(Path::parent) else {
+        return Ok(Vec::new());
+    };
+    job.mounts
+        .iter()
+        .map(|(volume, path)| {
+            let host = root
+                .join("volumes")
+                .join(job.workflow_id.to_string())
+                .join(volume);
+            std::fs::create_dir_all(&host)
+                .map_err(|e| format!("cannot make the directory of volume {volume}: {e}"))?;
+            Ok((volume.clone(), host, path.clone()))
+        })
+        .collect()
+}
+
+/// `MERIDIAN_VOLUME_<NAME>`: the volume's name upper-cased, `-` as `_`.
+pub(crate) fn volume_variable(volume: &str) -> String {
+    format!(
+        "MERIDIAN_VOLUME_{}",
+        volume.to_ascii_uppercase().replace('-', "_")
+    )
 }
 
 fn plan_host(
@@ -268,19 +317,43 @@ printf '%s\n' "$1" > "$0/exit_code"
 exit "$1"
 "#;
 
+/// The wrapper of a service: as [`WRAPPER`], but a command that ends is started again,
+/// up to `$1` times (a second apart), each restart noted in `restarts`; the status
+/// recorded is the last run's.
+const SERVICE_WRAPPER: &str = r#"read -r meridian_go || exit 90
+exec </dev/null
+meridian_left=$1
+shift
+while :; do
+"$@"
+meridian_status=$?
+[ "$meridian_left" -gt 0 ] || break
+meridian_left=$((meridian_left - 1))
+printf 'exit %s\n' "$meridian_status" >> "$0/restarts"
+printf 'meridian: the service exited with status %s; starting it again\n' "$meridian_status" >&2
+sleep 1
+done
+times > "$0/times"
+printf '%s\n' "$meridian_status" > "$0/exit_code"
+exit "$meridian_status"
+"#;
+
 /// The wrapper command for `plan`, in its own process group so the whole tree can be
-/// signalled at once.
+/// signalled at once. `restarts` is set for a service.
 pub(crate) fn command(
     plan: &Plan,
     dir: &Path,
     stdout: File,
     stderr: File,
+    restarts: Option<u32>,
 ) -> tokio::process::Command {
     let mut command = tokio::process::Command::new("/bin/sh");
+    command.arg("-c");
+    match restarts {
+        Some(n) => command.arg(SERVICE_WRAPPER).arg(dir).arg(n.to_string()),
+        None => command.arg(WRAPPER).arg(dir),
+    };
     command
-        .arg("-c")
-        .arg(WRAPPER)
-        .arg(dir)
         .args(&plan.launch.argv)
         .current_dir(&plan.launch.cwd)
         .envs(plan.env.iter().map(|(k, v)| (k, v)))
@@ -319,6 +392,8 @@ mod tests {
                 walltime: Duration::from_secs(1),
                 gpus: None,
             },
+            service: None,
+            mounts: Default::default(),
         }
     }
 

@@ -198,6 +198,14 @@ impl LocalAdapter {
         if let Err(why) = job.check() {
             return reject(why);
         }
+        if let Some(service) = &job.service {
+            if service.min_replicas > 1 {
+                return reject(format!(
+                    "the local site runs one replica of a service (all would share port {}); {} requested",
+                    service.port, service.min_replicas
+                ));
+            }
+        }
         let nul = |s: &String| s.contains('\0');
         if job.command.iter().any(nul)
             || job.env.values().any(nul)
@@ -419,6 +427,7 @@ impl Inner {
             dir.path(),
             output(jobdir::STDOUT)?,
             output(jobdir::STDERR)?,
+            job.service.as_ref().map(|s| s.max_restarts),
         )
         .spawn()?;
         let pid = child.id().expect("a child not yet waited for has a pid");
@@ -470,6 +479,16 @@ async fn reap(child: &mut Option<Child>) {
             let _ = child.wait().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+/// `127.0.0.1:port` when something accepts connections there: the service is ready.
+async fn answers(port: u16) -> Option<String> {
+    let address = format!("127.0.0.1:{port}");
+    let connect = tokio::net::TcpStream::connect(&address);
+    match tokio::time::timeout(Duration::from_millis(200), connect).await {
+        Ok(Ok(_)) => Some(address),
+        _ => None,
     }
 }
 
@@ -527,7 +546,12 @@ impl SiteAdapter for LocalAdapter {
     async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError> {
         let (job_id, dir) = self.inner.existing(id)?;
         let snapshot = dir.snapshot().map_err(|e| unavailable(job_id, e))?;
+        let address = match (&snapshot.request.service, &snapshot.state) {
+            (Some(service), JobState::Running { .. }) => answers(service.port).await,
+            _ => None,
+        };
         Ok(JobReport {
+            address,
             backend_id: id.clone(),
             state: snapshot.state,
             usage: snapshot.usage,

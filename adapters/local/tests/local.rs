@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use meridian_adapter_core::conformance::{wait_final, wait_for, wait_running, ConformanceOptions};
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, Failure, Gpus, JobRequest, JobState, SiteAdapter, Usage,
+    AdapterError, BackendJobId, FailureReason, Gpus, JobRequest, JobState, SiteAdapter, Usage,
 };
 use meridian_adapter_local::{ContainerRuntime, LocalAdapter, LocalConfig, NO_CONTAINER_RUNTIME};
 use tempfile::TempDir;
@@ -77,7 +77,7 @@ fn refusal(state: &JobState) -> &str {
     match state {
         JobState::Failed {
             started_at: None,
-            failure: Failure::Refused { message },
+            failure: FailureReason::Other { message },
             exit_code: None,
             ..
         } => message,
@@ -400,7 +400,7 @@ async fn a_job_killed_behind_the_adapters_back_is_lost() {
     match &report.state {
         JobState::Failed {
             started_at: Some(_),
-            failure: Failure::Lost,
+            failure: FailureReason::Lost,
             exit_code: None,
             ..
         } => {}
@@ -427,7 +427,7 @@ async fn a_submit_that_died_before_starting_is_lost() {
     match report.state {
         JobState::Failed {
             started_at: None,
-            failure: Failure::Lost,
+            failure: FailureReason::Lost,
             ..
         } => {}
         other => panic!("expected Lost, got {other:?}"),
@@ -601,7 +601,7 @@ async fn a_job_that_ended_while_no_adapter_ran_is_reported() {
     match report.state {
         JobState::Failed {
             exit_code: Some(4),
-            failure: Failure::ExitCode { code: 4 },
+            failure: FailureReason::ExitCode { code: 4 },
             ..
         } => {}
         other => panic!("expected exit code 4, got {other:?}"),

@@ -142,6 +142,7 @@ impl PbsAdapter {
         let state = map_state(&info.observed)
             .map_err(|e| AdapterError::Unavailable(format!("job {id}: {e}")))?;
         Ok(JobReport {
+            address: None,
             backend_id: id.clone(),
             state,
             usage: info.usage,

@@ -125,6 +125,8 @@ pub fn job_info(job: &Value) -> JobInfo {
     };
     let usage = if started_at.is_some() {
         Usage {
+            gpu_vendor: None,
+            gpu_model: None,
             nodes: number(&limits["nodect"]).unwrap_or(1).max(0) as u32,
             cpus: number(&limits["ncpus"])
                 .or_else(|| number(&used["ncpus"]))

@@ -274,6 +274,8 @@ mod tests {
                     model: Some("A100".into()),
                 }),
             },
+            service: None,
+            mounts: Default::default(),
         }
     }
 

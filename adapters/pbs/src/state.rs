@@ -9,7 +9,7 @@
 //! ([`Observed::walltime_exceeded`]); newer ones say `-29` (`JOB_EXEC_KILL_WALLTIME`).
 
 use chrono::{DateTime, Utc};
-use meridian_adapter_core::{Failure, JobState};
+use meridian_adapter_core::{FailureReason, JobState};
 
 /// What the adapter observed of one job.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -37,11 +37,14 @@ pub enum StateError {
 }
 
 /// What a finished job's `Exit_status` means (`src/include/job.h`, `JOB_EXEC_*`).
-pub fn exit_failure(exit_status: i64, walltime_exceeded: bool) -> Option<(Failure, Option<i32>)> {
-    let no_code = |f: Failure| Some((f, None));
+pub fn exit_failure(
+    exit_status: i64,
+    walltime_exceeded: bool,
+) -> Option<(FailureReason, Option<i32>)> {
+    let no_code = |f: FailureReason| Some((f, None));
     let refused = |what: &str| {
         Some((
-            Failure::Refused {
+            FailureReason::Other {
                 message: format!("PBS: {what} (Exit_status {exit_status})"),
             },
             None,
@@ -52,31 +55,34 @@ pub fn exit_failure(exit_status: i64, walltime_exceeded: bool) -> Option<(Failur
         // The script's own exit code (128 + N when its shell saw signal N).
         1..=255 => {
             if walltime_exceeded && exit_status >= 128 {
-                no_code(Failure::Timeout)
+                no_code(FailureReason::Timeout)
             } else {
                 let code = exit_status as i32;
-                Some((Failure::ExitCode { code }, Some(code)))
+                Some((FailureReason::ExitCode { code }, Some(code)))
             }
         }
         // 256 + N: PBS killed the job's top process with signal N.
         256.. => {
             if walltime_exceeded {
-                no_code(Failure::Timeout)
+                no_code(FailureReason::Timeout)
             } else {
                 let code = 128 + (exit_status - 256) as i32;
-                Some((Failure::ExitCode { code }, Some(code)))
+                Some((FailureReason::ExitCode { code }, Some(code)))
             }
         }
-        -29 | -28 => no_code(Failure::Timeout), // KILL_WALLTIME, KILL_CPUT
-        -27 | -26 => no_code(Failure::OutOfMemory), // KILL_MEM, KILL_VMEM
+        -29 | -28 => no_code(FailureReason::Timeout), // KILL_WALLTIME, KILL_CPUT
+        -27 | -26 => no_code(FailureReason::OutOfMemory), // KILL_MEM, KILL_VMEM
         -25 | -24 => refused("killed for using more CPUs than it requested"), // KILL_NCPUS_*
-        -12 => no_code(Failure::Preempted),     // CHKP: checkpointed and killed
-        -17 | -19 => refused("a site hook deleted the job"), // FAILHOOK_DELETE, HOOK_DELETE
+        -12 => no_code(FailureReason::Preempted),     // CHKP: checkpointed and killed
+        // FAILHOOK_DELETE, HOOK_DELETE: the site's policy would not run it; another may.
+        -17 | -19 => no_code(FailureReason::SiteRefused {
+            message: format!("PBS: a site hook deleted the job (Exit_status {exit_status})"),
+        }),
         // FAIL1, FAIL2, RETRY, INITABT, INITRST, INITRMG, BADRESRT, FAILUID, RERUN,
         // FAIL_PASSWORD, RERUN_SIS_FAIL, QUERST, FAILHOOK_RERUN, HOOK_RERUN,
         // RERUN_MS_FAIL, FAIL_SECURITY, HOOKERROR, FAIL_KRB5, JOINJOB: the site could not
         // start or keep the job going.
-        _ => no_code(Failure::BootFailure),
+        _ => no_code(FailureReason::BootFailure),
     }
 }
 
@@ -111,7 +117,7 @@ pub fn map_state(o: &Observed) -> Result<JobState, StateError> {
             started_at: o.started_at,
             ended_at: o.ended_at.ok_or_else(|| missing("end time"))?,
             exit_code: None,
-            failure: Failure::Lost,
+            failure: FailureReason::Lost,
         }),
         "F" | "X" => {
             let ended_at = o.ended_at.ok_or_else(|| missing("end time (obittime)"))?;
@@ -132,7 +138,7 @@ pub fn map_state(o: &Observed) -> Result<JobState, StateError> {
                         started_at: o.started_at,
                         ended_at,
                         exit_code: None,
-                        failure: Failure::Lost,
+                        failure: FailureReason::Lost,
                     },
                 });
             };
@@ -209,7 +215,7 @@ mod tests {
                     started_at: Some(t(1)),
                     ended_at: t(9),
                     exit_code: Some(3),
-                    failure: Failure::ExitCode { code: 3 },
+                    failure: FailureReason::ExitCode { code: 3 },
                 }),
             ),
             (
@@ -219,7 +225,7 @@ mod tests {
                     started_at: Some(t(1)),
                     ended_at: t(9),
                     exit_code: None,
-                    failure: Failure::Lost,
+                    failure: FailureReason::Lost,
                 }),
             ),
             ("Z", None, Err(())),
@@ -235,24 +241,27 @@ mod tests {
     fn exit_statuses_map() {
         let f = |exit, walltime| exit_failure(exit, walltime).map(|(f, _)| f);
         assert_eq!(f(0, false), None);
-        assert_eq!(f(1, false), Some(Failure::ExitCode { code: 1 }));
-        assert_eq!(f(137, false), Some(Failure::ExitCode { code: 137 }));
-        assert_eq!(f(143, true), Some(Failure::Timeout));
-        assert_eq!(f(265, false), Some(Failure::ExitCode { code: 137 }));
-        assert_eq!(f(271, false), Some(Failure::ExitCode { code: 143 }));
-        assert_eq!(f(271, true), Some(Failure::Timeout));
-        assert_eq!(f(-29, false), Some(Failure::Timeout));
-        assert_eq!(f(-28, false), Some(Failure::Timeout));
-        assert_eq!(f(-27, false), Some(Failure::OutOfMemory));
-        assert_eq!(f(-26, false), Some(Failure::OutOfMemory));
-        assert_eq!(f(-12, false), Some(Failure::Preempted));
-        assert!(matches!(f(-25, false), Some(Failure::Refused { .. })));
-        assert!(matches!(f(-17, false), Some(Failure::Refused { .. })));
+        assert_eq!(f(1, false), Some(FailureReason::ExitCode { code: 1 }));
+        assert_eq!(f(137, false), Some(FailureReason::ExitCode { code: 137 }));
+        assert_eq!(f(143, true), Some(FailureReason::Timeout));
+        assert_eq!(f(265, false), Some(FailureReason::ExitCode { code: 137 }));
+        assert_eq!(f(271, false), Some(FailureReason::ExitCode { code: 143 }));
+        assert_eq!(f(271, true), Some(FailureReason::Timeout));
+        assert_eq!(f(-29, false), Some(FailureReason::Timeout));
+        assert_eq!(f(-28, false), Some(FailureReason::Timeout));
+        assert_eq!(f(-27, false), Some(FailureReason::OutOfMemory));
+        assert_eq!(f(-26, false), Some(FailureReason::OutOfMemory));
+        assert_eq!(f(-12, false), Some(FailureReason::Preempted));
+        assert!(matches!(f(-25, false), Some(FailureReason::Other { .. })));
+        assert!(matches!(
+            f(-17, false),
+            Some(FailureReason::SiteRefused { .. })
+        ));
         for site in [
             -1, -2, -3, -4, -5, -6, -7, -10, -11, -13, -14, -15, -16, -18, -20, -21, -22, -23, -30,
         ] {
-            assert_eq!(f(site, false), Some(Failure::BootFailure), "{site}");
-            assert!(Failure::BootFailure.is_site_fault());
+            assert_eq!(f(site, false), Some(FailureReason::BootFailure), "{site}");
+            assert!(FailureReason::BootFailure.is_site_fault());
         }
         assert_eq!(exit_failure(265, false).unwrap().1, Some(137));
         assert_eq!(exit_failure(-29, false).unwrap().1, None);

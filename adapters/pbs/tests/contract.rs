@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, Failure, JobRequest, JobState, Resources, SiteAdapter,
+    AdapterError, BackendJobId, FailureReason, JobRequest, JobState, Resources, SiteAdapter,
 };
 use meridian_adapter_pbs::{array_args, depend_arg, PbsAdapter, PbsConfig, PbsId};
 use uuid::Uuid;
@@ -133,6 +133,8 @@ fn request(name: &str) -> JobRequest {
             walltime: Duration::from_secs(3600),
             gpus: None,
         },
+        service: None,
+        mounts: Default::default(),
     }
 }
 
@@ -233,7 +235,7 @@ async fn contract_every_job_state_letter() {
                 started_at: None,
                 ended_at: t(10, 2, 0),
                 exit_code: None,
-                failure: Failure::Lost,
+                failure: FailureReason::Lost,
             },
         ),
         ("qstat-106-R.json", running.clone()),
@@ -253,7 +255,7 @@ async fn contract_every_job_state_letter() {
                 started_at: Some(t(10, 0, 0)),
                 ended_at: t(10, 2, 0),
                 exit_code: Some(3),
-                failure: Failure::ExitCode { code: 3 },
+                failure: FailureReason::ExitCode { code: 3 },
             },
         ),
         (
@@ -262,7 +264,7 @@ async fn contract_every_job_state_letter() {
                 started_at: Some(t(10, 0, 0)),
                 ended_at: t(10, 10, 1),
                 exit_code: None,
-                failure: Failure::Timeout,
+                failure: FailureReason::Timeout,
             },
         ),
         (
@@ -271,7 +273,7 @@ async fn contract_every_job_state_letter() {
                 started_at: Some(t(10, 0, 0)),
                 ended_at: t(10, 10, 2),
                 exit_code: None,
-                failure: Failure::Timeout,
+                failure: FailureReason::Timeout,
             },
         ),
         (
@@ -280,7 +282,7 @@ async fn contract_every_job_state_letter() {
                 started_at: Some(t(10, 0, 0)),
                 ended_at: t(10, 2, 0),
                 exit_code: Some(2),
-                failure: Failure::ExitCode { code: 2 },
+                failure: FailureReason::ExitCode { code: 2 },
             },
         ),
         (
@@ -296,7 +298,7 @@ async fn contract_every_job_state_letter() {
                 started_at: Some(t(10, 0, 0)),
                 ended_at: t(10, 0, 30),
                 exit_code: Some(143),
-                failure: Failure::ExitCode { code: 143 },
+                failure: FailureReason::ExitCode { code: 143 },
             },
         ),
         (
@@ -305,7 +307,7 @@ async fn contract_every_job_state_letter() {
                 started_at: Some(t(10, 0, 0)),
                 ended_at: t(10, 2, 0),
                 exit_code: None,
-                failure: Failure::OutOfMemory,
+                failure: FailureReason::OutOfMemory,
             },
         ),
         (
@@ -314,7 +316,7 @@ async fn contract_every_job_state_letter() {
                 started_at: None,
                 ended_at: t(10, 2, 0),
                 exit_code: None,
-                failure: Failure::BootFailure,
+                failure: FailureReason::BootFailure,
             },
         ),
         ("qstat-120-array-B.json", running.clone()),

@@ -149,7 +149,14 @@ pub fn parse_tres(text: &str) -> Usage {
             "node" => usage.nodes = value.parse().unwrap_or(0),
             "gres/gpu" => plain_gpus = value.parse().ok(),
             // `gres/gpu:a100=2` repeats, by type, what `gres/gpu` counts.
-            k if k.starts_with("gres/gpu:") => typed_gpus += value.parse().unwrap_or(0),
+            k if k.starts_with("gres/gpu:") => {
+                typed_gpus += value.parse().unwrap_or(0);
+                // The type names the model the site gave (`a100`), for vendor `any`.
+                let model = &k["gres/gpu:".len()..];
+                if !model.is_empty() {
+                    usage.gpu_model = Some(model.to_ascii_uppercase());
+                }
+            }
             _ => {}
         }
     }
@@ -207,6 +214,7 @@ impl Record {
             Usage::default()
         };
         Ok(JobReport {
+            address: None,
             backend_id: id.clone(),
             state,
             usage,

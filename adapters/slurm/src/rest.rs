@@ -657,6 +657,8 @@ mod tests {
                     model: None,
                 }),
             },
+            service: None,
+            mounts: Default::default(),
         };
         let mut config = SlurmConfig::cli("/scratch/u");
         config.partition = Some("gpu".into());

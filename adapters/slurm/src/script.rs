@@ -208,6 +208,8 @@ mod tests {
                     model: Some("H100".into()),
                 }),
             },
+            service: None,
+            mounts: Default::default(),
         }
     }
 

@@ -8,7 +8,7 @@
 //! of these forms (array elements joined with commas) and the short codes (`CD`, `NF`…).
 
 use chrono::{DateTime, Utc};
-use meridian_adapter_core::{Failure, JobState};
+use meridian_adapter_core::{FailureReason, JobState};
 
 /// A job's exit as Slurm prints it, `code:signal` (`ExitCode` in sacct and scontrol).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -195,7 +195,7 @@ pub fn map_state(
             what: "end time",
         })
     };
-    let failed = |failure: Failure| -> Result<JobState, StateError> {
+    let failed = |failure: FailureReason| -> Result<JobState, StateError> {
         let code = exit.shell_code();
         Ok(JobState::Failed {
             started_at,
@@ -205,18 +205,18 @@ pub fn map_state(
         })
     };
     let exit_failure = || match exit.shell_code() {
-        0 => Failure::Refused {
+        0 => FailureReason::Other {
             message: format!("Slurm reports the job {state} with exit code 0:0"),
         },
-        code => Failure::ExitCode { code },
+        code => FailureReason::ExitCode { code },
     };
 
     if has(Flag::ReconfigFail) {
-        return failed(Failure::BootFailure);
+        return failed(FailureReason::BootFailure);
     }
     if has(Flag::Revoked) {
         // A federation sibling runs it now: from this cluster it is gone.
-        return failed(Failure::Lost);
+        return failed(FailureReason::Lost);
     }
     if has(Flag::Completing) || has(Flag::StageOut) || has(Flag::Signaling) {
         return Ok(running());
@@ -261,11 +261,11 @@ pub fn map_state(
             ended_at: ended(state)?,
         }),
         Base::Failed => failed(exit_failure()),
-        Base::Timeout | Base::Deadline => failed(Failure::Timeout),
-        Base::OutOfMemory => failed(Failure::OutOfMemory),
-        Base::NodeFail => failed(Failure::NodeFailure),
-        Base::Preempted => failed(Failure::Preempted),
-        Base::BootFail => failed(Failure::BootFailure),
+        Base::Timeout | Base::Deadline => failed(FailureReason::Timeout),
+        Base::OutOfMemory => failed(FailureReason::OutOfMemory),
+        Base::NodeFail => failed(FailureReason::NodeFailure),
+        Base::Preempted => failed(FailureReason::Preempted),
+        Base::BootFail => failed(FailureReason::BootFailure),
     }
 }
 
@@ -284,7 +284,7 @@ mod tests {
         Running,
         Succeeded,
         Cancelled,
-        Failed(Failure, Option<i32>),
+        Failed(FailureReason, Option<i32>),
         Unknown,
     }
 
@@ -305,50 +305,58 @@ mod tests {
             (
                 "FAILED",
                 exit(3, 0),
-                Failed(Failure::ExitCode { code: 3 }, Some(3)),
+                Failed(FailureReason::ExitCode { code: 3 }, Some(3)),
             ),
             (
                 "FAILED",
                 exit(0, 9),
-                Failed(Failure::ExitCode { code: 137 }, Some(137)),
+                Failed(FailureReason::ExitCode { code: 137 }, Some(137)),
             ),
             (
                 "FAILED",
                 ok,
                 Failed(
-                    Failure::Refused {
+                    FailureReason::Other {
                         message: "Slurm reports the job FAILED with exit code 0:0".into(),
                     },
                     None,
                 ),
             ),
-            ("TIMEOUT", exit(0, 15), Failed(Failure::Timeout, Some(143))),
-            ("DEADLINE", ok, Failed(Failure::Timeout, None)),
+            (
+                "TIMEOUT",
+                exit(0, 15),
+                Failed(FailureReason::Timeout, Some(143)),
+            ),
+            ("DEADLINE", ok, Failed(FailureReason::Timeout, None)),
             (
                 "OUT_OF_MEMORY",
                 exit(0, 125),
-                Failed(Failure::OutOfMemory, Some(253)),
+                Failed(FailureReason::OutOfMemory, Some(253)),
             ),
-            ("NODE_FAIL", ok, Failed(Failure::NodeFailure, None)),
-            ("PREEMPTED", ok, Failed(Failure::Preempted, None)),
-            ("BOOT_FAIL", ok, Failed(Failure::BootFailure, None)),
+            ("NODE_FAIL", ok, Failed(FailureReason::NodeFailure, None)),
+            ("PREEMPTED", ok, Failed(FailureReason::Preempted, None)),
+            ("BOOT_FAIL", ok, Failed(FailureReason::BootFailure, None)),
             // flags, alone as squeue and scontrol print them
             ("COMPLETING", ok, Running),
             ("CONFIGURING", ok, Pending),
             ("LAUNCH_FAILED", ok, Pending),
             ("POWER_UP_NODE", ok, Pending),
-            ("RECONFIG_FAIL", ok, Failed(Failure::BootFailure, None)),
+            (
+                "RECONFIG_FAIL",
+                ok,
+                Failed(FailureReason::BootFailure, None),
+            ),
             ("REQUEUED", ok, Pending),
             ("REQUEUE_FED", ok, Pending),
             ("REQUEUE_HOLD", ok, Pending),
             ("RESIZING", ok, Running),
             ("RESV_DEL_HOLD", ok, Pending),
-            ("REVOKED", ok, Failed(Failure::Lost, None)),
+            ("REVOKED", ok, Failed(FailureReason::Lost, None)),
             ("SIGNALING", ok, Running),
             (
                 "SPECIAL_EXIT",
                 exit(42, 0),
-                Failed(Failure::ExitCode { code: 42 }, Some(42)),
+                Failed(FailureReason::ExitCode { code: 42 }, Some(42)),
             ),
             ("STAGE_OUT", ok, Running),
             ("STOPPED", ok, Running),
@@ -366,7 +374,7 @@ mod tests {
             (
                 "FAILED,SPECIAL_EXIT",
                 exit(5, 0),
-                Failed(Failure::ExitCode { code: 5 }, Some(5)),
+                Failed(FailureReason::ExitCode { code: 5 }, Some(5)),
             ),
             // sacct and squeue short codes
             ("CD", ok, Succeeded),
@@ -374,14 +382,14 @@ mod tests {
             (
                 "F",
                 exit(1, 0),
-                Failed(Failure::ExitCode { code: 1 }, Some(1)),
+                Failed(FailureReason::ExitCode { code: 1 }, Some(1)),
             ),
-            ("TO", ok, Failed(Failure::Timeout, None)),
+            ("TO", ok, Failed(FailureReason::Timeout, None)),
             ("PD", ok, Pending),
             ("R", ok, Running),
-            ("NF", ok, Failed(Failure::NodeFailure, None)),
-            ("OOM", ok, Failed(Failure::OutOfMemory, None)),
-            ("PR", ok, Failed(Failure::Preempted, None)),
+            ("NF", ok, Failed(FailureReason::NodeFailure, None)),
+            ("OOM", ok, Failed(FailureReason::OutOfMemory, None)),
+            ("PR", ok, Failed(FailureReason::Preempted, None)),
             ("RQ", ok, Pending),
             ("RF", ok, Pending),
             ("RH", ok, Pending),
@@ -391,15 +399,15 @@ mod tests {
             (
                 "SE",
                 exit(2, 0),
-                Failed(Failure::ExitCode { code: 2 }, Some(2)),
+                Failed(FailureReason::ExitCode { code: 2 }, Some(2)),
             ),
             ("SO", ok, Running),
             ("ST", ok, Running),
             ("RS", ok, Running),
-            ("RV", ok, Failed(Failure::Lost, None)),
+            ("RV", ok, Failed(FailureReason::Lost, None)),
             ("S", ok, Running),
-            ("DL", ok, Failed(Failure::Timeout, None)),
-            ("BF", ok, Failed(Failure::BootFailure, None)),
+            ("DL", ok, Failed(FailureReason::Timeout, None)),
+            ("BF", ok, Failed(FailureReason::BootFailure, None)),
             ("CG", ok, Running),
             // lower case, as some slurmrestd versions print node-ish states
             ("completed", ok, Succeeded),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use meridian_adapter_core::conformance::{self, ConformanceOptions, Harness, Open};
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, Failure, JobState, Resources, SiteAdapter,
+    AdapterError, BackendJobId, FailureReason, JobState, Resources, SiteAdapter,
 };
 use meridian_adapter_slurm::parse::{sacct_record, SACCT_FORMAT, SACCT_JOBCOMP_FORMAT};
 use meridian_adapter_slurm::{SlurmAdapter, SlurmConfig, TokenSource};
@@ -198,7 +198,7 @@ async fn rest_failed_job_reports_its_exit_code() {
         JobState::Failed {
             exit_code, failure, ..
         } => {
-            assert_eq!(failure, Failure::ExitCode { code: 3 });
+            assert_eq!(failure, FailureReason::ExitCode { code: 3 });
             assert_eq!(exit_code, Some(3));
         }
         other => panic!("{other:?}"),
@@ -304,7 +304,11 @@ async fn accounting_agrees_with_slurmctld() {
     let bad_report = conformance::wait_final(&adapter, &bad_id, &o).await;
     match &bad_report.state {
         JobState::Failed { failure, .. } => {
-            assert_eq!(failure, &Failure::ExitCode { code: 137 }, "{bad_report:?}")
+            assert_eq!(
+                failure,
+                &FailureReason::ExitCode { code: 137 },
+                "{bad_report:?}"
+            )
         }
         other => panic!("{other:?}"),
     }

@@ -72,6 +72,11 @@ pub enum JobCommand {
         allocated: Allocation,
         hosts: Vec<String>,
     },
+    /// A service's run answers at `address`; repeating the address it has is a no-op.
+    RecordServiceReady {
+        address: String,
+        ready_at: DateTime<Utc>,
+    },
     /// The program ended. Exit code 0 finishes the run; any other fails it with
     /// [`FailureReason::ExitCode`], so adapters need not decide.
     Finish {
@@ -112,6 +117,8 @@ pub enum JobError {
     NotStarted,
     #[error("the job is already {state}")]
     AlreadyTerminal { state: JobState },
+    #[error("a service is ready at an address; none was given")]
+    NoAddress,
     #[error("a cancel was already requested")]
     CancelAlreadyRequested,
     #[error("the run ends at {ended_at}, before it started at {started_at}")]
@@ -142,6 +149,7 @@ pub struct Job {
     hosts: Vec<String>,
     cancel_requested: bool,
     outcome: Option<JobOutcome>,
+    address: Option<String>,
 }
 
 impl Job {
@@ -168,6 +176,11 @@ impl Job {
 
     pub fn hosts(&self) -> &[String] {
         &self.hosts
+    }
+
+    /// Where a service's run answers, once it said so.
+    pub fn address(&self) -> Option<&str> {
+        self.address.as_deref()
     }
 
     pub fn cancel_requested(&self) -> bool {
@@ -276,6 +289,20 @@ impl Aggregate for Job {
                 _ => Err(JobError::AlreadyStarted),
             },
 
+            JobCommand::RecordServiceReady { address, ready_at } => {
+                self.live()?;
+                if self.started_at.is_none() {
+                    return Err(JobError::NotStarted);
+                }
+                if address.trim().is_empty() {
+                    return Err(JobError::NoAddress);
+                }
+                if self.address.as_deref() == Some(address.as_str()) {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![JobEvent::ServiceReady { address, ready_at }])
+            }
+
             JobCommand::Finish {
                 ended_at,
                 exit_code,
@@ -382,6 +409,7 @@ impl Aggregate for Job {
                 self.allocated = Some(allocated.clone());
                 self.hosts = hosts.clone();
             }
+            JobEvent::ServiceReady { address, .. } => self.address = Some(address.clone()),
             JobEvent::Finished { .. } => {
                 self.state = Some(JobState::Finished);
                 self.outcome = Some(JobOutcome::Succeeded);

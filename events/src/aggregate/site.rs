@@ -47,6 +47,17 @@ pub enum SiteCommand {
     Undrain {
         by: String,
     },
+    /// An adapter process says it serves the site, stamped with `now`; it must say so
+    /// again within `ttl_secs` for the site to stay connected.
+    Heartbeat {
+        adapter: String,
+        instance: uuid::Uuid,
+        ttl_secs: u64,
+    },
+    /// The adapter process `instance` stops serving the site (a clean shutdown).
+    Disconnect {
+        instance: uuid::Uuid,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,6 +81,29 @@ pub enum SiteError {
     InvalidShapes { reason: String },
     #[error("the site is not drained")]
     NotDrained,
+    #[error("a heartbeat needs a time to live of at least one second")]
+    ZeroTtl,
+    #[error("adapter instance {instance} is not the one serving the site")]
+    NotServing { instance: uuid::Uuid },
+}
+
+/// The adapter process serving a site, from its last heartbeat.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connection {
+    pub adapter: String,
+    pub instance: uuid::Uuid,
+    pub observed_at: DateTime<Utc>,
+    pub ttl_secs: u64,
+}
+
+impl Connection {
+    /// Until when the site counts as connected without another heartbeat.
+    pub fn until(&self) -> DateTime<Utc> {
+        let ttl = i64::try_from(self.ttl_secs).unwrap_or(i64::MAX);
+        self.observed_at
+            .checked_add_signed(chrono::Duration::try_seconds(ttl).unwrap_or(chrono::Duration::MAX))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -93,6 +127,7 @@ pub struct Site {
     drained: bool,
     shapes: Vec<crate::vocabulary::site::Shape>,
     datasets: Vec<crate::vocabulary::site::Dataset>,
+    connection: Option<Connection>,
 }
 
 impl Site {
@@ -136,6 +171,16 @@ impl Site {
 
     pub fn is_drained(&self) -> bool {
         self.drained
+    }
+
+    /// The adapter that last said it serves the site, unless it disconnected.
+    pub fn connection(&self) -> Option<&Connection> {
+        self.connection.as_ref()
+    }
+
+    /// Whether an adapter serves the site at `at`.
+    pub fn is_connected_at(&self, at: DateTime<Utc>) -> bool {
+        self.connection.as_ref().is_some_and(|c| c.until() > at)
     }
 
     fn registered(&self) -> Result<(), SiteError> {
@@ -298,6 +343,33 @@ impl Aggregate for Site {
                     undrained_at: now,
                 }])
             }
+            SiteCommand::Heartbeat {
+                adapter,
+                instance,
+                ttl_secs,
+            } => {
+                self.registered()?;
+                if ttl_secs == 0 {
+                    return Err(SiteError::ZeroTtl);
+                }
+                Ok(vec![SiteEvent::Heartbeat {
+                    adapter,
+                    instance,
+                    ttl_secs,
+                    observed_at: now,
+                }])
+            }
+            SiteCommand::Disconnect { instance } => {
+                self.registered()?;
+                // Another process took over since: its heartbeat stands.
+                if self.connection.as_ref().map(|c| c.instance) != Some(instance) {
+                    return Err(SiteError::NotServing { instance });
+                }
+                Ok(vec![SiteEvent::Disconnected {
+                    instance,
+                    observed_at: now,
+                }])
+            }
         }
     }
 
@@ -334,6 +406,24 @@ impl Aggregate for Site {
             SiteEvent::DatasetsDeclared { datasets } => self.datasets = datasets.clone(),
             SiteEvent::Drained { .. } => self.drained = true,
             SiteEvent::Undrained { .. } => self.drained = false,
+            SiteEvent::Heartbeat {
+                adapter,
+                instance,
+                ttl_secs,
+                observed_at,
+            } => {
+                self.connection = Some(Connection {
+                    adapter: adapter.clone(),
+                    instance: *instance,
+                    observed_at: *observed_at,
+                    ttl_secs: *ttl_secs,
+                });
+            }
+            SiteEvent::Disconnected { instance, .. } => {
+                if self.connection.as_ref().map(|c| c.instance) == Some(*instance) {
+                    self.connection = None;
+                }
+            }
         }
     }
 }

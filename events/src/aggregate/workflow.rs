@@ -7,7 +7,13 @@
 //! nothing runs and nothing more can, the workflow finishes or fails. A cancel request
 //! releases nothing more and ends as Cancelled once the last running job settles.
 //!
-//! `requires` naming a service counts as met: services have no lifecycle events yet.
+//! Services are nodes of the same DAG, with one run each. A service is released once the
+//! jobs it requires succeeded and the services it requires are ready; jobs that require
+//! it wait until it is ready. It runs while it is wanted: a service some job requires,
+//! while such a job can still run; a service no job requires (an end product, such as
+//! an inference server), until the workflow is cancelled or one of its jobs failed for
+//! good. A service the router stopped because it was no longer wanted settles as a
+//! success.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -94,6 +100,17 @@ pub enum WorkflowCommand {
     RejectPlacement {
         rejections: Vec<SiteRejection>,
     },
+    /// No connected site fits now; the workflow waits for one of `sites` to connect.
+    /// Repeating the reason it already waits for records nothing.
+    WaitForSite {
+        reason: String,
+        sites: Vec<String>,
+    },
+    /// A service's run answers at `address`; repeating it records nothing.
+    RecordServiceReady {
+        job_id: Uuid,
+        address: String,
+    },
     /// Gives a runnable task a Job aggregate, whose new id comes in here.
     ReleaseJob {
         job: String,
@@ -164,6 +181,10 @@ pub enum WorkflowError {
     JobNotReleased { job_id: Uuid },
     #[error("{count} job(s) still running")]
     JobsStillRunning { count: usize },
+    #[error("the workflow already has a place")]
+    AlreadyPlaced,
+    #[error("{job} is a job, not a service")]
+    NotAService { job: String },
     #[error("a bill as of position {given} does not follow the last one, as of {last}")]
     StaleBill { last: u64, given: u64 },
     #[error("the workflow declares no volume named {volume:?}")]
@@ -292,8 +313,12 @@ impl Counts {
 /// One job of the DAG. Tasks absent from `tasks` have never been released.
 #[derive(Debug, Clone)]
 struct JobNode {
-    /// Only the required jobs; required services are not tracked.
+    /// The jobs and services it requires.
     requires: Vec<String>,
+    /// A service, run until it is no longer wanted, rather than a job run to its end.
+    service: bool,
+    /// A service's run that said it is ready (and has not ended since).
+    ready: Option<Uuid>,
     array: Option<ArrayShape>,
     tasks: BTreeMap<Option<u32>, TaskRecord>,
     counts: Counts,
@@ -304,10 +329,12 @@ struct JobNode {
 }
 
 impl JobNode {
-    fn new(requires: Vec<String>, array: Option<ArrayShape>) -> JobNode {
+    fn new(requires: Vec<String>, array: Option<ArrayShape>, service: bool) -> JobNode {
         let tasks = array.map_or(1, |a| (a.end - a.start).saturating_add(1));
         JobNode {
             requires,
+            service,
+            ready: None,
             array,
             tasks: BTreeMap::new(),
             counts: Counts {
@@ -389,6 +416,8 @@ pub struct Workflow {
     billed_as_of: Option<u64>,
     /// Live storage allocations by (volume, site).
     volumes: BTreeMap<(String, String), VolumeAllocation>,
+    /// Why placement waits, while it waits for a site to connect.
+    waiting: Option<String>,
 }
 
 impl Workflow {
@@ -424,6 +453,84 @@ impl Workflow {
 
     pub fn failed_jobs(&self) -> &[TaskRef] {
         &self.failed
+    }
+
+    /// Why the workflow waits for a site to connect, while it does.
+    pub fn waiting_reason(&self) -> Option<&str> {
+        self.waiting.as_deref()
+    }
+
+    /// Whether `name` is a service of this workflow.
+    pub fn is_service(&self, name: &str) -> bool {
+        self.nodes.get(name).is_some_and(|n| n.service)
+    }
+
+    /// Running service runs that are no longer wanted: the router stops them.
+    pub fn unwanted_services(&self) -> Vec<Uuid> {
+        if self.state == Some(WorkflowState::CancelRequested) {
+            return Vec::new(); // the cancel reaches every run anyway
+        }
+        let doomed = self.doomed();
+        self.running
+            .iter()
+            .filter(|(_, task)| {
+                self.nodes
+                    .get(&task.job)
+                    .is_some_and(|n| n.service && !self.wanted(&task.job, &doomed))
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Nodes that can never succeed: a task failed for good, or a node they require
+    /// can never succeed.
+    fn doomed(&self) -> BTreeSet<&str> {
+        let mut doomed: BTreeSet<&str> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| {
+                let c = n.counts;
+                !c.all_succeeded() && c.pending == 0 && c.in_flight == 0
+            })
+            .map(|(name, _)| name.as_str())
+            .collect();
+        loop {
+            let more: Vec<&str> = self
+                .nodes
+                .iter()
+                .filter(|(name, n)| {
+                    !doomed.contains(name.as_str())
+                        && n.requires.iter().any(|r| doomed.contains(r.as_str()))
+                })
+                .map(|(name, _)| name.as_str())
+                .collect();
+            if more.is_empty() {
+                return doomed;
+            }
+            doomed.extend(more);
+        }
+    }
+
+    /// Whether service `name` should run: some node that requires it can still run, or,
+    /// when nothing requires it, no job failed for good.
+    fn wanted(&self, name: &str, doomed: &BTreeSet<&str>) -> bool {
+        let mut dependents = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.requires.iter().any(|r| r == name))
+            .peekable();
+        if dependents.peek().is_none() {
+            return !self
+                .nodes
+                .iter()
+                .any(|(n, node)| !node.service && doomed.contains(n.as_str()));
+        }
+        dependents.any(|(dependent, n)| {
+            let c = n.counts;
+            !doomed.contains(dependent.as_str())
+                && (c.in_flight > 0 || c.pending > 0)
+                && (!n.service || self.wanted(dependent, doomed))
+        })
     }
 
     pub fn billed_as_of(&self) -> Option<u64> {
@@ -471,12 +578,20 @@ impl Workflow {
     /// Whether some task of `job` could be released, given these counts.
     fn releasable(&self, counts: &BTreeMap<&str, Counts>, job: &str) -> bool {
         let c = &counts[job];
+        let node = &self.nodes[job];
         c.pending > 0
             && c.free_slots() > 0
-            && self.nodes[job]
-                .requires
-                .iter()
-                .all(|r| counts.get(r.as_str()).is_some_and(Counts::all_succeeded))
+            && node.requires.iter().all(|r| self.met(counts, r))
+            && (!node.service || self.wanted(job, &self.doomed()))
+    }
+
+    /// Whether requirement `r` holds: a job all of whose tasks succeeded, a service ready.
+    fn met(&self, counts: &BTreeMap<&str, Counts>, r: &str) -> bool {
+        match self.nodes.get(r) {
+            Some(n) if n.service => n.ready.is_some(),
+            Some(_) => counts.get(r).is_some_and(Counts::all_succeeded),
+            None => false,
+        }
     }
 
     fn live_state(&self) -> Result<WorkflowState, WorkflowError> {
@@ -591,14 +706,17 @@ impl Workflow {
             task: task.clone(),
             reason,
         };
-        if let Some(r) = node
-            .requires
-            .iter()
-            .find(|r| !self.nodes.get(*r).is_some_and(|n| n.counts.all_succeeded()))
-        {
-            return Err(not_runnable(format!(
-                "it requires {r:?}, which has not succeeded"
-            )));
+        let counts = self.counts();
+        if let Some(r) = node.requires.iter().find(|r| !self.met(&counts, r)) {
+            let what = if self.is_service(r) {
+                "is not ready"
+            } else {
+                "has not succeeded"
+            };
+            return Err(not_runnable(format!("it requires {r:?}, which {what}")));
+        }
+        if node.service && !self.wanted(&task.job, &self.doomed()) {
+            return Err(not_runnable("nothing needs the service any more".into()));
         }
         if !node.is_pending(index) {
             return Err(not_runnable("it was already released".to_owned()));
@@ -720,6 +838,16 @@ impl Workflow {
             JobOutcome::Succeeded | JobOutcome::Cancelled => false,
         };
 
+        // A service stopped (or ended) once nothing wanted it did its work.
+        let node = &self.nodes[&task.job];
+        let outcome = match outcome {
+            JobOutcome::Cancelled | JobOutcome::Succeeded
+                if node.service && !self.wanted(&task.job, &self.doomed()) =>
+            {
+                JobOutcome::Succeeded
+            }
+            other => other,
+        };
         // The counts and failures as they will be once the settlement is applied.
         let status = settled_status(&outcome, retry);
         let mut counts = self.counts();
@@ -767,14 +895,34 @@ fn check_dag(spec: &meridian_spec::Workflow) -> Result<(), String> {
             }
         }
     }
-    // Kahn's algorithm over jobs only.
-    let mut waiting: BTreeMap<&str, usize> = spec
+    for (name, service) in &spec.services {
+        if spec.jobs.contains_key(name) {
+            return Err(format!(
+                "services.{name}: a job has the same name; names are shared"
+            ));
+        }
+        for r in &service.requires {
+            if !spec.jobs.contains_key(r) && !spec.services.contains_key(r) {
+                return Err(format!(
+                    "services.{name}.requires: no job or service named {r:?}"
+                ));
+            }
+        }
+    }
+    // Kahn's algorithm over jobs and services together.
+    let nodes: BTreeMap<&str, &[String]> = spec
         .jobs
         .iter()
-        .map(|(n, j)| {
-            let deps = j.requires.iter().filter(|r| spec.jobs.contains_key(*r));
-            (n.as_str(), deps.count())
-        })
+        .map(|(n, j)| (n.as_str(), j.requires.as_slice()))
+        .chain(
+            spec.services
+                .iter()
+                .map(|(n, s)| (n.as_str(), s.requires.as_slice())),
+        )
+        .collect();
+    let mut waiting: BTreeMap<&str, usize> = nodes
+        .iter()
+        .map(|(n, requires)| (*n, requires.len()))
         .collect();
     let mut ready: Vec<&str> = waiting
         .iter()
@@ -784,9 +932,9 @@ fn check_dag(spec: &meridian_spec::Workflow) -> Result<(), String> {
     let mut done = 0;
     while let Some(n) = ready.pop() {
         done += 1;
-        for (m, j) in &spec.jobs {
-            if j.requires.iter().any(|r| r == n) {
-                let d = waiting.get_mut(m.as_str()).expect("every job is counted");
+        for (m, requires) in &nodes {
+            for _ in requires.iter().filter(|r| *r == n) {
+                let d = waiting.get_mut(m).expect("every node is counted");
                 *d -= 1;
                 if *d == 0 {
                     ready.push(m);
@@ -794,7 +942,7 @@ fn check_dag(spec: &meridian_spec::Workflow) -> Result<(), String> {
             }
         }
     }
-    if done < spec.jobs.len() {
+    if done < nodes.len() {
         let stuck: Vec<&str> = waiting
             .iter()
             .filter(|(_, d)| **d > 0)
@@ -954,6 +1102,42 @@ impl Aggregate for Workflow {
                 }])
             }
 
+            WorkflowCommand::WaitForSite { reason, sites } => {
+                if self.active_state()? != WorkflowState::Submitted {
+                    return Err(WorkflowError::AlreadyPlaced);
+                }
+                if self.waiting.as_deref() == Some(reason.as_str()) {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![WorkflowEvent::PlacementWaiting {
+                    reason,
+                    sites,
+                    since: now,
+                }])
+            }
+
+            WorkflowCommand::RecordServiceReady { job_id, address } => {
+                self.live_state()?;
+                let task = self
+                    .running
+                    .get(&job_id)
+                    .ok_or(WorkflowError::JobNotReleased { job_id })?;
+                let node = &self.nodes[&task.job];
+                if !node.service {
+                    return Err(WorkflowError::NotAService {
+                        job: task.job.clone(),
+                    });
+                }
+                if node.ready == Some(job_id) {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![WorkflowEvent::ServiceReady {
+                    service: task.job.clone(),
+                    job_id,
+                    address,
+                }])
+            }
+
             WorkflowCommand::ReleaseJob {
                 job,
                 index,
@@ -1046,24 +1230,27 @@ impl Aggregate for Workflow {
                 self.id = Some(*workflow_id);
                 self.state = Some(WorkflowState::Submitted);
                 self.submitted_by = submitted_by.clone();
+                let known =
+                    |r: &&String| spec.jobs.contains_key(*r) || spec.services.contains_key(*r);
                 self.nodes = spec
                     .jobs
                     .iter()
                     .map(|(name, job)| {
-                        let requires = job
-                            .requires
-                            .iter()
-                            .filter(|r| spec.jobs.contains_key(*r))
-                            .cloned()
-                            .collect();
+                        let requires = job.requires.iter().filter(known).cloned().collect();
                         let array = job.array.as_ref().map(|a| ArrayShape {
                             start: a.start,
                             end: a.end,
                             parallelism: a.parallelism,
                         });
-                        (name.clone(), JobNode::new(requires, array))
+                        (name.clone(), JobNode::new(requires, array, false))
                     })
                     .collect();
+                for (name, service) in &spec.services {
+                    let requires = service.requires.iter().filter(known).cloned().collect();
+                    self.nodes
+                        .entry(name.clone())
+                        .or_insert_with(|| JobNode::new(requires, None, true));
+                }
                 self.spec = Some(spec.clone());
             }
             WorkflowEvent::PlacementDecided {
@@ -1091,9 +1278,22 @@ impl Aggregate for Workflow {
                 if self.state == Some(WorkflowState::Submitted) {
                     self.state = Some(WorkflowState::Placed);
                 }
+                self.waiting = None;
             }
             WorkflowEvent::PlacementRejected { attempt, .. } => {
                 self.placement_attempts = *attempt;
+            }
+            WorkflowEvent::PlacementWaiting { reason, .. } => {
+                self.waiting = Some(reason.clone());
+            }
+            WorkflowEvent::ServiceReady {
+                service, job_id, ..
+            } => {
+                if self.running.contains_key(job_id) {
+                    if let Some(node) = self.nodes.get_mut(service) {
+                        node.ready = Some(*job_id);
+                    }
+                }
             }
             WorkflowEvent::JobReleased {
                 job,
@@ -1135,6 +1335,9 @@ impl Aggregate for Workflow {
                 let Some(node) = self.nodes.get_mut(job) else {
                     return;
                 };
+                if node.ready == Some(*job_id) {
+                    node.ready = None;
+                }
                 let Some(task) = node.tasks.get_mut(index) else {
                     return;
                 };

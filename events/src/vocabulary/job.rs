@@ -43,6 +43,13 @@ pub enum JobEvent {
         hosts: Vec<String>,
     },
 
+    /// A service's run answers at `address` (host:port) since `ready_at`.
+    #[serde(rename = "job.service_ready.v1")]
+    ServiceReady {
+        address: String,
+        ready_at: DateTime<Utc>,
+    },
+
     /// It ran to completion with exit code 0.
     #[serde(rename = "job.finished.v1")]
     Finished {
@@ -105,6 +112,7 @@ impl JobEvent {
             JobEvent::Dispatched { .. } => "job.dispatched.v1",
             JobEvent::SubmittedToSite { .. } => "job.submitted_to_site.v1",
             JobEvent::Started { .. } => "job.started.v1",
+            JobEvent::ServiceReady { .. } => "job.service_ready.v1",
             JobEvent::Finished { .. } => "job.finished.v1",
             JobEvent::Failed { .. } => "job.failed.v1",
             JobEvent::CancelRequested { .. } => "job.cancel_requested.v1",

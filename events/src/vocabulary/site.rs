@@ -64,6 +64,25 @@ pub enum SiteEvent {
         by: String,
         undrained_at: DateTime<Utc>,
     },
+
+    /// An adapter process serves the site now and will say so again within `ttl_secs`:
+    /// until then the site is connected. Placement only chooses connected sites.
+    #[serde(rename = "site.heartbeat.v1")]
+    Heartbeat {
+        /// The adapter kind serving it (`local`, `slurm`, ...).
+        adapter: String,
+        /// The adapter process, new at each start.
+        instance: uuid::Uuid,
+        ttl_secs: u64,
+        observed_at: DateTime<Utc>,
+    },
+
+    /// The adapter process that served the site stopped cleanly.
+    #[serde(rename = "site.disconnected.v1")]
+    Disconnected {
+        instance: uuid::Uuid,
+        observed_at: DateTime<Utc>,
+    },
 }
 
 impl SiteEvent {
@@ -77,6 +96,8 @@ impl SiteEvent {
             SiteEvent::DatasetsDeclared { .. } => "site.datasets_declared.v1",
             SiteEvent::Drained { .. } => "site.drained.v1",
             SiteEvent::Undrained { .. } => "site.undrained.v1",
+            SiteEvent::Heartbeat { .. } => "site.heartbeat.v1",
+            SiteEvent::Disconnected { .. } => "site.disconnected.v1",
         }
     }
 }

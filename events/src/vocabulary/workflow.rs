@@ -60,6 +60,23 @@ pub enum WorkflowEvent {
     },
 
     /// The DAG made a job (or array task) runnable and gave it a Job aggregate.
+    /// No connected site fits now, though some site would: the workflow waits for one
+    /// to connect. `sites` are the fitting sites that no adapter serves.
+    #[serde(rename = "workflow.placement_waiting.v1")]
+    PlacementWaiting {
+        reason: String,
+        sites: Vec<String>,
+        since: DateTime<Utc>,
+    },
+
+    /// A service's run answers at `address` (host:port): jobs that require it may start.
+    #[serde(rename = "workflow.service_ready.v1")]
+    ServiceReady {
+        service: String,
+        job_id: Uuid,
+        address: String,
+    },
+
     #[serde(rename = "workflow.job_released.v1")]
     JobReleased {
         job: String,
@@ -191,6 +208,8 @@ impl WorkflowEvent {
             WorkflowEvent::Submitted { .. } => "workflow.submitted.v1",
             WorkflowEvent::PlacementDecided { .. } => "workflow.placement_decided.v1",
             WorkflowEvent::PlacementRejected { .. } => "workflow.placement_rejected.v1",
+            WorkflowEvent::PlacementWaiting { .. } => "workflow.placement_waiting.v1",
+            WorkflowEvent::ServiceReady { .. } => "workflow.service_ready.v1",
             WorkflowEvent::JobReleased { .. } => "workflow.job_released.v1",
             WorkflowEvent::JobSettled { .. } => "workflow.job_settled.v1",
             WorkflowEvent::CancelRequested { .. } => "workflow.cancel_requested.v1",

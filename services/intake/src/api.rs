@@ -8,13 +8,16 @@ use uuid::Uuid;
 
 /// A workflow's state as the API reports it.
 ///
-/// `rejected`: no site could take it at its last placement attempt (`reason` says why);
-/// placement may still be retried. `running`: at least one task has started.
-/// `cancelling`: a cancel was requested and running jobs are being stopped.
+/// `waiting`: no connected site fits yet, though some site would; `reason` names them,
+/// and placement goes on when one connects. `rejected`: no site could take it at its last
+/// placement attempt (`reason` says why); placement may still be retried. `running`: at
+/// least one task has started. `cancelling`: a cancel was requested and running jobs are
+/// being stopped. Only `finished`, `failed` and `cancelled` are final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkflowState {
     Submitted,
+    Waiting,
     Placed,
     Running,
     Finished,
@@ -25,8 +28,9 @@ pub enum WorkflowState {
 }
 
 impl WorkflowState {
-    pub const ALL: [WorkflowState; 8] = [
+    pub const ALL: [WorkflowState; 9] = [
         WorkflowState::Submitted,
+        WorkflowState::Waiting,
         WorkflowState::Placed,
         WorkflowState::Running,
         WorkflowState::Finished,
@@ -39,6 +43,7 @@ impl WorkflowState {
     pub fn as_str(self) -> &'static str {
         match self {
             WorkflowState::Submitted => "submitted",
+            WorkflowState::Waiting => "waiting",
             WorkflowState::Placed => "placed",
             WorkflowState::Running => "running",
             WorkflowState::Finished => "finished",
@@ -51,6 +56,14 @@ impl WorkflowState {
 
     pub fn parse(s: &str) -> Option<WorkflowState> {
         WorkflowState::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+
+    /// Nothing follows: the workflow finished, failed or was cancelled.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            WorkflowState::Finished | WorkflowState::Failed | WorkflowState::Cancelled
+        )
     }
 
     /// The accepted values, for error messages.
@@ -139,6 +152,9 @@ pub struct JobRun {
     pub ended_at: Option<String>,
     /// Why the run failed or was cancelled.
     pub reason: Option<String>,
+    /// For a service's run that answers: where (`host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 /// A workflow's status, from the status read model.

@@ -54,6 +54,11 @@ const SCHEMA: &[&str] = &[
         ended_at TEXT,
         reason TEXT
     )",
+    "CREATE TABLE IF NOT EXISTS intake_services (
+        job_id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        ready_at TEXT NOT NULL
+    )",
     "CREATE INDEX IF NOT EXISTS intake_tasks_task ON intake_tasks (workflow_id, job, task_index)",
     "CREATE INDEX IF NOT EXISTS intake_tasks_release ON intake_tasks (workflow_id, released_position, job_id)",
 ];
@@ -84,7 +89,7 @@ impl Projection for StatusProjection {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &["intake_workflows", "intake_tasks"]
+        &["intake_workflows", "intake_tasks", "intake_services"]
     }
 
     async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError> {
@@ -189,8 +194,8 @@ async fn apply_workflow(
             sqlx::query(
                 "UPDATE intake_workflows SET
                     site = $1,
-                    reason = CASE WHEN state = 'rejected' THEN NULL ELSE reason END,
-                    state = CASE WHEN state IN ('submitted', 'rejected') THEN 'placed'
+                    reason = CASE WHEN state IN ('rejected', 'waiting') THEN NULL ELSE reason END,
+                    state = CASE WHEN state IN ('submitted', 'rejected', 'waiting') THEN 'placed'
                                  ELSE state END
                  WHERE id = $2",
             )
@@ -215,9 +220,9 @@ async fn apply_workflow(
             let reason = format!("no site could take the workflow (attempt {attempt}): {why}");
             sqlx::query(
                 "UPDATE intake_workflows SET
-                    reason = CASE WHEN state IN ('submitted', 'rejected') THEN $1
+                    reason = CASE WHEN state IN ('submitted', 'rejected', 'waiting') THEN $1
                                   ELSE reason END,
-                    state = CASE WHEN state IN ('submitted', 'rejected') THEN 'rejected'
+                    state = CASE WHEN state IN ('submitted', 'rejected', 'waiting') THEN 'rejected'
                                  ELSE state END
                  WHERE id = $2",
             )
@@ -226,6 +231,18 @@ async fn apply_workflow(
             .execute(&mut **tx)
             .await?;
         }
+        WorkflowEvent::PlacementWaiting { reason, .. } => {
+            sqlx::query(
+                "UPDATE intake_workflows SET reason = $1, state = 'waiting'
+                 WHERE id = $2 AND state IN ('submitted', 'rejected', 'waiting')",
+            )
+            .bind(reason)
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        // The run's own `job.service_ready.v1` gives the address.
+        WorkflowEvent::ServiceReady { .. } => return Ok(()),
         WorkflowEvent::JobReleased {
             job,
             index,
@@ -453,6 +470,20 @@ async fn apply_job(
                 .execute(&mut **tx)
                 .await?;
             }
+        }
+        JobEvent::ServiceReady { address, ready_at } => {
+            sqlx::query("DELETE FROM intake_services WHERE job_id = $1")
+                .bind(&job_id)
+                .execute(&mut **tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO intake_services (job_id, address, ready_at) VALUES ($1, $2, $3)",
+            )
+            .bind(&job_id)
+            .bind(address)
+            .bind(timestamp(*ready_at))
+            .execute(&mut **tx)
+            .await?;
         }
         JobEvent::Finished {
             started_at,

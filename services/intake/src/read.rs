@@ -105,10 +105,12 @@ pub async fn status(store: &Store, id: Uuid) -> Result<Option<WorkflowStatus>, R
         .saturating_sub(tasks.running + tasks.succeeded + tasks.failed + tasks.cancelled);
 
     let rows = sqlx::query(
-        "SELECT job_id, job, task_index, attempt, site, state, backend_job_id, exit_code,
-                started_at, ended_at, reason
-         FROM intake_tasks WHERE workflow_id = $1
-         ORDER BY released_position, job_id LIMIT $2",
+        "SELECT t.job_id, t.job, t.task_index, t.attempt, t.site, t.state, t.backend_job_id,
+                t.exit_code, t.started_at, t.ended_at, t.reason,
+                CASE WHEN t.state = 'running' THEN s.address END AS address
+         FROM intake_tasks t LEFT JOIN intake_services s ON s.job_id = t.job_id
+         WHERE t.workflow_id = $1
+         ORDER BY t.released_position, t.job_id LIMIT $2",
     )
     .bind(&id_text)
     .bind(MAX_LISTED_RUNS as i64 + 1)
@@ -158,6 +160,7 @@ fn job_run(row: &AnyRow) -> Result<JobRun, ReadError> {
         started_at: row.try_get("started_at")?,
         ended_at: row.try_get("ended_at")?,
         reason: row.try_get("reason")?,
+        address: row.try_get("address")?,
     })
 }
 

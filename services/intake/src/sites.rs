@@ -98,6 +98,12 @@ pub struct Quote {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub split: Option<SplitPlan>,
+    /// Sites that would fit but that no adapter serves: a submission waits for one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
+    /// The sites an adapter serves now; placement chooses only among them.
+    #[serde(default)]
+    pub connected: Vec<String>,
 }
 
 /// The intake's catalogue, caught up with the log. Callers hold the guard only to read
@@ -307,8 +313,15 @@ pub(crate) async fn quote(
     let spec = meridian_spec::parse(body_text(&bytes)?)?;
     let tenant = tenant(&headers)?;
     let catalog = catalog(&intake).await?;
+    let now = chrono::Utc::now();
+    let connected: Vec<String> = catalog
+        .sites
+        .values()
+        .filter(|s| s.connected_at(now))
+        .map(|s| s.name.clone())
+        .collect();
     Ok(Json(
-        match decide_for(&spec, Some(&tenant), &catalog, chrono::Utc::now()) {
+        match decide_for(&spec, Some(&tenant), &catalog, now) {
             Decision::Placed(p) => Quote {
                 site: Some(p.site),
                 estimated_cost: Some(p.estimated_cost.amount.to_string()),
@@ -316,14 +329,23 @@ pub(crate) async fn quote(
                 candidates: p.explanation.candidates,
                 job_sites: p.job_sites,
                 split: p.explanation.split,
+                waiting_for: Vec::new(),
+                connected,
             },
-            Decision::Rejected { rejections } => Quote {
+            decision @ (Decision::Rejected { .. } | Decision::Waiting { .. }) => Quote {
                 site: None,
                 estimated_cost: None,
                 currency: None,
                 job_sites: Default::default(),
                 split: None,
-                candidates: rejections
+                connected,
+                waiting_for: match &decision {
+                    Decision::Waiting { sites, .. } => sites.clone(),
+                    _ => Vec::new(),
+                },
+                candidates: decision
+                    .rejections()
+                    .to_vec()
                     .into_iter()
                     .map(|r| Candidate {
                         site: r.site,

@@ -676,7 +676,7 @@ async fn lists_newest_first_in_pages(b: &mut Bench) {
     for (query, mentions) in [
         (
             "state=bogus",
-            "submitted, placed, running, finished, failed, cancelling, cancelled, rejected",
+            "submitted, waiting, placed, running, finished, failed, cancelling, cancelled, rejected",
         ),
         ("state=", "state"),
         ("limit=0", "limit"),

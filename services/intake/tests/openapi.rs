@@ -67,6 +67,7 @@ fn openapi_describes_every_route() {
         states,
         &serde_json::json!([
             "submitted",
+            "waiting",
             "placed",
             "running",
             "finished",

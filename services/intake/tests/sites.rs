@@ -58,6 +58,8 @@ async fn sites_scenario(db: Db) {
     let res = b.call(put("/v1/sites").body(CATALOG)).await;
     assert_eq!(res.body["sites"][1]["outcome"], "unchanged");
     assert_eq!(b.head().await, head, "unchanged sites append nothing");
+    connect_all(&*b.log).await;
+    let head = b.head().await;
 
     // A bad document names the field and changes nothing.
     let bad = CATALOG.replace("\"4.00\"", "\"four\"");
@@ -136,6 +138,7 @@ async fn a_tenant_policy_is_set_through_the_api_and_binds_its_quotes() {
     let b = Bench::new(Db::Sqlite).await;
     let res = b.call(put("/v1/sites").body(CATALOG)).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    connect_all(&*b.log).await;
 
     let res = b.call(Req::get("/v1/tenants/physics/policy")).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
@@ -290,6 +293,7 @@ async fn site_reads_catch_up_from_where_the_last_one_stopped() {
 
     let res = call(&router, put("/v1/sites").body(CATALOG)).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    connect_all(&*b.log).await;
     let registered = b.head().await;
     log.take_reads();
 

@@ -235,7 +235,7 @@ pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Res
             p.explanation.candidates.clone(),
             0,
         ),
-        Decision::Rejected { rejections } => (
+        Decision::Rejected { rejections } | Decision::Waiting { rejections, .. } => (
             json!({"site": null, "rejections": rejections}),
             rejections
                 .iter()
@@ -255,7 +255,7 @@ pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Res
         Output::Table => {
             let split = match &decision {
                 Decision::Placed(p) => p.explanation.split.as_ref(),
-                Decision::Rejected { .. } => None,
+                Decision::Rejected { .. } | Decision::Waiting { .. } => None,
             };
             client::table(&COLUMNS, &candidate_rows(&candidates, split));
             match &decision {
@@ -280,7 +280,9 @@ pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Res
                         print_split(plan);
                     }
                 }
-                Decision::Rejected { .. } => println!("\nno site can run it"),
+                Decision::Rejected { .. } | Decision::Waiting { .. } => {
+                    println!("\nno site can run it")
+                }
             }
             if catalog.is_none() {
                 eprintln!("(prices from the built-in reference catalogue: list prices with their sources, not yours; --catalog FILE for your own)");
@@ -311,14 +313,34 @@ pub async fn quote_live(
             if let Some(plan) = &split {
                 print_split(plan);
             }
+            let waiting_for: Vec<&str> = quote["waiting_for"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
             match quote["site"].as_str() {
                 Some(site) => println!(
                     "\ncheapest: {site} at {} {}",
                     quote["estimated_cost"].as_str().unwrap_or("-"),
                     quote["currency"].as_str().unwrap_or("")
                 ),
+                None if !waiting_for.is_empty() => println!(
+                    "\nno connected site can run it; it would wait for {} to connect",
+                    waiting_for.join(", ")
+                ),
                 None => println!("\nno site can run it"),
             }
+            let connected: Vec<&str> = quote["connected"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            println!(
+                "connected: {}",
+                if connected.is_empty() {
+                    "none".to_string()
+                } else {
+                    connected.join(", ")
+                }
+            );
         }
     }
     Ok(if quote["site"].is_null() { 1 } else { 0 })

@@ -182,7 +182,26 @@ fn progress_line(status: &Value) -> String {
     )
 }
 
-const TERMINAL: [&str; 4] = ["finished", "failed", "cancelled", "rejected"];
+/// Whether the API's state is final (from the API's own state type).
+fn is_final(status: &Value) -> bool {
+    meridian_intake::api::WorkflowState::parse(s(status, "state")).is_some_and(|s| s.is_final())
+}
+
+/// The services of a workflow that answer, as (name, address), once every other run
+/// ended and nothing is left to start: the workflow serves until it is cancelled.
+fn serving(status: &Value) -> Option<Vec<(String, String)>> {
+    let jobs = status.get("jobs")?.as_array()?;
+    let mut up = Vec::new();
+    for j in jobs {
+        match j.get("address").and_then(Value::as_str) {
+            Some(address) => up.push((s(j, "name").to_string(), address.to_string())),
+            None if matches!(s(j, "state"), "succeeded" | "failed" | "cancelled") => {}
+            None => return None,
+        }
+    }
+    let pending = status["tasks"]["pending"].as_u64().unwrap_or(0);
+    (!up.is_empty() && pending == 0 && s(status, "state") == "running").then_some(up)
+}
 
 pub async fn submit(
     client: &Client,
@@ -223,6 +242,13 @@ pub async fn submit(
         Output::Json => json(&status),
         Output::Table => print_status(&status),
     }
+    if let Some(up) = serving(&status) {
+        for (name, address) in up {
+            eprintln!("{name} serves at {address}");
+        }
+        eprintln!("it serves until cancelled: meridian cancel {id}");
+        return Ok(0);
+    }
     Ok(if s(&status, "state") == "finished" {
         0
     } else {
@@ -230,7 +256,8 @@ pub async fn submit(
     })
 }
 
-/// Polls until the workflow ends, showing progress on standard error.
+/// Polls until the workflow ends (or only its services run on, ready), showing progress
+/// on standard error.
 async fn wait_for(client: &Client, id: &str) -> anyhow::Result<Value> {
     let tty = std::io::stderr().is_terminal();
     let start = Instant::now();
@@ -244,7 +271,7 @@ async fn wait_for(client: &Client, id: &str) -> anyhow::Result<Value> {
             eprintln!("{line}");
         }
         last = line;
-        if TERMINAL.contains(&s(&status, "state")) {
+        if is_final(&status) || serving(&status).is_some() {
             if tty {
                 eprintln!();
             }
@@ -294,6 +321,10 @@ pub fn print_status(status: &Value) {
                 }),
                 s(j, "started_at").to_string(),
                 s(j, "ended_at").to_string(),
+                j.get("address")
+                    .and_then(Value::as_str)
+                    .unwrap_or("-")
+                    .to_string(),
                 j.get("reason")
                     .and_then(Value::as_str)
                     .unwrap_or("")
@@ -302,7 +333,9 @@ pub fn print_status(status: &Value) {
         })
         .collect();
     table(
-        &["JOB", "STATE", "EXIT", "STARTED", "ENDED", "REASON"],
+        &[
+            "JOB", "STATE", "EXIT", "STARTED", "ENDED", "ADDRESS", "REASON",
+        ],
         &rows,
     );
 }

@@ -181,6 +181,15 @@ async fn throughput(quick: bool) {
             }
         })
         .await
+        .unwrap(); // Served by an adapter for the whole run.
+        execute::<Site, _>(&*log, id, &EventContext::new_chain("bench"), |_| {
+            SiteCommand::Heartbeat {
+                adapter: "bench".into(),
+                instance: Uuid::now_v7(),
+                ttl_secs: 86_400,
+            }
+        })
+        .await
         .unwrap();
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -49,6 +49,9 @@ pub struct SiteEntry {
     pub shapes: Vec<Shape>,
     /// Data sets it declared it holds at origin.
     pub datasets: Vec<Dataset>,
+    /// The adapter process serving it and until when its last heartbeat holds; `None`
+    /// when no adapter ever said it serves the site, or the last one disconnected.
+    pub connection: Option<(Uuid, chrono::DateTime<chrono::Utc>)>,
 }
 
 impl SiteEntry {
@@ -59,6 +62,11 @@ impl SiteEntry {
     /// The share of runs it did not fail, smoothed so that a new site starts at 0.5.
     pub fn reliability(&self) -> f64 {
         (self.runs.saturating_sub(self.faults) + 1) as f64 / (self.runs + 2) as f64
+    }
+
+    /// Whether an adapter serves the site at `at`.
+    pub fn connected_at(&self, at: chrono::DateTime<chrono::Utc>) -> bool {
+        self.connection.is_some_and(|(_, until)| until > at)
     }
 
     pub fn prices_at(&self, at: chrono::DateTime<chrono::Utc>) -> Option<&PriceSheet> {
@@ -76,6 +84,9 @@ pub struct Catalog {
     pub holdings: BTreeMap<String, std::collections::BTreeSet<String>>,
     /// Tenants' placement policies and their egress so far this month.
     pub tenants: crate::tenant_view::TenantView,
+    /// Price every site whether or not an adapter serves it: for offline quotes against a
+    /// catalogue file, where no adapter ever connects.
+    pub ignore_connections: bool,
     /// The last log position folded in (0: none yet).
     position: u64,
     /// The aggregate sequence of the last event folded in from the commit at `position`;
@@ -87,8 +98,17 @@ pub struct Catalog {
 impl Catalog {
     /// Builds the catalogue from the whole log.
     pub async fn load(log: &dyn EventLog) -> Result<Catalog, LogError> {
+        Catalog::load_with(log, |_| {}).await
+    }
+
+    /// [`Catalog::load`], showing `visit` every event of the log on the way (undecoded),
+    /// so a service that rebuilds other state at start reads the log once.
+    pub async fn load_with(
+        log: &dyn EventLog,
+        visit: impl FnMut(&meridian_events::RawEnvelope),
+    ) -> Result<Catalog, LogError> {
         let mut catalog = Catalog::default();
-        catalog.catch_up(log).await?;
+        catalog.catch_up_with(log, visit).await?;
         Ok(catalog)
     }
 
@@ -101,6 +121,14 @@ impl Catalog {
     /// error the commits before the failing one stay folded in, and the next call
     /// resumes there.
     pub async fn catch_up(&mut self, log: &dyn EventLog) -> Result<(), LogError> {
+        self.catch_up_with(log, |_| {}).await
+    }
+
+    async fn catch_up_with(
+        &mut self,
+        log: &dyn EventLog,
+        mut visit: impl FnMut(&meridian_events::RawEnvelope),
+    ) -> Result<(), LogError> {
         loop {
             // A commit only partly folded in by `observe_at` is read again for the rest.
             let after = if self.sequence == u64::MAX {
@@ -116,6 +144,7 @@ impl Catalog {
                 // Decoding is the costly part: only the kinds the catalogue folds in.
                 let mut events = Vec::new();
                 for raw in commit.events {
+                    visit(&raw);
                     if !matches!(
                         raw.aggregate.kind,
                         AggregateKind::Site
@@ -262,6 +291,7 @@ impl Catalog {
                 faults: 0,
                 shapes: Vec::new(),
                 datasets: Vec::new(),
+                connection: None,
             });
             return;
         }
@@ -299,6 +329,26 @@ impl Catalog {
             }
             SiteEvent::Drained { .. } => site.drained = true,
             SiteEvent::Undrained { .. } => site.drained = false,
+            SiteEvent::Heartbeat {
+                instance,
+                ttl_secs,
+                observed_at,
+                ..
+            } => {
+                let until = meridian_events::aggregate::site::Connection {
+                    adapter: String::new(),
+                    instance: *instance,
+                    observed_at: *observed_at,
+                    ttl_secs: *ttl_secs,
+                }
+                .until();
+                site.connection = Some((*instance, until));
+            }
+            SiteEvent::Disconnected { instance, .. } => {
+                if site.connection.is_some_and(|(i, _)| i == *instance) {
+                    site.connection = None;
+                }
+            }
         }
     }
 }

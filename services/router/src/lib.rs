@@ -25,7 +25,8 @@ use meridian_events::aggregate::{
 };
 use meridian_events::vocabulary::workflow::StorageClass;
 use meridian_events::{
-    AggregateKind, Envelope, Event, EventContext, JobEvent, JobOutcome, TaskRef, WorkflowEvent,
+    AggregateKind, Envelope, Event, EventContext, JobEvent, JobOutcome, SiteEvent, TaskRef,
+    WorkflowEvent,
 };
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -82,6 +83,30 @@ pub struct Router {
     backoff_base: chrono::Duration,
     /// Job runs whose site fault was already counted.
     faulted_jobs: std::collections::HashSet<Uuid>,
+    /// Workflows not placed yet (waiting for a site to connect, or not seen to yet):
+    /// placed again when a site changes.
+    unplaced: BTreeSet<Uuid>,
+    /// Whether a site changed since the unplaced workflows were last tried.
+    sites_changed: bool,
+    /// The last refusal of a command by an aggregate, logged at WARN.
+    last_refusal: Option<String>,
+}
+
+/// Refusals that mean a decision was already carried out (a commit delivered again after
+/// a restart, a race with another event): nothing is wrong, and they are logged at DEBUG.
+fn already_done(e: &WorkflowError) -> bool {
+    matches!(
+        e,
+        WorkflowError::AlreadySubmitted
+            | WorkflowError::AlreadyTerminal { .. }
+            | WorkflowError::AlreadyCancelled
+            | WorkflowError::AlreadyPlaced
+            | WorkflowError::JobNotReleased { .. }
+            | WorkflowError::DuplicateJobId { .. }
+            | WorkflowError::VolumeAlreadyAllocated { .. }
+            | WorkflowError::VolumeNotAllocated { .. }
+            | WorkflowError::StaleBill { .. }
+    ) || matches!(e, WorkflowError::JobNotRunnable { reason, .. } if reason.contains("already released"))
 }
 
 /// A site kept out of one workflow's placement after failing its work.
@@ -100,7 +125,29 @@ pub fn backoff(base: chrono::Duration, faults: u32) -> chrono::Duration {
 
 impl Router {
     pub async fn new(log: Arc<dyn EventLog>) -> Result<Router, RouterError> {
-        let catalog = Catalog::load(&*log).await?;
+        // Workflows submitted and never placed are tried again at start: their
+        // submissions may have been acknowledged long ago (one waits for a site).
+        let mut unplaced = BTreeSet::new();
+        let catalog = Catalog::load_with(&*log, |raw| {
+            if raw.aggregate.kind != AggregateKind::Workflow {
+                return;
+            }
+            match raw.payload.get("type").and_then(|t| t.as_str()) {
+                Some("workflow.submitted.v1") => {
+                    unplaced.insert(raw.aggregate.id);
+                }
+                Some(
+                    "workflow.placement_decided.v1"
+                    | "workflow.finished.v1"
+                    | "workflow.failed.v1"
+                    | "workflow.cancelled.v1",
+                ) => {
+                    unplaced.remove(&raw.aggregate.id);
+                }
+                _ => {}
+            }
+        })
+        .await?;
         Ok(Router {
             log,
             catalog,
@@ -112,6 +159,9 @@ impl Router {
             not_before: BTreeMap::new(),
             backoff_base: chrono::Duration::seconds(30),
             faulted_jobs: std::collections::HashSet::new(),
+            sites_changed: !unplaced.is_empty(),
+            unplaced,
+            last_refusal: None,
         })
     }
 
@@ -162,6 +212,12 @@ impl Router {
                 self.not_before.remove(&id);
                 self.reconcile(id).await?;
             }
+            // A site connected, changed its prices or came back: waiting work may fit.
+            if std::mem::take(&mut self.sites_changed) {
+                for id in self.unplaced.clone() {
+                    self.reconcile(id).await?;
+                }
+            }
             for commit in commits {
                 let mut touched = BTreeSet::new();
                 for raw in commit.events {
@@ -192,7 +248,20 @@ impl Router {
             AggregateKind::Site | AggregateKind::Transfer | AggregateKind::Tenant => {
                 // The catalogue was loaded up to the head; the subscription may resume
                 // from an older ack and deliver those commits again.
+                let was_connected = self.site_connected(envelope);
                 self.catalog.observe_at(position, envelope);
+                let newly_connected = !was_connected && self.site_connected(envelope);
+                let changes_placement = match &envelope.payload {
+                    Event::Site(e) => !matches!(
+                        e,
+                        SiteEvent::Heartbeat { .. } | SiteEvent::HealthReported { .. }
+                    ),
+                    Event::Tenant(_) => true,
+                    _ => false,
+                };
+                if newly_connected || changes_placement {
+                    self.sites_changed = true;
+                }
                 Ok(None)
             }
             AggregateKind::Workflow => {
@@ -220,6 +289,18 @@ impl Router {
                 Ok(workflow)
             }
         }
+    }
+
+    /// Whether the site a Site event is about is connected now.
+    fn site_connected(&self, envelope: &Envelope<Event>) -> bool {
+        if envelope.aggregate.kind != AggregateKind::Site {
+            return false;
+        }
+        self.catalog
+            .sites
+            .values()
+            .find(|s| s.id == envelope.aggregate.id)
+            .is_some_and(|s| s.connected_at(Utc::now()))
     }
 
     /// Keeps what a release said (its task, site and attempt), to dispatch it.
@@ -557,8 +638,13 @@ impl Router {
             // The aggregate moved on since this decision was made (another event came
             // first, or a commit was delivered again after a restart): it no longer
             // applies, which is no failure of the router's.
-            Err(ExecuteError::Rejected(e)) => {
+            Err(ExecuteError::Rejected(e)) if already_done(&e) => {
                 tracing::debug!(workflow = %id, reason = %e, "decision no longer applies");
+                Ok(Vec::new())
+            }
+            Err(ExecuteError::Rejected(e)) => {
+                tracing::warn!(workflow = %id, reason = %e, "the workflow refused the router's decision");
+                self.last_refusal = Some(e.to_string());
                 Ok(Vec::new())
             }
             Err(source) => Err(RouterError::Workflow { id, source }),
@@ -568,12 +654,16 @@ impl Router {
     /// Brings workflow `id` forward as far as its state allows.
     async fn reconcile(&mut self, id: Uuid) -> Result<(), RouterError> {
         let state = self.workflow(id).await?.state.state();
+        if state != Some(WorkflowState::Submitted) {
+            self.unplaced.remove(&id);
+        }
         match state {
             None => Ok(()),
             Some(s) if s.is_terminal() => self.release_volumes(id).await,
             Some(WorkflowState::Submitted) => self.place(id).await,
             Some(_) => {
                 self.follow_jobs(id).await?;
+                self.follow_services(id).await?;
                 if self.exclusions.contains_key(&id) {
                     self.replace(id).await?;
                 }
@@ -603,14 +693,47 @@ impl Router {
         };
         let tenant = self.workflow(id).await?.tenant.clone();
         match placement::decide_for(&spec, tenant.as_deref(), &self.catalog, Utc::now()) {
+            placement::Decision::Waiting { sites, .. } => {
+                self.unplaced.insert(id);
+                let reason = format!(
+                    "waiting for a site to connect: {} would fit, but no adapter serves {}",
+                    sites.join(", "),
+                    if sites.len() == 1 { "it" } else { "them" }
+                );
+                let events = self
+                    .on_workflow(id, |_| WorkflowCommand::WaitForSite {
+                        reason: reason.clone(),
+                        sites: sites.clone(),
+                    })
+                    .await?;
+                if !events.is_empty() {
+                    tracing::warn!(workflow = %id, %reason, "placement waits");
+                }
+                Ok(())
+            }
             placement::Decision::Placed(placed) => {
                 tracing::info!(workflow = %id, site = %placed.site, split = !placed.job_sites.is_empty(), estimate = %placed.estimated_cost.amount, "placed");
+                self.last_refusal = None;
                 self.record_placement(id, *placed).await?;
+                if self.workflow(id).await?.state.state() == Some(WorkflowState::Submitted) {
+                    // The aggregate refused the decision: say why rather than wait.
+                    let reason = format!(
+                        "placement could not be recorded: {}",
+                        self.last_refusal.take().unwrap_or_else(|| "unknown".into())
+                    );
+                    self.on_workflow(id, |_| WorkflowCommand::Fail {
+                        reason: reason.clone(),
+                    })
+                    .await?;
+                    return Ok(());
+                }
+                self.unplaced.remove(&id);
                 self.hold_volumes(id).await?;
                 // A workflow with nothing to run may already be finished; else release.
                 self.reconcile_after_placement(id).await
             }
             placement::Decision::Rejected { rejections } => {
+                self.unplaced.remove(&id);
                 let reason = format!(
                     "no site can run it: {}",
                     rejections
@@ -693,6 +816,49 @@ impl Router {
                     }
                 }
                 Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Records services that said they are ready, and stops those nothing needs any more.
+    async fn follow_services(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let (services, unwanted): (Vec<Uuid>, Vec<Uuid>) = {
+            let wf = &self.workflow(id).await?.state;
+            let services = wf
+                .running_jobs()
+                .iter()
+                .filter(|(_, task)| wf.is_service(&task.job))
+                .map(|(job_id, _)| *job_id)
+                .collect();
+            (services, wf.unwanted_services())
+        };
+        for job_id in services {
+            let Some(address) = self.job(job_id).await?.state.address().map(str::to_string) else {
+                continue;
+            };
+            self.on_workflow(id, |_| WorkflowCommand::RecordServiceReady {
+                job_id,
+                address: address.clone(),
+            })
+            .await?;
+        }
+        for job_id in unwanted {
+            if self.job(job_id).await?.state.cancel_requested() {
+                continue;
+            }
+            let ctx = Self::context(&self.workflows[&id]);
+            let log = self.log.clone();
+            let job = self.job(job_id).await?;
+            match job
+                .execute(&*log, &ctx, |_| JobCommand::RequestCancel {
+                    by: "meridian".into(),
+                    reason: Some("nothing in the workflow needs the service any more".into()),
+                })
+                .await
+            {
+                Ok(_) | Err(ExecuteError::Rejected(_)) => {}
+                Err(source) => return Err(RouterError::Job { id: job_id, source }),
             }
         }
         Ok(())

@@ -18,7 +18,7 @@ use meridian_events::vocabulary::AcceleratorVendor;
 use meridian_events::{Allocation, ComputeRate, Money, StorageRate};
 use meridian_spec::{GpuVendor, Resources, Size, Walltime, Workflow};
 use rust_decimal::Decimal;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::catalog::{labels, Catalog, SiteEntry};
 
@@ -42,7 +42,28 @@ pub struct Placed {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     Placed(Box<Placed>),
-    Rejected { rejections: Vec<SiteRejection> },
+    Rejected {
+        rejections: Vec<SiteRejection>,
+    },
+    /// No connected site fits, but these sites would if an adapter served them: the
+    /// workflow waits for one to connect. `rejections` say why each site is out now.
+    Waiting {
+        sites: Vec<String>,
+        rejections: Vec<SiteRejection>,
+    },
+}
+
+/// Why a site that no adapter serves is left out.
+pub const NOT_CONNECTED: &str = "not connected: no adapter serves it";
+
+impl Decision {
+    /// Why each site was left out, for a decision that placed nothing.
+    pub fn rejections(&self) -> &[SiteRejection] {
+        match self {
+            Decision::Placed(_) => &[],
+            Decision::Rejected { rejections } | Decision::Waiting { rejections, .. } => rejections,
+        }
+    }
 }
 
 /// Every (job, resources, task count) of the workflow: services count as one task.
@@ -315,7 +336,12 @@ fn destination(from: &SiteEntry, to: &SiteEntry) -> Destination {
 }
 
 /// Why the workflow's hints or the tenant's policy keep `site` out, if they do.
-fn not_allowed(site: &SiteEntry, spec: &Workflow, policy: &PlacementPolicy) -> Option<String> {
+fn not_allowed(
+    site: &SiteEntry,
+    spec: &Workflow,
+    policy: &PlacementPolicy,
+    disconnected: &BTreeSet<&str>,
+) -> Option<String> {
     let hints = &spec.placement;
     if !hints.sites.is_empty() && !hints.sites.contains(&site.name) {
         return Some("not in the workflow's placement.sites".into());
@@ -356,6 +382,9 @@ fn not_allowed(site: &SiteEntry, spec: &Workflow, policy: &PlacementPolicy) -> O
     }
     if !site.healthy {
         return Some("unhealthy at its last report".into());
+    }
+    if disconnected.contains(site.name.as_str()) {
+        return Some(NOT_CONNECTED.into());
     }
     None
 }
@@ -443,12 +472,62 @@ fn offer<'c>(
 }
 
 /// Decides where `spec` of `tenant` runs at `now`: the stricter of the workflow's hints
-/// and the tenant's placement policy apply.
+/// and the tenant's placement policy apply, and only sites an adapter serves are chosen
+/// (unless the catalogue ignores connections). When only sites no adapter serves would
+/// fit, the decision is to wait for one of them.
 pub fn decide_for(
     spec: &Workflow,
     tenant: Option<&str>,
     catalog: &Catalog,
     now: DateTime<Utc>,
+) -> Decision {
+    let disconnected: BTreeSet<&str> = if catalog.ignore_connections {
+        BTreeSet::new()
+    } else {
+        catalog
+            .sites
+            .values()
+            .filter(|s| !s.connected_at(now))
+            .map(|s| s.name.as_str())
+            .collect()
+    };
+    let decision = decide_among(spec, tenant, catalog, now, &disconnected);
+    let Decision::Rejected { rejections } = decision else {
+        return decision;
+    };
+    let waiting_for = |placed: &Placed| -> Vec<String> {
+        let mut sites: Vec<String> = placed
+            .explanation
+            .candidates
+            .iter()
+            .filter(|c| !matches!(c.verdict, Verdict::Rejected { .. }))
+            .map(|c| c.site.clone())
+            .chain(placed.job_sites.values().cloned())
+            .chain([placed.site.clone()])
+            .filter(|s| disconnected.contains(s.as_str()))
+            .collect();
+        sites.sort();
+        sites.dedup();
+        sites
+    };
+    if disconnected.is_empty() {
+        return Decision::Rejected { rejections };
+    }
+    match decide_among(spec, tenant, catalog, now, &BTreeSet::new()) {
+        Decision::Placed(placed) => Decision::Waiting {
+            sites: waiting_for(&placed),
+            rejections,
+        },
+        _ => Decision::Rejected { rejections },
+    }
+}
+
+fn decide_among(
+    spec: &Workflow,
+    tenant: Option<&str>,
+    catalog: &Catalog,
+    now: DateTime<Utc>,
+    disconnected: &BTreeSet<&str>,
 ) -> Decision {
     let open = PlacementPolicy::open();
     let policy = tenant.and_then(|t| catalog.policy(t)).unwrap_or(&open);
@@ -469,7 +548,7 @@ pub fn decide_for(
             verdict: Verdict::Rejected { reason },
             cost: None,
         };
-        if let Some(reason) = not_allowed(site, spec, policy) {
+        if let Some(reason) = not_allowed(site, spec, policy, disconnected) {
             candidates.push(reject(reason));
             continue;
         }

@@ -176,7 +176,7 @@ fn place_with(cheap: &str, pricey: &str) -> meridian_router::placement::Placed {
     let spec = meridian_spec::parse(DATA_JOB).unwrap();
     match decide(&spec, &catalog, chrono::Utc::now()) {
         Decision::Placed(p) => *p,
-        Decision::Rejected { rejections } => panic!("{rejections:?}"),
+        other => panic!("{:?}", other.rejections()),
     }
 }
 

@@ -28,6 +28,8 @@ struct Site<'a> {
 
 fn catalog(sites: &[Site], drained: &[&str]) -> Catalog {
     let mut catalog = Catalog::default();
+    // Pricing alone: which adapters serve the sites is another test's business.
+    catalog.ignore_connections = true;
     let at = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
     for s in sites {
         let id = AggregateRef::new(AggregateKind::Site, Uuid::now_v7());
@@ -271,6 +273,8 @@ fn shaped(sites: &[(&str, &[ShapeRow])]) -> Catalog {
     use meridian_events::vocabulary::site::{Shape, ShapeGpus};
     use meridian_events::vocabulary::AcceleratorVendor;
     let mut catalog = Catalog::default();
+    // Pricing alone: which adapters serve the sites is another test's business.
+    catalog.ignore_connections = true;
     let at = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
     for (name, shapes) in sites {
         let id = AggregateRef::new(AggregateKind::Site, Uuid::now_v7());

@@ -218,11 +218,9 @@ async fn register_sized_site(log: &dyn EventLog, name: &str, core_hour: &str, ma
         egress_by_destination: None,
         egress_tiers: Vec::new(),
     };
-    execute::<Site, _>(
-        log,
-        Uuid::now_v7(),
-        &EventContext::new_chain("system"),
-        |_| SiteCommand::Register {
+    let id = Uuid::now_v7();
+    execute::<Site, _>(log, id, &EventContext::new_chain("system"), |_| {
+        SiteCommand::Register {
             name: name.into(),
             kind: SiteKind::Local,
             region: "here".into(),
@@ -230,8 +228,22 @@ async fn register_sized_site(log: &dyn EventLog, name: &str, core_hour: &str, ma
             credentials_secret: None,
             labels: BTreeMap::from([("max_cpus".into(), max_cpus.to_string())]),
             prices: Some(prices.clone()),
-        },
-    )
+        }
+    })
+    .await
+    .unwrap();
+    // These tests play the site themselves: say an adapter serves it, for a day.
+    connect(log, id, 86_400).await;
+}
+
+async fn connect(log: &dyn EventLog, site: Uuid, ttl_secs: u64) {
+    execute::<Site, _>(log, site, &EventContext::new_chain("system"), |_| {
+        SiteCommand::Heartbeat {
+            adapter: "test".into(),
+            instance: Uuid::now_v7(),
+            ttl_secs,
+        }
+    })
     .await
     .unwrap();
 }

@@ -108,7 +108,7 @@ fn catalog(file: &str) -> Catalog {
 fn placed(decision: Decision) -> Placed {
     match decision {
         Decision::Placed(p) => *p,
-        Decision::Rejected { rejections } => panic!("rejected: {rejections:?}"),
+        other => panic!("rejected: {:?}", other.rejections()),
     }
 }
 

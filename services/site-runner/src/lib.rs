@@ -4,6 +4,13 @@
 //! failed, cancelled); a cancel request is passed to the site. The same runner serves
 //! every adapter, so each adapter only speaks its backend.
 //!
+//! Liveness: the runner says it serves its site with a heartbeat (a Site event) every
+//! [`SiteRunner::with_heartbeat_interval`], valid for three intervals, and that it stops
+//! serving it on a clean shutdown; placement only chooses sites served this way.
+//!
+//! Services: a service's run is submitted like a job, with its port and restart limit;
+//! once the site says it answers, the runner records where (`job.service_ready.v1`).
+//!
 //! Restarts: on start the runner finds, from the log, every job of its site that has not
 //! ended, and follows it again. Submission is idempotent at the adapter (backend jobs are
 //! tagged with the Meridian job id), so nothing is submitted twice.
@@ -14,7 +21,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, Failure, JobRequest, JobState as SiteState, SiteAdapter,
+    AdapterError, BackendJobId, JobRequest, JobState as SiteState, ServiceRequest, SiteAdapter,
+    DEFAULT_MAX_RESTARTS,
 };
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
 use meridian_eventlog::{EventLog, LogError};
@@ -67,6 +75,14 @@ pub struct SiteRunner {
     )>,
     /// The site's aggregate id, once found in the catalogue.
     site_id: Option<Uuid>,
+    /// The site's shapes when its id was found: what a rate's offer gave (GPU vendor and
+    /// model) when the site does not say.
+    shapes: Vec<meridian_events::vocabulary::site::Shape>,
+    /// This process, in its heartbeats.
+    instance: Uuid,
+    heartbeat_every: Duration,
+    /// Whether "not in the catalogue" was said already.
+    warned_unregistered: bool,
     jobs: HashMap<Uuid, Tracked>,
     specs: HashMap<Uuid, Arc<meridian_spec::Workflow>>,
 }
@@ -102,6 +118,10 @@ impl SiteRunner {
             health_every: Duration::from_secs(30),
             last_health: None,
             site_id: None,
+            shapes: Vec::new(),
+            instance: Uuid::now_v7(),
+            heartbeat_every: Duration::from_secs(20),
+            warned_unregistered: false,
             jobs: HashMap::new(),
             specs: HashMap::new(),
         }
@@ -110,6 +130,13 @@ impl SiteRunner {
     /// How often the site's capacity and health are reported (30 s by default).
     pub fn with_health_interval(mut self, every: Duration) -> SiteRunner {
         self.health_every = every;
+        self
+    }
+
+    /// How often the runner says it serves the site (20 s by default); each heartbeat
+    /// holds for three intervals.
+    pub fn with_heartbeat_interval(mut self, every: Duration) -> SiteRunner {
+        self.heartbeat_every = every.max(Duration::from_secs(1));
         self
     }
 
@@ -148,6 +175,8 @@ impl SiteRunner {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut health = tokio::time::interval(self.health_every);
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut beat = tokio::time::interval(self.heartbeat_every);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 commits = sub.next(128, Duration::from_millis(100)) => {
@@ -167,7 +196,11 @@ impl SiteRunner {
                 }
                 _ = tick.tick() => self.poll_all().await?,
                 _ = health.tick() => self.report_health().await?,
-                _ = shutdown.changed() => return Ok(()),
+                _ = beat.tick() => self.heartbeat().await?,
+                _ = shutdown.changed() => {
+                    self.disconnect().await;
+                    return Ok(());
+                }
             }
         }
     }
@@ -199,11 +232,7 @@ impl SiteRunner {
                 return Ok(());
             }
         }
-        if self.site_id.is_none() {
-            let catalog = meridian_router::Catalog::load(&*self.log).await?;
-            self.site_id = catalog.find(&self.site).map(|s| s.id);
-        }
-        let Some(site_id) = self.site_id else {
+        let Some(site_id) = self.site_id().await? else {
             return Ok(());
         };
         let ctx = EventContext::new_chain("system");
@@ -229,6 +258,73 @@ impl SiteRunner {
                 tracing::warn!(site = %self.site, error = %e, "could not report health");
                 Ok(())
             }
+        }
+    }
+
+    /// The site's aggregate id, looked up in the catalogue until it is there.
+    async fn site_id(&mut self) -> Result<Option<Uuid>, RunnerError> {
+        if self.site_id.is_none() {
+            let catalog = meridian_router::Catalog::load(&*self.log).await?;
+            if let Some(entry) = catalog.find(&self.site) {
+                self.site_id = Some(entry.id);
+                self.shapes = entry.shapes.clone();
+            }
+        }
+        if self.site_id.is_none() && !self.warned_unregistered {
+            self.warned_unregistered = true;
+            tracing::warn!(site = %self.site, "the site is not in the catalogue, so nothing is placed on it: apply a catalogue that names it (meridian site apply FILE)");
+        }
+        Ok(self.site_id)
+    }
+
+    /// Says this process serves the site, for the next three heartbeat intervals.
+    async fn heartbeat(&mut self) -> Result<(), RunnerError> {
+        let Some(site_id) = self.site_id().await? else {
+            return Ok(());
+        };
+        let ttl_secs = (self.heartbeat_every * 3).as_secs().max(1);
+        let command = meridian_events::aggregate::SiteCommand::Heartbeat {
+            adapter: self.adapter.kind().to_string(),
+            instance: self.instance,
+            ttl_secs,
+        };
+        let ctx = EventContext::new_chain("system");
+        match aggregates::execute::<meridian_events::aggregate::Site, _>(
+            &*self.log,
+            site_id,
+            &ctx,
+            |_| command.clone(),
+        )
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(ExecuteError::Log(e)) => Err(e.into()),
+            Err(e) => {
+                tracing::warn!(site = %self.site, error = %e, "could not record the heartbeat");
+                Ok(())
+            }
+        }
+    }
+
+    /// Says this process no longer serves the site (best effort: a failure only means
+    /// the site stays connected until its last heartbeat runs out).
+    async fn disconnect(&mut self) {
+        let Some(site_id) = self.site_id else {
+            return;
+        };
+        let command = meridian_events::aggregate::SiteCommand::Disconnect {
+            instance: self.instance,
+        };
+        let ctx = EventContext::new_chain("system");
+        if let Err(e) = aggregates::execute::<meridian_events::aggregate::Site, _>(
+            &*self.log,
+            site_id,
+            &ctx,
+            |_| command.clone(),
+        )
+        .await
+        {
+            tracing::warn!(site = %self.site, error = %e, "could not record the disconnection");
         }
     }
 
@@ -342,13 +438,27 @@ impl SiteRunner {
         let Some(spec) = self.spec_of(dispatch.workflow_id).await? else {
             return Ok(None);
         };
-        let (image, command, env, cwd) = if let Some(j) = spec.jobs.get(&dispatch.task.job) {
-            (&j.image, &j.command, &j.env, &j.cwd)
-        } else if let Some(s) = spec.services.get(&dispatch.task.job) {
-            (&s.image, &s.command, &s.env, &s.cwd)
-        } else {
-            return Ok(None);
-        };
+        let (image, command, env, cwd, mounts, service) =
+            if let Some(j) = spec.jobs.get(&dispatch.task.job) {
+                (&j.image, &j.command, &j.env, &j.cwd, &j.mounts, None)
+            } else if let Some(s) = spec.services.get(&dispatch.task.job) {
+                let service = ServiceRequest {
+                    port: s.port,
+                    min_replicas: s.replicas.min,
+                    max_replicas: s.replicas.max,
+                    max_restarts: DEFAULT_MAX_RESTARTS,
+                };
+                (
+                    &s.image,
+                    &s.command,
+                    &s.env,
+                    &s.cwd,
+                    &s.mounts,
+                    Some(service),
+                )
+            } else {
+                return Ok(None);
+            };
         let r = &dispatch.resources;
         Ok(Some(JobRequest {
             job_id: id,
@@ -370,6 +480,8 @@ impl SiteRunner {
                     model: g.model.clone(),
                 }),
             },
+            service,
+            mounts: mounts.clone(),
         }))
     }
 
@@ -461,6 +573,19 @@ impl SiteRunner {
             )
             .await?;
         }
+        if let (SiteState::Running { .. }, Some(address)) = (&report.state, &report.address) {
+            if self.jobs[&id].job.state.address() != Some(address.as_str()) {
+                tracing::info!(site = %self.site, job = %id, %address, "service ready");
+                self.command(
+                    id,
+                    JobCommand::RecordServiceReady {
+                        address: address.clone(),
+                        ready_at: Utc::now(),
+                    },
+                )
+                .await?;
+            }
+        }
         let usage = usage_of(&report.usage);
         let end = match report.state {
             SiteState::Pending | SiteState::Running { .. } => return Ok(()),
@@ -477,7 +602,7 @@ impl SiteRunner {
             } => JobCommand::Fail {
                 ended_at,
                 exit_code,
-                reason: reason_of(failure),
+                reason: failure,
                 usage,
             },
             SiteState::Cancelled { ended_at, .. } => JobCommand::Cancel { ended_at, usage },
@@ -529,22 +654,74 @@ impl SiteRunner {
                 .await
             }
             Err(AdapterError::Rejected(message)) => {
-                self.command(
-                    id,
-                    JobCommand::Fail {
-                        ended_at: Utc::now(),
-                        exit_code: None,
-                        reason: FailureReason::Other { message },
-                        usage: Usage::default(),
-                    },
-                )
-                .await
+                self.fail_unsubmitted(id, FailureReason::Other { message })
+                    .await
+            }
+            Err(e @ AdapterError::NotSupported(_)) => {
+                let message = e.to_string();
+                self.fail_unsubmitted(id, FailureReason::Other { message })
+                    .await
+            }
+            // Capacity or quota: a site fault, so the router places the work again.
+            Err(AdapterError::Refused(message)) => {
+                tracing::warn!(site = %self.site, job = %id, %message, "the site refused the job; it goes back to placement");
+                self.fail_unsubmitted(id, FailureReason::SiteRefused { message })
+                    .await
             }
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "submit failed; will retry");
                 Ok(())
             }
         }
+    }
+
+    async fn fail_unsubmitted(
+        &mut self,
+        id: Uuid,
+        reason: FailureReason,
+    ) -> Result<(), RunnerError> {
+        self.command(
+            id,
+            JobCommand::Fail {
+                ended_at: Utc::now(),
+                exit_code: None,
+                reason,
+                usage: Usage::default(),
+            },
+        )
+        .await
+    }
+
+    /// The accelerators a run got: what the site reports; else what the shape its rate
+    /// prices has; else what the job asked for.
+    fn gpus_given(
+        &self,
+        rate: &meridian_events::ComputeRate,
+        requested: &meridian_spec::Gpus,
+        usage: &meridian_adapter_core::Usage,
+    ) -> (AcceleratorVendor, Option<String>) {
+        let shape = self
+            .shapes
+            .iter()
+            .find(|s| s.offer == rate.offer || s.spot_offer.as_deref() == Some(&rate.offer))
+            .and_then(|s| s.gpus.as_ref());
+        let vendor = match usage.gpu_vendor.as_deref() {
+            Some("amd") => AcceleratorVendor::Amd,
+            Some("nvidia") => AcceleratorVendor::Nvidia,
+            _ => match (requested.vendor, shape) {
+                (meridian_spec::GpuVendor::Amd, _) => AcceleratorVendor::Amd,
+                (meridian_spec::GpuVendor::Nvidia, _) => AcceleratorVendor::Nvidia,
+                (_, Some(shape)) => shape.vendor,
+                // Nothing says: the catalogue's own default.
+                (_, None) => AcceleratorVendor::Nvidia,
+            },
+        };
+        let model = usage
+            .gpu_model
+            .clone()
+            .or_else(|| shape.map(|s| s.model.clone()))
+            .or_else(|| requested.model.clone());
+        (vendor, model)
     }
 
     fn allocation(&self, id: Uuid, usage: &meridian_adapter_core::Usage) -> Allocation {
@@ -554,13 +731,14 @@ impl SiteRunner {
             .dispatch()
             .map(|d| d.resources.clone())
             .unwrap_or_default();
-        let gpus = requested.gpus.as_ref().map(|g| AllocatedGpus {
-            count: usage.gpus.max(g.count * requested.nodes),
-            vendor: match g.vendor {
-                meridian_spec::GpuVendor::Amd => AcceleratorVendor::Amd,
-                _ => AcceleratorVendor::Nvidia,
-            },
-            model: g.model.clone(),
+        let rate = self.jobs[&id].job.state.dispatch().map(|d| d.rate.clone());
+        let gpus = requested.gpus.as_ref().zip(rate).map(|(g, rate)| {
+            let (vendor, model) = self.gpus_given(&rate, g, usage);
+            AllocatedGpus {
+                count: usage.gpus.max(g.count * requested.nodes),
+                vendor,
+                model,
+            }
         });
         Allocation {
             nodes: usage.nodes.max(1),
@@ -628,20 +806,5 @@ fn usage_of(usage: &meridian_adapter_core::Usage) -> Usage {
             .and_then(|s| Decimal::from_f64_retain(s).map(|d| d.round_dp(3))),
         max_rss_bytes: usage.max_rss_bytes,
         gpu_seconds: None,
-    }
-}
-
-fn reason_of(failure: Failure) -> FailureReason {
-    match failure {
-        Failure::ExitCode { code } => FailureReason::ExitCode { code },
-        Failure::Timeout => FailureReason::Timeout,
-        Failure::OutOfMemory => FailureReason::OutOfMemory,
-        Failure::NodeFailure => FailureReason::NodeFailure,
-        Failure::Preempted => FailureReason::Preempted,
-        Failure::BootFailure => FailureReason::BootFailure,
-        Failure::Lost => FailureReason::Lost,
-        // Refusals for the job's own sake (a missing container runtime, a bad image) are
-        // not the site's fault: retrying elsewhere would not help either.
-        Failure::Refused { message } => FailureReason::Other { message },
     }
 }

@@ -475,3 +475,23 @@ pub async fn settle(log: &dyn EventLog, workflow: Uuid, job_id: Uuid) {
     .await
     .unwrap();
 }
+
+/// Says an adapter serves every site in the catalogue, for a day: these tests play the
+/// sites themselves, and placement only chooses sites that are served.
+pub async fn connect_all(log: &dyn EventLog) {
+    let catalog = meridian_router::Catalog::load(log).await.unwrap();
+    for site in catalog.sites.values() {
+        execute::<meridian_events::aggregate::Site, _>(
+            log,
+            site.id,
+            &EventContext::new_chain("system"),
+            |_| meridian_events::aggregate::SiteCommand::Heartbeat {
+                adapter: "test".into(),
+                instance: Uuid::now_v7(),
+                ttl_secs: 86_400,
+            },
+        )
+        .await
+        .unwrap();
+    }
+}
