@@ -677,3 +677,121 @@ fn relative_to(target: &Path, from: &Path) -> PathBuf {
     }
     out
 }
+
+fn service(site: &Site, command: &[&str], port: u16, max_restarts: u32) -> JobRequest {
+    let mut job = site.job(command);
+    job.service = Some(meridian_adapter_core::ServiceRequest {
+        port,
+        min_replicas: 1,
+        max_replicas: 1,
+        max_restarts,
+    });
+    job
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn a_service_is_ready_once_it_answers_and_gone_after_cancel() {
+    let site = Site::new();
+    let adapter = site.open();
+    let port = free_port();
+    // Listens only after a moment: ready is when it answers, not when it starts.
+    let job = service(
+        &site,
+        &[
+            "python3",
+            "-c",
+            &format!(
+                "import socket,time; time.sleep(0.5); s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); time.sleep(600)"
+            ),
+        ],
+        port,
+        0,
+    );
+    let id = adapter.submit(&job).await.unwrap();
+    let report = adapter.status(&id).await.unwrap();
+    assert_eq!(report.address, None, "not ready before it listens");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let address = loop {
+        let report = adapter.status(&id).await.unwrap();
+        if let Some(address) = report.address {
+            assert!(matches!(report.state, JobState::Running { .. }));
+            break address;
+        }
+        assert!(Instant::now() < deadline, "never ready: {report:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(address, format!("127.0.0.1:{port}"));
+    adapter.cancel(&id).await.unwrap();
+    let report = adapter.status(&id).await.unwrap();
+    assert!(
+        matches!(report.state, JobState::Cancelled { .. }),
+        "{report:?}"
+    );
+    assert_eq!(report.address, None);
+}
+
+#[tokio::test]
+async fn a_crashing_service_is_restarted_up_to_its_limit_then_fails() {
+    let site = Site::new();
+    let adapter = site.open();
+    let job = service(&site, &["sh", "-c", "echo run; exit 7"], free_port(), 2);
+    let (id, state) = run(&adapter, &site, &job).await;
+    assert!(
+        matches!(
+            state,
+            JobState::Failed {
+                failure: FailureReason::ExitCode { code: 7 },
+                ..
+            }
+        ),
+        "{state:?}"
+    );
+    // Three runs: the first and two restarts, each noted.
+    assert_eq!(stdout(&adapter, &id).await.matches("run").count(), 3);
+    let restarts = std::fs::read_to_string(adapter.job_dir(job.job_id).join("restarts")).unwrap();
+    assert_eq!(restarts.lines().count(), 2, "{restarts}");
+}
+
+#[tokio::test]
+async fn a_service_asking_for_more_replicas_than_the_site_runs_is_rejected() {
+    let site = Site::new();
+    let adapter = site.open();
+    let mut job = service(&site, &["sleep", "1"], 8000, 0);
+    job.service.as_mut().unwrap().min_replicas = 2;
+    let err = adapter.submit(&job).await.unwrap_err();
+    assert!(
+        matches!(&err, AdapterError::Rejected(m) if m.contains("one replica")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn mounted_volumes_are_directories_shared_by_the_workflow_s_jobs() {
+    let site = Site::new();
+    let adapter = site.open();
+    let mut writer = site.job(&["sh", "-c", "echo kept > \"$MERIDIAN_VOLUME_MY_DATA/f\""]);
+    writer.mounts.insert("my-data".into(), "/data".into());
+    let (_, state) = run(&adapter, &site, &writer).await;
+    assert!(matches!(state, JobState::Succeeded { .. }), "{state:?}");
+    let mut reader = site.job(&["sh", "-c", "cat \"$MERIDIAN_VOLUME_MY_DATA/f\""]);
+    reader.workflow_id = writer.workflow_id;
+    reader.mounts = writer.mounts.clone();
+    let (id, state) = run(&adapter, &site, &reader).await;
+    assert!(matches!(state, JobState::Succeeded { .. }), "{state:?}");
+    assert_eq!(stdout(&adapter, &id).await.trim(), "kept");
+    let dir = site
+        .tmp
+        .path()
+        .join("site/volumes")
+        .join(writer.workflow_id.to_string())
+        .join("my-data");
+    assert!(dir.join("f").is_file(), "{}", dir.display());
+}

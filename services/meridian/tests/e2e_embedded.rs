@@ -75,6 +75,57 @@ fn embedded_failing_job_fails_its_dependents_and_still_bills_what_ran() {
 }
 
 #[test]
+fn embedded_service_starts_after_its_job_answers_and_stops_on_cancel() {
+    let up = up();
+    service_runs_until_cancelled(&up.server, up.dir.path());
+}
+
+/// Only the local site is served: a workflow that fits elsewhere alone waits, says why,
+/// and the live quote shows which sites are connected.
+#[test]
+fn a_workflow_that_fits_only_unconnected_sites_waits_and_says_why() {
+    let up = up_with(
+        tempfile::tempdir().unwrap(),
+        free_port(),
+        &[
+            "--catalog",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../catalog/reference.yaml"),
+        ],
+    );
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/train-h100.yaml"
+    );
+    let id = submit(&up.server, std::path::Path::new(example));
+    let status = wait_state(&up.server, &id, &["waiting"]);
+    let reason = status["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("coreweave-us-east") && reason.contains("no adapter serves"),
+        "{reason}"
+    );
+    let out = cli(&up.server, &["status", &id]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("waiting") && table.contains("coreweave-us-east"),
+        "{table}"
+    );
+    let events = cli_json(&up.server, &["events", &id]);
+    assert!(
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["payload"]["type"] == "workflow.placement_waiting.v1"),
+        "{events:#}"
+    );
+    let out = cli(&up.server, &["quote", "--server", &up.server, example]);
+    let quote = String::from_utf8_lossy(&out.stdout);
+    assert!(quote.contains("connected: local"), "{quote}");
+    assert!(quote.contains("not connected"), "{quote}");
+    assert!(quote.contains("wait for"), "{quote}");
+}
+
+#[test]
 fn embedded_cancel_stops_the_running_job() {
     let up = up();
     cancel_running(&up.server, up.dir.path());

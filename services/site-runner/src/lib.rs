@@ -26,7 +26,7 @@ use meridian_adapter_core::{
 };
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
 use meridian_eventlog::{EventLog, LogError};
-use meridian_events::aggregate::{Job, JobCommand, JobError, Workflow};
+use meridian_events::aggregate::{Job, JobCommand, JobError, SiteCommand, Workflow};
 use meridian_events::vocabulary::{AcceleratorVendor, AllocatedGpus, Usage};
 use meridian_events::{
     AggregateKind, Allocation, Envelope, Event, EventContext, FailureReason, JobEvent,
@@ -235,12 +235,26 @@ impl SiteRunner {
         let Some(site_id) = self.site_id().await? else {
             return Ok(());
         };
-        let ctx = EventContext::new_chain("system");
-        let command = meridian_events::aggregate::SiteCommand::ReportHealth {
+        let command = SiteCommand::ReportHealth {
             healthy,
             capacity: capacity.clone(),
             message,
         };
+        if self.on_site(site_id, command, "report health").await? {
+            self.last_health = Some((capacity, healthy, now));
+        }
+        Ok(())
+    }
+
+    /// Runs `command` on the site's aggregate; a refusal is logged (`what` failed) and
+    /// is no error. Returns whether it was carried out.
+    async fn on_site(
+        &self,
+        site_id: Uuid,
+        command: SiteCommand,
+        what: &str,
+    ) -> Result<bool, RunnerError> {
+        let ctx = EventContext::new_chain("system");
         match aggregates::execute::<meridian_events::aggregate::Site, _>(
             &*self.log,
             site_id,
@@ -249,14 +263,11 @@ impl SiteRunner {
         )
         .await
         {
-            Ok(_) => {
-                self.last_health = Some((capacity, healthy, now));
-                Ok(())
-            }
+            Ok(_) => Ok(true),
             Err(ExecuteError::Log(e)) => Err(e.into()),
             Err(e) => {
-                tracing::warn!(site = %self.site, error = %e, "could not report health");
-                Ok(())
+                tracing::warn!(site = %self.site, error = %e, "could not {what}");
+                Ok(false)
             }
         }
     }
@@ -282,28 +293,14 @@ impl SiteRunner {
         let Some(site_id) = self.site_id().await? else {
             return Ok(());
         };
-        let ttl_secs = (self.heartbeat_every * 3).as_secs().max(1);
-        let command = meridian_events::aggregate::SiteCommand::Heartbeat {
+        let command = SiteCommand::Heartbeat {
             adapter: self.adapter.kind().to_string(),
             instance: self.instance,
-            ttl_secs,
+            ttl_secs: (self.heartbeat_every * 3).as_secs().max(1),
         };
-        let ctx = EventContext::new_chain("system");
-        match aggregates::execute::<meridian_events::aggregate::Site, _>(
-            &*self.log,
-            site_id,
-            &ctx,
-            |_| command.clone(),
-        )
-        .await
-        {
-            Ok(_) => Ok(()),
-            Err(ExecuteError::Log(e)) => Err(e.into()),
-            Err(e) => {
-                tracing::warn!(site = %self.site, error = %e, "could not record the heartbeat");
-                Ok(())
-            }
-        }
+        self.on_site(site_id, command, "record the heartbeat")
+            .await
+            .map(|_| ())
     }
 
     /// Says this process no longer serves the site (best effort: a failure only means
@@ -312,17 +309,12 @@ impl SiteRunner {
         let Some(site_id) = self.site_id else {
             return;
         };
-        let command = meridian_events::aggregate::SiteCommand::Disconnect {
+        let command = SiteCommand::Disconnect {
             instance: self.instance,
         };
-        let ctx = EventContext::new_chain("system");
-        if let Err(e) = aggregates::execute::<meridian_events::aggregate::Site, _>(
-            &*self.log,
-            site_id,
-            &ctx,
-            |_| command.clone(),
-        )
-        .await
+        if let Err(e) = self
+            .on_site(site_id, command, "record the disconnection")
+            .await
         {
             tracing::warn!(site = %self.site, error = %e, "could not record the disconnection");
         }

@@ -456,3 +456,115 @@ pub fn garbage_is_refused(server: &str, dir: &Path) {
     let out = cli(server, &["bill", "01936f3e-8a5c-7cc2-9b9e-3f1c2d4e5f60"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 404"));
 }
+
+/// A job, then a service that requires it: a web server over what the job wrote.
+pub fn job_and_service(dir: &Path, port: u16) -> String {
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    format!(
+        r#"
+version: v1
+name: job-and-service
+jobs:
+  prep:
+    image: host
+    command: [sh, -c, "sleep 0.5; echo made-by-prep > {www}/index.txt"]
+    resources: {{cpus: 1, memory: 64MiB, walltime: 1m}}
+services:
+  web:
+    requires: [prep]
+    image: host
+    command: [python3, -m, http.server, "{port}", --bind, 127.0.0.1, --directory, "{www}"]
+    port: {port}
+    resources: {{cpus: 1, memory: 64MiB, walltime: 10m}}
+"#,
+        www = www.display()
+    )
+}
+
+/// GET `path` from `address` (host:port); the body, or `None` when nothing answers.
+pub fn http_get(address: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+/// A workflow with a job and a service: the service starts after the job, answers on
+/// its port, shows its address in `meridian status`, stops on cancel, and its bill
+/// charges the time it ran.
+pub fn service_runs_until_cancelled(server: &str, dir: &Path) {
+    let port = free_port();
+    let file = write(dir, "service.yaml", &job_and_service(dir, port));
+    let id = submit(server, &file);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let address = loop {
+        let status = cli_json(server, &["status", &id]);
+        let web = status["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["name"] == "web")
+            .cloned();
+        if let Some(address) = web.as_ref().and_then(|w| w["address"].as_str()) {
+            assert_eq!(status["state"], "running", "{status:#}");
+            break address.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service never said it is ready: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(address, format!("127.0.0.1:{port}"));
+    // It serves what the job it requires wrote: it started after that job.
+    let page = http_get(&address, "/index.txt").expect("the service answers");
+    assert!(page.contains("made-by-prep"), "{page}");
+    let table = cli(server, &["status", &id]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("ADDRESS") && table.contains(&address),
+        "{table}"
+    );
+    // A workflow with a service serves until it is cancelled.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(cli_json(server, &["status", &id])["state"], "running");
+
+    cli_json(server, &["cancel", &id]);
+    let status = wait_state(server, &id, &["cancelled"]);
+    let web = status["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["name"] == "web")
+        .unwrap();
+    assert_eq!(web["state"], "cancelled", "{status:#}");
+    assert!(
+        web.get("address").is_none(),
+        "a stopped service has no address"
+    );
+    assert!(
+        http_get(&address, "/index.txt").is_none(),
+        "the service still answers after the cancel"
+    );
+    let runs = runs(server, &id);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let (prep, web) = (&runs[0], &runs[1]);
+    assert_eq!(prep.0, "prep");
+    assert_eq!(web.0, "web");
+    assert!(
+        web.1 >= prep.2,
+        "the service started before the job it requires ended"
+    );
+    assert_eq!(web.3, "job.cancelled.v1");
+    // Both runs are billed for the time they ran, by hand at the local rates.
+    let bill = bill(server, &id, 2);
+    check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
+}
