@@ -201,6 +201,13 @@ async fn register_site(log: &dyn EventLog, name: &str, core_hour: &str) {
 }
 
 async fn register_sized_site(log: &dyn EventLog, name: &str, core_hour: &str, max_cpus: u32) {
+    let id = register(log, name, core_hour, max_cpus).await;
+    // These tests play the site themselves: say an adapter serves it, for a day.
+    connect(log, id, 86_400).await;
+}
+
+/// Registers a site that no adapter serves yet.
+async fn register(log: &dyn EventLog, name: &str, core_hour: &str, max_cpus: u32) -> Uuid {
     let prices = PriceSheet {
         currency: Currency::USD,
         effective_from: Utc::now() - chrono::Duration::days(1),
@@ -232,8 +239,7 @@ async fn register_sized_site(log: &dyn EventLog, name: &str, core_hour: &str, ma
     })
     .await
     .unwrap();
-    // These tests play the site themselves: say an adapter serves it, for a day.
-    connect(log, id, 86_400).await;
+    id
 }
 
 async fn connect(log: &dyn EventLog, site: Uuid, ttl_secs: u64) {
@@ -746,4 +752,107 @@ async fn re_placement_keeps_a_volume_where_a_running_task_still_mounts_it() {
             .then_some(())
     })
     .await;
+}
+
+/// The events of workflow `id`, by type.
+async fn kinds(log: &dyn EventLog, id: Uuid) -> Vec<&'static str> {
+    load::<Workflow>(log, id)
+        .await
+        .unwrap()
+        .history
+        .iter()
+        .map(|e| match &e.payload {
+            Event::Workflow(w) => w.kind(),
+            _ => "other",
+        })
+        .collect()
+}
+
+/// A site no adapter serves takes no work: the workflow waits, with the reason in its
+/// history, and is placed as soon as an adapter says it serves the site, even by a
+/// router started after the wait began.
+#[tokio::test]
+async fn work_waits_for_a_site_to_connect_and_goes_on_when_it_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let site = register_unconnected_site(&*log, "far").await;
+    let (stop, stopped) = watch::channel(false);
+    let mut b = Bench {
+        router: Bench::spawn(log.clone(), stopped),
+        log,
+        stop,
+        _dir: dir,
+    };
+    let id = b
+        .submit("version: v1\nname: w\njobs:\n  a: {image: host, command: [\"true\"]}\n")
+        .await;
+    let reason = b
+        .wait_for("the wait", async || {
+            b.workflow(id).await.waiting_reason().map(str::to_string)
+        })
+        .await;
+    assert!(
+        reason.contains("far") && reason.contains("no adapter serves"),
+        "{reason}"
+    );
+    assert_eq!(b.workflow(id).await.state(), Some(WorkflowState::Submitted));
+    // A router that starts now finds the waiting workflow again.
+    b.restart().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        kinds(&*b.log, id).await,
+        ["workflow.submitted.v1", "workflow.placement_waiting.v1"],
+        "waiting is recorded once"
+    );
+    connect(&*b.log, site, 60).await;
+    b.wait_for("the placement", async || {
+        (b.workflow(id).await.state() != Some(WorkflowState::Submitted)).then_some(())
+    })
+    .await;
+    assert_eq!(b.workflow(id).await.placement().unwrap().site, "far");
+    let _ = b.stop.send(true);
+}
+
+/// A site that refuses a job for capacity sends it back to placement, and the router
+/// places it at the other site.
+#[tokio::test]
+async fn a_refusal_for_capacity_re_places_the_work() {
+    let b = Bench::with_sites(&[("cheap", "1"), ("dear", "2")]).await;
+    let id = b
+        .submit("version: v1\nname: w\njobs:\n  a: {image: host, command: [\"true\"]}\n")
+        .await;
+    let first = b
+        .wait_for("the dispatch", async || {
+            b.dispatched(id).await.first().cloned()
+        })
+        .await;
+    execute::<Job, _>(&*b.log, first.0, &EventContext::new_chain("t"), |_| {
+        JobCommand::Fail {
+            ended_at: Utc::now(),
+            exit_code: None,
+            reason: meridian_events::FailureReason::SiteRefused {
+                message: "quota exhausted".into(),
+            },
+            usage: Usage::default(),
+        }
+    })
+    .await
+    .unwrap();
+    b.wait_for("the re-placement", async || {
+        let wf = b.workflow(id).await;
+        (wf.placement().unwrap().site == "dear").then_some(())
+    })
+    .await;
+    let second = b
+        .wait_for("the second dispatch", async || {
+            b.dispatched(id).await.get(1).cloned()
+        })
+        .await;
+    assert_eq!(second.1, "a");
+    let _ = b.stop.send(true);
+}
+
+async fn register_unconnected_site(log: &dyn EventLog, name: &str) -> Uuid {
+    register(log, name, "1", 8).await
 }
