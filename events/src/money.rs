@@ -253,13 +253,23 @@ pub struct StorageRate {
 }
 
 impl StorageRate {
+    /// `bytes` held for `seconds`: [`gib_hours`] at the rate, as the ledger bills it and
+    /// placement estimates it.
     pub fn cost(&self, bytes: u64, seconds: Decimal) -> Result<Money, MoneyError> {
-        let n = mul(mul(self.per_gib_hour, bytes)?, seconds)?;
         Ok(Money::new(
-            div(n, BYTES_PER_GIB * SECONDS_PER_HOUR)?,
+            mul(gib_hours(bytes, seconds)?, self.per_gib_hour)?,
             self.currency,
         ))
     }
+}
+
+/// GiB-hours of `bytes` held for `seconds`: the one storage quantity every bill line and
+/// estimate is priced on (one division, by 2^30 × 3600).
+pub fn gib_hours(bytes: u64, seconds: Decimal) -> Result<Decimal, MoneyError> {
+    div(
+        mul(Decimal::from(bytes), seconds)?,
+        BYTES_PER_GIB * SECONDS_PER_HOUR,
+    )
 }
 
 /// Egress per decimal GB (10^9 bytes) leaving a site or region, at the source's tariff.

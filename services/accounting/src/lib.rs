@@ -5,7 +5,7 @@
 //!   caused it and the priced dimension and period within it, and is written in the same
 //!   transaction as the projection's position, so a redelivered event never bills twice
 //!   and a rebuild ([`rebuild`]) is a replay from position 0.
-//! - [`pricing`] turns an event into lines, purely: compute per instance-hour (clouds)
+//! - [`pricing`] (in `meridian-domain`, shared with placement) turns an event into lines, purely: compute per instance-hour (clouds)
 //!   or per core-hour, GiB-hour and GPU-hour (HPC), storage per GiB-hour, egress per GB
 //!   tiered by the tenant's monthly volume at the source; every charge split at month
 //!   boundaries; tenant adjustments (discounts, committed rates) set a contracted price
@@ -19,8 +19,6 @@
 pub mod bills;
 pub mod focus;
 pub mod ledger;
-pub mod period;
-pub mod pricing;
 pub mod synthetic;
 
 use meridian_eventlog::EventLog;
@@ -31,7 +29,8 @@ pub use bills::{
     Total, WorkflowTotal,
 };
 pub use ledger::{Ledger, NAME};
-pub use period::{InvalidPeriod, Period};
+pub use meridian_domain::period::{self, InvalidPeriod, Period};
+pub use meridian_domain::pricing;
 
 /// What a rebuild did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

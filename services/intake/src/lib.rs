@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use axum::routing::{get, post};
 use axum::Router;
+use meridian_domain::Catalog;
 use meridian_eventlog::EventLog;
-use meridian_router::Catalog;
 use meridian_store::{Projection, Store};
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, OnceCell};

@@ -12,13 +12,13 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::Json;
+use meridian_domain::catalog_file;
+use meridian_domain::placement::{decide_for, Decision};
+use meridian_domain::Catalog;
 use meridian_eventlog::aggregates::{execute, ExecuteError};
 use meridian_events::aggregate::{Site, SiteCommand, SiteError};
 use meridian_events::vocabulary::workflow::{Candidate, SplitPlan};
 use meridian_events::EventContext;
-use meridian_router::catalog_file;
-use meridian_router::placement::{decide_for, Decision};
-use meridian_router::Catalog;
 use serde::{Deserialize, Serialize};
 use tokio::sync::MutexGuard;
 

@@ -320,8 +320,8 @@ async fn site_reads_catch_up_from_where_the_last_one_stopped() {
 
     // So is a change made around the intake, straight in the log (as the CLI does).
     let specs =
-        meridian_router::catalog_file::parse(&CATALOG.replace("name: gpu", "name: gpu2")).unwrap();
-    meridian_router::catalog_file::apply(&*b.log, &specs, "cli")
+        meridian_domain::catalog_file::parse(&CATALOG.replace("name: gpu", "name: gpu2")).unwrap();
+    meridian_domain::catalog_file::apply(&*b.log, &specs, "cli")
         .await
         .unwrap();
     let res = call(&router, Req::get("/v1/sites")).await;

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use meridian_domain::catalog_file::{self, SiteSpec};
+use meridian_domain::placement::{decide, Decision};
+use meridian_domain::Catalog;
 use meridian_eventlog::aggregates::{execute, ExecuteError};
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
@@ -13,9 +16,6 @@ use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand, SiteError};
 use meridian_events::vocabulary::workflow::{Candidate, CostTerms, SplitPlan, Verdict};
 use meridian_events::EventContext;
-use meridian_router::catalog_file::{self, SiteSpec};
-use meridian_router::placement::{decide, Decision};
-use meridian_router::Catalog;
 use serde_json::{json, Value};
 
 use crate::client::{self, Client};

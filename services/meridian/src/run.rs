@@ -216,7 +216,7 @@ fn configured_adapter(
 /// Fails unless the catalogue has `site`: sites other than local are described by a
 /// catalogue file (`meridian site apply`), which gives their shapes and prices.
 async fn require_site(log: &dyn EventLog, site: &str) -> anyhow::Result<()> {
-    let catalog = meridian_router::Catalog::load(log).await?;
+    let catalog = meridian_domain::Catalog::load(log).await?;
     if catalog.find(site).is_none() {
         bail!(
             "site {site:?} is not in the catalogue; describe it in a catalogue file and run \

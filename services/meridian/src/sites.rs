@@ -6,12 +6,12 @@ use std::str::FromStr;
 
 use anyhow::Context;
 use chrono::Utc;
+use meridian_domain::catalog::labels;
+use meridian_domain::Catalog;
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand};
 use meridian_events::{ComputeOffer, ComputePricing, Currency, EventContext, PriceSheet, SiteKind};
-use meridian_router::catalog::labels;
-use meridian_router::Catalog;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use meridian_domain::catalog_file::{offline_catalog, SiteSpec};
+use meridian_domain::placement::decide;
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::testkit::nats_url_or_start;
@@ -19,8 +21,6 @@ use meridian_events::aggregate::{Site, SiteCommand, Workflow, WorkflowCommand};
 use meridian_events::vocabulary::site::{Shape, ShapeGpus};
 use meridian_events::vocabulary::AcceleratorVendor;
 use meridian_events::{ComputeOffer, ComputePricing, Currency, EventContext, PriceSheet, SiteKind};
-use meridian_router::catalog_file::{offline_catalog, SiteSpec};
-use meridian_router::placement::decide;
 use meridian_router::Router;
 use rust_decimal::Decimal;
 use uuid::Uuid;
@@ -124,7 +124,7 @@ fn latency(quick: bool) {
                 let decision = std::hint::black_box(decide(spec, &catalog, Utc::now()));
                 times.push(t.elapsed());
                 assert!(
-                    matches!(decision, meridian_router::placement::Decision::Placed(_)),
+                    matches!(decision, meridian_domain::placement::Decision::Placed(_)),
                     "the bench workflow must be placeable"
                 );
             }
@@ -172,7 +172,7 @@ async fn throughput(quick: bool) {
         .unwrap();
     }
     let catalog_sites: Vec<SiteSpec> = (0..10).map(site).collect();
-    let catalog = meridian_router::Catalog::load(&*log).await.unwrap();
+    let catalog = meridian_domain::Catalog::load(&*log).await.unwrap();
     for s in &catalog_sites {
         let id = catalog.find(&s.name).unwrap().id;
         execute::<Site, _>(&*log, id, &EventContext::new_chain("bench"), |_| {

@@ -31,12 +31,7 @@ use meridian_events::{
 use tokio::sync::watch;
 use uuid::Uuid;
 
-pub mod catalog;
-pub mod catalog_file;
-pub mod placement;
-pub mod tenant_view;
-
-pub use catalog::Catalog;
+use meridian_domain::{placement, Catalog};
 
 /// The durable subscription the router reads through.
 pub const SUBSCRIPTION: &str = "router";

@@ -275,7 +275,7 @@ impl SiteRunner {
     /// The site's aggregate id, looked up in the catalogue until it is there.
     async fn site_id(&mut self) -> Result<Option<Uuid>, RunnerError> {
         if self.site_id.is_none() {
-            let catalog = meridian_router::Catalog::load(&*self.log).await?;
+            let catalog = meridian_domain::Catalog::load(&*self.log).await?;
             if let Some(entry) = catalog.find(&self.site) {
                 self.site_id = Some(entry.id);
                 self.shapes = entry.shapes.clone();

@@ -479,7 +479,7 @@ pub async fn settle(log: &dyn EventLog, workflow: Uuid, job_id: Uuid) {
 /// Says an adapter serves every site in the catalogue, for a day: these tests play the
 /// sites themselves, and placement only chooses sites that are served.
 pub async fn connect_all(log: &dyn EventLog) {
-    let catalog = meridian_router::Catalog::load(log).await.unwrap();
+    let catalog = meridian_domain::Catalog::load(log).await.unwrap();
     for site in catalog.sites.values() {
         execute::<meridian_events::aggregate::Site, _>(
             log,

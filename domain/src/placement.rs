@@ -986,11 +986,13 @@ fn split_plan_in(
             sites
         };
         for site in sites {
-            let per_gib_hour = offers
-                .iter()
-                .find(|o| o.site.name == site)
-                .map_or(Decimal::ZERO, |o| o.sheet.storage_per_gib_hour);
-            terms.storage += storage_cost(volume.size.bytes(), span, per_gib_hour);
+            let cost = offers.iter().find(|o| o.site.name == site).and_then(|o| {
+                o.sheet
+                    .storage_rate()
+                    .cost(volume.size.bytes(), Decimal::from(span))
+                    .ok()
+            });
+            terms.storage += cost.map_or(Decimal::ZERO, |c| c.amount);
         }
         if !volume.egress.is_empty() {
             let from = volume_at.get(name.as_str()).copied().unwrap_or(home);
@@ -1065,18 +1067,16 @@ fn span_seconds(spec: &Workflow) -> u64 {
 }
 
 /// What holding `bytes` for `seconds` costs at `per_gib_hour`.
-fn storage_cost(bytes: u64, seconds: u64, per_gib_hour: Decimal) -> Decimal {
-    let gib = Decimal::from(bytes) / Decimal::from(1u64 << 30);
-    gib * Decimal::from(seconds) / Decimal::from(3600) * per_gib_hour
-}
 
 /// Storage: every volume held from placement until the workflow ends, estimated over
 /// its span without queue waits ([`span_seconds`]), at the site's storage rate.
 fn storage_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Decimal {
-    let span = span_seconds(spec);
+    let span = Decimal::from(span_seconds(spec));
+    let rate = sheet.storage_rate();
     spec.volumes
         .values()
-        .map(|v| storage_cost(v.size.bytes(), span, sheet.storage_per_gib_hour))
+        .filter_map(|v| rate.cost(v.size.bytes(), span).ok())
+        .map(|cost| cost.amount)
         .sum()
 }
 

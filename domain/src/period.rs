@@ -5,6 +5,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use chrono::{DateTime, Datelike, TimeZone, Utc};
+use meridian_events::money::seconds_between;
+use meridian_events::MoneyError;
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 /// One calendar month in UTC.
@@ -135,6 +138,34 @@ pub fn split(start: DateTime<Utc>, end: DateTime<Utc>) -> Vec<Piece> {
         });
         from = boundary;
     }
+}
+
+/// `total` (GB of a copy) shared between the pieces of `[start, end)` in proportion to
+/// the time in each; the last piece takes the remainder, so the shares add up to `total`
+/// exactly. The ledger bills egress this way, and placement counts a tenant's month so
+/// far the same way.
+pub fn share_by_time(
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    total: Decimal,
+) -> Result<Vec<(Piece, Decimal)>, MoneyError> {
+    let pieces = split(start, end);
+    let total_seconds = seconds_between(start, end);
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut assigned = Decimal::ZERO;
+    for (i, piece) in pieces.iter().enumerate() {
+        let share = if i + 1 == pieces.len() {
+            total - assigned
+        } else {
+            total
+                .checked_mul(seconds_between(piece.start, piece.end))
+                .and_then(|n| n.checked_div(total_seconds))
+                .ok_or(MoneyError::Overflow)?
+        };
+        assigned += share;
+        out.push((*piece, share));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use chrono::{TimeZone, Utc};
+use meridian_domain::placement::{decide, Decision};
+use meridian_domain::Catalog;
 use meridian_events::vocabulary::workflow::Verdict;
 use meridian_events::{
     AggregateKind, AggregateRef, ComputeOffer, ComputePricing, Currency, Envelope, Event,
     EventContext, PriceSheet, SiteEvent, SiteKind,
 };
-use meridian_router::placement::{decide, Decision};
-use meridian_router::Catalog;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 

@@ -9,14 +9,16 @@
 //! at 28 significant digits. Costs are `unit price × quantity`, nothing is rounded.
 
 use chrono::{DateTime, Utc};
-use meridian_events::money::{seconds_between, BYTES_PER_GB, BYTES_PER_GIB, SECONDS_PER_HOUR};
+use meridian_events::money::{
+    gib_hours, seconds_between, BYTES_PER_GB, BYTES_PER_GIB, SECONDS_PER_HOUR,
+};
 use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, Meter};
 use meridian_events::{Allocation, ComputePricing, ComputeRate, Currency, EgressTariff, SiteKind};
 use meridian_events::{MoneyError, StorageRate};
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use crate::period::{split, Period, Piece};
+use crate::period::{share_by_time, split, Period, Piece};
 
 /// One dimension of one charge within one billing period, at list price.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +135,7 @@ pub fn storage(
         out.push(Metered {
             meter: Meter::StorageGibHours,
             piece,
-            quantity: held(bytes, seconds, BYTES_PER_GIB * SECONDS_PER_HOUR)?,
+            quantity: gib_hours(bytes, seconds)?,
             list_unit_price: rate.per_gib_hour,
             currency: rate.currency,
             band: None,
@@ -156,20 +158,8 @@ pub fn egress(
     already: &mut dyn FnMut(Period) -> Decimal,
 ) -> Result<Vec<Metered>, MoneyError> {
     let total_gb = div(Decimal::from(bytes), BYTES_PER_GB)?;
-    let pieces = split(started_at, ended_at);
-    let total_seconds = seconds_between(started_at, ended_at);
     let mut out = Vec::new();
-    let mut assigned = Decimal::ZERO;
-    for (i, piece) in pieces.iter().enumerate() {
-        let gb = if i + 1 == pieces.len() {
-            total_gb - assigned
-        } else {
-            div(
-                mul(total_gb, seconds_between(piece.start, piece.end))?,
-                total_seconds,
-            )?
-        };
-        assigned += gb;
+    for (piece, gb) in share_by_time(started_at, ended_at, total_gb)? {
         if gb.is_zero() {
             continue;
         }
@@ -177,7 +167,7 @@ pub fn egress(
         for band in tariff.bands(before, gb)? {
             out.push(Metered {
                 meter: Meter::EgressGb,
-                piece: *piece,
+                piece,
                 quantity: band.gb,
                 list_unit_price: band.per_gb,
                 currency: tariff.currency,

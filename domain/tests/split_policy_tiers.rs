@@ -5,15 +5,15 @@
 use std::str::FromStr;
 
 use chrono::{DateTime, TimeZone, Utc};
+use meridian_domain::catalog_file::{offline_catalog, parse};
+use meridian_domain::placement::{decide, decide_for, Decision, Placed};
+use meridian_domain::Catalog;
 use meridian_events::vocabulary::tenant::{PlacementPolicy, TenantEvent};
 use meridian_events::vocabulary::workflow::{CostTerms, Verdict};
 use meridian_events::vocabulary::{Location, TransferEvent};
 use meridian_events::{
     AggregateKind, AggregateRef, Currency, EgressTariff, Envelope, Event, EventContext, Money,
 };
-use meridian_router::catalog_file::{offline_catalog, parse};
-use meridian_router::placement::{decide, decide_for, Decision, Placed};
-use meridian_router::Catalog;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 

@@ -71,20 +71,11 @@ impl TenantView {
     }
 }
 
-/// The part of `gb` moved from `start` to `end` that falls in `end`'s calendar month, in
-/// proportion to time, as the ledger splits a copy across months.
+/// The part of `gb` moved from `start` to `end` that falls in `end`'s calendar month,
+/// shared by time as the ledger shares a copy across months.
 fn share_in_last_month(start: DateTime<Utc>, end: DateTime<Utc>, gb: Decimal) -> Decimal {
-    let month_start = end
-        .date_naive()
-        .with_day(1)
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .map(|t| t.and_utc());
-    match month_start {
-        Some(m) if start < m && end > start => {
-            let total = (end - start).num_microseconds().unwrap_or(i64::MAX);
-            let inside = (end - m).num_microseconds().unwrap_or(0);
-            gb * Decimal::from(inside) / Decimal::from(total.max(1))
-        }
-        _ => gb,
-    }
+    crate::period::share_by_time(start, end, gb)
+        .ok()
+        .and_then(|shares| shares.last().map(|(_, share)| *share))
+        .unwrap_or(gb)
 }

@@ -1,8 +1,8 @@
 //! The catalogue file: the built-in reference parses, quotes make sense against it, and
 //! bad files get errors that name the field.
 
-use meridian_router::catalog_file::{offline_catalog, parse, REFERENCE};
-use meridian_router::placement::{decide, Decision};
+use meridian_domain::catalog_file::{offline_catalog, parse, REFERENCE};
+use meridian_domain::placement::{decide, Decision};
 
 #[test]
 fn the_reference_catalogue_covers_every_kind_and_names_every_source() {
@@ -68,7 +68,7 @@ fn the_reference_catalogue_covers_every_kind_and_names_every_source() {
 fn quotes_against_the_reference_pick_by_vendor_and_price() {
     let catalog = offline_catalog(&parse(REFERENCE).unwrap());
     // The example asks for two named sites the reference does not have: rejected, per site.
-    let example = meridian_spec::parse(include_str!("../../../examples/mi300x.yaml")).unwrap();
+    let example = meridian_spec::parse(include_str!("../../examples/mi300x.yaml")).unwrap();
     let Decision::Rejected { rejections } = decide(&example, &catalog, chrono::Utc::now()) else {
         panic!("no reference site is in the example's allow-list");
     };
@@ -93,7 +93,7 @@ fn quotes_against_the_reference_pick_by_vendor_and_price() {
         train_shape.iter().any(|o| o.contains("MI300X")),
         "the AMD job runs on an MI300X shape: {train_shape:?}"
     );
-    let h100 = meridian_spec::parse(include_str!("../../../examples/train-h100.yaml")).unwrap();
+    let h100 = meridian_spec::parse(include_str!("../../examples/train-h100.yaml")).unwrap();
     let Decision::Placed(p) = decide(&h100, &catalog, chrono::Utc::now()) else {
         panic!("an H100 job has somewhere to go");
     };
@@ -168,7 +168,7 @@ jobs:
     resources: {cpus: 8, memory: 32GiB, walltime: 10h}
 "#;
 
-fn place_with(cheap: &str, pricey: &str) -> meridian_router::placement::Placed {
+fn place_with(cheap: &str, pricey: &str) -> meridian_domain::placement::Placed {
     let file = TWO_SITES
         .replace("DATASETS_CHEAP", cheap)
         .replace("DATASETS_PRICEY", pricey);

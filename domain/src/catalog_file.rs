@@ -49,7 +49,7 @@ use crate::Catalog;
 
 /// The built-in reference catalogue: realistic shapes and list prices for every kind of
 /// site, each price with its source and date. A starting point, not anyone's real price.
-pub const REFERENCE: &str = include_str!("../../../catalog/reference.yaml");
+pub const REFERENCE: &str = include_str!("../../catalog/reference.yaml");
 
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {message}")]

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use chrono::Utc;
+use meridian_domain::Catalog;
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
@@ -14,7 +15,6 @@ use meridian_events::{
     AggregateKind, AggregateRef, Allocation, ComputePricing, ComputeRate, Currency, Envelope,
     Event, EventContext, FailureReason, JobEvent, SiteKind,
 };
-use meridian_router::Catalog;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
