@@ -1066,8 +1066,6 @@ fn span_seconds(spec: &Workflow) -> u64 {
     finish.values().max().copied().unwrap_or(0)
 }
 
-/// What holding `bytes` for `seconds` costs at `per_gib_hour`.
-
 /// Storage: every volume held from placement until the workflow ends, estimated over
 /// its span without queue waits ([`span_seconds`]), at the site's storage rate.
 fn storage_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Decimal {

@@ -34,8 +34,8 @@ mod openapi;
 mod projection;
 pub mod read;
 mod reports;
-mod sites;
-mod tenants;
+pub mod sites;
+pub mod tenants;
 
 pub use error::ApiError;
 pub use handlers::{
@@ -147,6 +147,14 @@ fn routes() -> Router<Intake> {
         .route(
             "/v1/tenants/{tenant}/policy",
             get(tenants::get_policy).put(tenants::set_policy),
+        )
+        .route(
+            "/v1/tenants/{tenant}/adjustments",
+            get(tenants::list_adjustments).post(tenants::grant_adjustment),
+        )
+        .route(
+            "/v1/tenants/{tenant}/adjustments/{id}/revoke",
+            post(tenants::revoke_adjustment),
         )
 }
 

@@ -29,7 +29,7 @@ use crate::{ApiError, Intake};
 /// The largest catalogue document taken in one request.
 const MAX_CATALOG_BYTES: usize = 4 * 1024 * 1024;
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SiteSummary {
     pub name: String,
     pub kind: String,
@@ -37,6 +37,10 @@ pub struct SiteSummary {
     pub jurisdiction: String,
     /// `ok`, `drained` or `unhealthy`.
     pub state: String,
+    /// Whether an adapter serves the site now (its heartbeat holds); placement chooses
+    /// only connected sites.
+    #[serde(default)]
+    pub connected: bool,
     /// (runs not failed by the site + 1) / (runs + 2).
     pub reliability: f64,
     pub shapes: Vec<String>,
@@ -44,26 +48,26 @@ pub struct SiteSummary {
     pub prices: Option<PricesSummary>,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PricesSummary {
     pub currency: String,
     pub effective_from: String,
     pub source: String,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SiteList {
     pub sites: Vec<SiteSummary>,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AppliedSite {
     pub site: String,
     /// `registered`, `updated` or `unchanged`.
     pub outcome: String,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AppliedCatalog {
     pub sites: Vec<AppliedSite>,
 }
@@ -74,7 +78,7 @@ pub struct DrainRequest {
     pub reason: Option<String>,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SiteState {
     pub site: String,
     pub state: String,
@@ -145,6 +149,7 @@ pub(crate) async fn list(State(intake): State<Intake>) -> Result<Json<SiteList>,
                     "ok"
                 }
                 .to_string(),
+                connected: s.connected_at(now),
                 reliability: s.reliability(),
                 shapes: s.shapes.iter().map(|x| x.name.clone()).collect(),
                 prices: s.prices_at(now).map(|p| PricesSummary {

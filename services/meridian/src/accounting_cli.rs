@@ -1,8 +1,9 @@
-//! The accounting verbs: `bill` (one workflow), `bills` (a tenant's month) and
-//! `export focus` through the API; `admin rebuild accounting` and the tenant price
-//! adjustments (`admin discount`, `admin committed-rate`, `admin revoke-adjustment`,
-//! `admin adjustments`) against the log and the database directly, embedded
-//! (`--data-dir`) or distributed (`--nats-url`, `--database-url`).
+//! The accounting and tenant verbs: `bill` (one workflow), `bills` (a tenant's month),
+//! `export focus`, the tenant price adjustments (`admin discount`, `admin committed-rate`,
+//! `admin revoke-adjustment`, `admin adjustments`) and placement policies (`admin
+//! policy`) through the API; only `admin rebuild accounting`, which runs with the
+//! server stopped, works on the log and the database directly, embedded (`--data-dir`)
+//! or distributed (`--nats-url`, `--database-url`).
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -10,23 +11,22 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use chrono::{DateTime, NaiveDate, Utc};
-use meridian_eventlog::aggregates::{execute, load, ExecuteError};
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::tenant::valid_tenant_name;
-use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
 use meridian_events::vocabulary::tenant::{
     AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy,
 };
-use meridian_events::{Currency, EventContext, Money, SiteKind, TenantEvent};
+use meridian_events::{Currency, Money, SiteKind};
 use meridian_store::Store;
 use rust_decimal::Decimal;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::client::{json, table, Client};
+use crate::client::{json, table, Client, ServerArg};
 use crate::{Output, Remote};
+use meridian_intake::tenants::{AdjustmentList, AdjustmentView, PolicyDocument, TenantPolicy};
 
 // ---------------------------------------------------------------------------------
 // Bills and exports, through the API.
@@ -390,14 +390,14 @@ pub enum Admin {
         #[arg(long)]
         reason: Option<String>,
         #[command(flatten)]
-        target: Target,
+        server: ServerArg,
     },
     /// List a tenant's adjustments.
     Adjustments {
         #[arg(long)]
         tenant: String,
         #[command(flatten)]
-        target: Target,
+        server: ServerArg,
     },
     /// Set or show where a tenant's work may run (on top of each workflow's hints).
     #[command(subcommand)]
@@ -433,14 +433,14 @@ pub enum PolicyVerb {
         #[arg(long, default_value = "admin")]
         by: String,
         #[command(flatten)]
-        target: Target,
+        server: ServerArg,
     },
     /// Show the tenant's placement policy.
     Show {
         #[arg(long)]
         tenant: String,
         #[command(flatten)]
-        target: Target,
+        server: ServerArg,
     },
 }
 
@@ -488,7 +488,7 @@ pub struct GrantArgs {
     #[arg(long, default_value = "admin")]
     by: String,
     #[command(flatten)]
-    target: Target,
+    server: ServerArg,
 }
 
 fn parse_time(flag: &str, text: &str) -> anyhow::Result<DateTime<Utc>> {
@@ -557,47 +557,38 @@ async fn grant(
         .as_deref()
         .map(|t| parse_time("until", t))
         .transpose()?;
-    let log = args.target.log().await?;
-    let tenant = scope_args.tenant.clone();
-    let adjustment_id = Uuid::now_v7();
-    let ctx = EventContext::new_chain(tenant.clone());
-    let events = execute::<Tenant, _>(&*log, tenant_id(&tenant), &ctx, |_| {
-        TenantCommand::GrantAdjustment {
-            tenant: tenant.clone(),
-            adjustment_id,
-            scope: scope.clone(),
-            terms: terms.clone(),
-            effective_from: from,
-            effective_until: until,
-            granted_by: args.by.clone(),
-            reference: args.reference.clone(),
-        }
-    })
-    .await
-    .map_err(refused)?;
-    if let Some(meridian_events::Event::Tenant(TenantEvent::AdjustmentGranted {
-        effective_from,
-        ..
-    })) = events.first().map(|e| &e.payload)
-    {
-        println!(
-            "{adjustment_id}: {terms} for {scope} of tenant {tenant}, from {}{}",
-            time(*effective_from),
-            until.map_or(String::new(), |u| format!(" until {}", time(u)))
-        );
-    }
+    let tenant = &scope_args.tenant;
+    let answer = args
+        .server
+        .client()?
+        .acting_as(&args.by)
+        .post(
+            &format!("/v1/tenants/{tenant}/adjustments"),
+            Some(serde_json::json!({
+                "scope": scope,
+                "terms": terms,
+                "effective_from": from,
+                "effective_until": until,
+                "reference": args.reference,
+            })),
+        )
+        .await
+        .map_err(|e| e.context("nothing was recorded"))?;
+    let granted: AdjustmentView = Client::decode(answer, "the grant")?;
+    println!(
+        "{}: {} of tenant {tenant}, from {}{}",
+        granted.id,
+        granted.description,
+        time(granted.effective_from),
+        granted
+            .effective_until
+            .map_or(String::new(), |u| format!(" until {}", time(u)))
+    );
     Ok(0)
 }
 
 fn time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-fn refused<E: std::error::Error + Send + Sync + 'static>(e: ExecuteError<E>) -> anyhow::Error {
-    match e {
-        ExecuteError::Rejected(e) => anyhow::anyhow!("refused: {e}; nothing was recorded"),
-        other => anyhow::Error::new(other).context("appending to the log"),
-    }
 }
 
 fn meter(text: &str) -> anyhow::Result<Meter> {
@@ -643,33 +634,30 @@ pub async fn admin(which: Admin) -> anyhow::Result<i32> {
             at,
             by,
             reason,
-            target,
+            server,
         } => {
             let at = at.as_deref().map(|t| parse_time("at", t)).transpose()?;
-            let log = target.log().await?;
-            let ctx = EventContext::new_chain(tenant.clone());
-            execute::<Tenant, _>(&*log, tenant_id(&tenant), &ctx, |_| {
-                TenantCommand::RevokeAdjustment {
-                    adjustment_id: id,
-                    effective_at: at,
-                    revoked_by: by.clone(),
-                    reason: reason.clone(),
-                }
-            })
-            .await
-            .map_err(refused)?;
+            server
+                .client()?
+                .acting_as(&by)
+                .post(
+                    &format!("/v1/tenants/{tenant}/adjustments/{id}/revoke"),
+                    Some(serde_json::json!({"at": at, "reason": reason})),
+                )
+                .await
+                .map_err(|e| e.context("nothing was recorded"))?;
             println!("{id}: revoked");
             Ok(0)
         }
         Admin::Policy(verb) => policy(verb).await,
-        Admin::Adjustments { tenant, target } => {
-            let log = target.log().await?;
-            let loaded = load::<Tenant>(&*log, tenant_id(&tenant))
-                .await
-                .context("reading the tenant's history")?;
-            let rows: Vec<Vec<String>> = loaded
-                .state
-                .adjustments()
+        Admin::Adjustments { tenant, server } => {
+            let list: AdjustmentList = server
+                .client()?
+                .get_as(&format!("/v1/tenants/{tenant}/adjustments"))
+                .await?;
+            let rows: Vec<Vec<String>> = list
+                .adjustments
+                .iter()
                 .map(|a| {
                     vec![
                         a.id.to_string(),
@@ -690,7 +678,7 @@ pub async fn admin(which: Admin) -> anyhow::Result<i32> {
     }
 }
 
-fn print_policy(tenant: &str, policy: Option<&PlacementPolicy>) {
+fn print_policy(tenant: &str, policy: Option<&PolicyDocument>) {
     let Some(p) = policy else {
         println!("{tenant}: no placement policy; its workflows may run anywhere their hints allow");
         return;
@@ -713,8 +701,8 @@ fn print_policy(tenant: &str, policy: Option<&PlacementPolicy>) {
         vec![
             "budget per workflow".to_string(),
             p.budget_per_workflow
-                .as_ref()
-                .map_or("none".into(), |m| format!("{} {}", m.amount, m.currency)),
+                .clone()
+                .unwrap_or_else(|| "none".into()),
         ],
         vec!["spot".to_string(), yes_no(p.spot_allowed).to_string()],
         vec![
@@ -737,7 +725,7 @@ async fn policy(verb: PolicyVerb) -> anyhow::Result<i32> {
             no_spot,
             no_split,
             by,
-            target,
+            server,
         } => {
             if !valid_tenant_name(&tenant) {
                 bail!("--tenant {tenant:?}: expected 1 to 63 of a-z, 0-9, '-', '_'");
@@ -756,29 +744,26 @@ async fn policy(verb: PolicyVerb) -> anyhow::Result<i32> {
                 spot_allowed: !no_spot,
                 split_allowed: !no_split,
             };
-            let log = target.log().await?;
-            let ctx = EventContext::new_chain(tenant.clone());
-            let events = execute::<Tenant, _>(&*log, tenant_id(&tenant), &ctx, |_| {
-                TenantCommand::SetPolicy {
-                    tenant: tenant.clone(),
-                    policy: policy.clone(),
-                    set_by: by.clone(),
-                }
-            })
-            .await
-            .map_err(refused)?;
-            if events.is_empty() {
-                println!("{tenant}: the policy is already this; nothing recorded");
-            }
-            print_policy(&tenant, Some(&policy));
+            let document = PolicyDocument::from(&policy);
+            let answer = server
+                .client()?
+                .acting_as(&by)
+                .put(
+                    &format!("/v1/tenants/{tenant}/policy"),
+                    serde_json::to_value(&document)?,
+                )
+                .await
+                .map_err(|e| e.context("nothing was recorded"))?;
+            let now: TenantPolicy = Client::decode(answer, "the policy")?;
+            print_policy(&tenant, Some(&now.policy));
             Ok(0)
         }
-        PolicyVerb::Show { tenant, target } => {
-            let log = target.log().await?;
-            let loaded = load::<Tenant>(&*log, tenant_id(&tenant))
-                .await
-                .context("reading the tenant's history")?;
-            print_policy(&tenant, loaded.state.policy());
+        PolicyVerb::Show { tenant, server } => {
+            let now: TenantPolicy = server
+                .client()?
+                .get_as(&format!("/v1/tenants/{tenant}/policy"))
+                .await?;
+            print_policy(&tenant, now.set.then_some(&now.policy));
             Ok(0)
         }
     }

@@ -1,76 +1,28 @@
 //! Verbs about sites and placement: `quote` (price a workflow at every fitting site,
 //! offline), `explain` (why a workflow went where it went), and `site` (apply a
-//! catalogue file, drain, undrain, list) against the log of a deployment.
+//! catalogue file, drain, undrain, list) through a running Meridian's API.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use meridian_domain::catalog_file::{self, SiteSpec};
 use meridian_domain::placement::{decide, Decision};
-use meridian_domain::Catalog;
-use meridian_eventlog::aggregates::{execute, ExecuteError};
-use meridian_eventlog::nats::{NatsConfig, NatsLog};
-use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
-use meridian_events::aggregate::{Site, SiteCommand, SiteError};
 use meridian_events::vocabulary::workflow::{Candidate, CostTerms, SplitPlan, Verdict};
-use meridian_events::EventContext;
+use meridian_intake::sites::{AppliedCatalog, SiteList};
 use serde_json::{json, Value};
 
-use crate::client::{self, Client};
+use crate::client::{self, Client, ServerArg};
 use crate::Output;
-
-/// Which log a site command writes to.
-#[derive(Debug, Clone, clap::Args)]
-pub struct LogTarget {
-    /// An embedded deployment's data directory (Meridian may be running).
-    #[arg(long, env = "MERIDIAN_DATA_DIR", conflicts_with = "nats_url")]
-    pub data_dir: Option<PathBuf>,
-    /// A distributed deployment's NATS server.
-    #[arg(long, env = "MERIDIAN_NATS_URL")]
-    pub nats_url: Option<String>,
-    /// JetStream stream that holds the log.
-    #[arg(long, env = "MERIDIAN_STREAM", default_value = "MERIDIAN_EVENTS")]
-    pub stream: String,
-}
-
-impl LogTarget {
-    pub async fn open(&self) -> anyhow::Result<Arc<dyn EventLog>> {
-        match (&self.data_dir, &self.nats_url) {
-            (_, Some(url)) => Ok(Arc::new(
-                NatsLog::connect(NatsConfig {
-                    url: url.clone(),
-                    stream: self.stream.clone(),
-                    ..NatsConfig::default()
-                })
-                .await
-                .with_context(|| format!("connecting to {url}"))?,
-            )),
-            (dir, None) => {
-                let dir = dir
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from("meridian-data"));
-                let path = dir.join("events.sqlite");
-                if !path.exists() {
-                    bail!(
-                        "{} has no event log; give --data-dir of a `meridian up`, or --nats-url",
-                        dir.display()
-                    );
-                }
-                Ok(Arc::new(SqliteLog::open(&path).await?))
-            }
-        }
-    }
-}
 
 #[derive(Debug, clap::Subcommand)]
 pub enum SiteVerb {
-    /// Register or update the sites a catalogue file describes (new prices, shapes).
+    /// Register or update the sites a catalogue file describes (new prices, shapes),
+    /// through the API.
     Apply {
         file: PathBuf,
         #[command(flatten)]
-        target: LogTarget,
+        server: ServerArg,
     },
     /// Take a site out of placement; work already there carries on.
     Drain {
@@ -78,18 +30,18 @@ pub enum SiteVerb {
         #[arg(long)]
         reason: Option<String>,
         #[command(flatten)]
-        target: LogTarget,
+        server: ServerArg,
     },
     /// Put a drained site back into placement.
     Undrain {
         name: String,
         #[command(flatten)]
-        target: LogTarget,
+        server: ServerArg,
     },
-    /// The sites in the log, with their state and shapes.
+    /// The sites, with their state, whether an adapter serves them, shapes and prices.
     List {
         #[command(flatten)]
-        target: LogTarget,
+        server: ServerArg,
     },
 }
 
@@ -431,30 +383,6 @@ pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn on_site(
-    log: &dyn EventLog,
-    catalog: &Catalog,
-    name: &str,
-    command: SiteCommand,
-) -> anyhow::Result<bool> {
-    let site = catalog.find(name).with_context(|| {
-        let known: Vec<&str> = catalog.sites.keys().map(String::as_str).collect();
-        format!("no site named {name:?}; sites are: {}", known.join(", "))
-    })?;
-    match execute::<Site, _>(log, site.id, &EventContext::new_chain("admin"), |_| {
-        command.clone()
-    })
-    .await
-    {
-        Ok(events) => Ok(!events.is_empty()),
-        Err(ExecuteError::Rejected(e @ (SiteError::AlreadyDrained | SiteError::NotDrained))) => {
-            eprintln!("{name}: {e}; nothing changed");
-            Ok(false)
-        }
-        Err(e) => Err(anyhow::anyhow!("{name}: {e}")),
-    }
-}
-
 /// Brings the log's catalogue up to `file`: registers new sites, records changed prices,
 /// shapes and data sets. Prints what it did.
 pub async fn apply(log: &dyn EventLog, file: &Path) -> anyhow::Result<()> {
@@ -471,74 +399,97 @@ pub async fn apply(log: &dyn EventLog, file: &Path) -> anyhow::Result<()> {
 }
 
 pub async fn site(verb: SiteVerb, output: Output) -> anyhow::Result<i32> {
+    let who = std::env::var("USER").unwrap_or_else(|_| "admin".into());
     match verb {
-        SiteVerb::Apply { file, target } => {
-            let log = target.open().await?;
-            apply(&*log, &file).await?;
+        SiteVerb::Apply { file, server } => {
+            // Checked here first: the same errors, with the file's name, and no round trip.
+            load_specs(Some(&file))?;
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let answer = server
+                .client()?
+                .acting_as(&who)
+                .put_text("/v1/sites", text)
+                .await?;
+            let applied: AppliedCatalog = Client::decode(answer, "PUT /v1/sites")?;
+            for site in applied.sites {
+                eprintln!("{}: {}", site.site, site.outcome);
+            }
             Ok(0)
         }
         SiteVerb::Drain {
             name,
             reason,
-            target,
+            server,
         } => {
-            let log = target.open().await?;
-            let catalog = Catalog::load(&*log).await?;
-            let by = std::env::var("USER").unwrap_or_else(|_| "admin".into());
-            if on_site(&*log, &catalog, &name, SiteCommand::Drain { by, reason }).await? {
-                println!("{name}: drained; new work goes elsewhere");
-            }
+            let path = format!("/v1/sites/{}/drain", path_segment(&name));
+            server
+                .client()?
+                .acting_as(&who)
+                .post(&path, Some(json!({ "reason": reason })))
+                .await?;
+            println!("{name}: drained; new work goes elsewhere");
             Ok(0)
         }
-        SiteVerb::Undrain { name, target } => {
-            let log = target.open().await?;
-            let catalog = Catalog::load(&*log).await?;
-            let by = std::env::var("USER").unwrap_or_else(|_| "admin".into());
-            if on_site(&*log, &catalog, &name, SiteCommand::Undrain { by }).await? {
-                println!("{name}: back in placement");
-            }
+        SiteVerb::Undrain { name, server } => {
+            let path = format!("/v1/sites/{}/undrain", path_segment(&name));
+            server.client()?.acting_as(&who).post(&path, None).await?;
+            println!("{name}: back in placement");
             Ok(0)
         }
-        SiteVerb::List { target } => {
-            let log = target.open().await?;
-            let catalog = Catalog::load(&*log).await?;
-            let now = chrono::Utc::now();
-            let rows: Vec<Vec<String>> = catalog
-                .sites
-                .values()
-                .map(|s| {
-                    vec![
-                        s.name.clone(),
-                        s.kind.as_str().to_string(),
-                        s.region.clone(),
-                        if s.drained {
-                            "drained".into()
-                        } else if !s.healthy {
-                            "unhealthy".into()
-                        } else {
-                            "ok".into()
-                        },
-                        s.shapes
-                            .iter()
-                            .map(|x| x.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(" "),
-                        s.prices_at(now)
-                            .map(|p| {
-                                format!("{} since {}", p.currency, p.effective_from.date_naive())
-                            })
-                            .unwrap_or_else(|| "none".into()),
-                    ]
-                })
-                .collect();
+        SiteVerb::List { server } => {
+            let list: SiteList = server.client()?.get_as("/v1/sites").await?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-                Output::Table => client::table(
-                    &["SITE", "KIND", "REGION", "STATE", "SHAPES", "PRICES"],
-                    &rows,
-                ),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&list)?),
+                Output::Table => {
+                    let rows: Vec<Vec<String>> = list
+                        .sites
+                        .iter()
+                        .map(|s| {
+                            vec![
+                                s.name.clone(),
+                                s.kind.clone(),
+                                s.region.clone(),
+                                s.state.clone(),
+                                if s.connected { "yes" } else { "no" }.to_string(),
+                                s.shapes.join(" "),
+                                s.prices.as_ref().map_or("none".into(), |p| {
+                                    format!(
+                                        "{} since {}",
+                                        p.currency,
+                                        p.effective_from.get(..10).unwrap_or(&p.effective_from)
+                                    )
+                                }),
+                            ]
+                        })
+                        .collect();
+                    client::table(
+                        &[
+                            "SITE",
+                            "KIND",
+                            "REGION",
+                            "STATE",
+                            "CONNECTED",
+                            "SHAPES",
+                            "PRICES",
+                        ],
+                        &rows,
+                    );
+                }
             }
             Ok(0)
         }
     }
+}
+
+/// A name as one URL path segment: what is not unreserved is percent-encoded.
+pub fn path_segment(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }

@@ -16,6 +16,23 @@ pub struct Client {
     http: reqwest::Client,
     /// Sent as X-Meridian-Tenant with every request, when set.
     tenant: Option<String>,
+    /// Sent as X-Meridian-User, when set: who does it, in the log.
+    user: Option<String>,
+}
+
+/// The API an admin verb changes the federation through.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerArg {
+    /// The Meridian API to talk to: site and admin verbs change the federation through
+    /// it, as `submit` does, never by writing to the log themselves.
+    #[arg(long, env = "MERIDIAN_SERVER", default_value = "http://127.0.0.1:7373")]
+    pub server: String,
+}
+
+impl ServerArg {
+    pub fn client(&self) -> anyhow::Result<Client> {
+        Client::new(&self.server)
+    }
 }
 
 /// An API answer that is not a success: its status and the server's message.
@@ -50,6 +67,7 @@ impl Client {
             base: base.trim_end_matches('/').to_string(),
             http,
             tenant: None,
+            user: None,
         })
     }
 
@@ -59,9 +77,54 @@ impl Client {
         self
     }
 
+    /// Acts as `user` (sent as X-Meridian-User).
+    pub fn acting_as(mut self, user: &str) -> Client {
+        self.user = Some(user.to_string());
+        self
+    }
+
+    /// GETs `path` as the API's own type `T`.
+    pub async fn get_as<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let value = self.get(path).await?;
+        serde_json::from_value(value).with_context(|| {
+            format!("the server's answer to GET {path} is not what this CLI reads")
+        })
+    }
+
+    /// Decodes an answer as the API's own type `T`.
+    pub fn decode<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> anyhow::Result<T> {
+        serde_json::from_value(value)
+            .with_context(|| format!("the server's answer to {what} is not what this CLI reads"))
+    }
+
+    /// PUTs a document (YAML or JSON) as the body.
+    pub async fn put_text(&self, path: &str, document: String) -> anyhow::Result<Value> {
+        let content_type = if document.trim_start().starts_with('{') {
+            "application/json"
+        } else {
+            "application/yaml"
+        };
+        self.send(
+            self.http
+                .put(format!("{}{path}", self.base))
+                .header("content-type", content_type)
+                .body(document),
+        )
+        .await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        self.send(self.http.put(format!("{}{path}", self.base)).json(&body))
+            .await
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
         let request = match &self.tenant {
             Some(tenant) => request.header("x-meridian-tenant", tenant),
+            None => request,
+        };
+        let request = match &self.user {
+            Some(user) => request.header("x-meridian-user", user),
             None => request,
         };
         let response = request.send().await.with_context(|| {

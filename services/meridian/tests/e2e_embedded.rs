@@ -38,30 +38,6 @@ fn up() -> Up {
     up_in(tempfile::tempdir().unwrap(), free_port())
 }
 
-impl Up {
-    /// Runs `meridian ARGS --data-dir DATA` straight on the embedded log, as an admin
-    /// on the same machine would while `up` runs.
-    fn on_data(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(BIN)
-            .args(args)
-            .arg("--data-dir")
-            .arg(self.dir.path().join("data"))
-            .output()
-            .unwrap()
-    }
-
-    /// [`Up::on_data`], which must succeed; its standard output.
-    fn on_data_ok(&self, args: &[&str]) -> String {
-        let out = self.on_data(args);
-        assert!(
-            out.status.success(),
-            "meridian {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    }
-}
-
 #[test]
 fn embedded_dag_with_an_array_runs_in_order_within_its_cap_and_is_billed() {
     let up = up();
@@ -202,8 +178,11 @@ fn a_second_up_on_the_same_data_dir_is_refused() {
 #[test]
 fn a_drained_site_takes_no_work_and_explain_says_why() {
     let up = up();
-    up.on_data_ok(&["site", "drain", "local", "--reason", "maintenance"]);
-    assert!(up.on_data_ok(&["site", "list"]).contains("drained"));
+    cli_ok(
+        &up.server,
+        &["site", "drain", "local", "--reason", "maintenance"],
+    );
+    assert!(cli_ok(&up.server, &["site", "list"]).contains("drained"));
 
     let file = write(up.dir.path(), "hello.yaml", "version: v1\nname: h\njobs:\n  a: {image: host, command: [\"true\"], resources: {memory: 64MiB}}\n");
     let id = submit(&up.server, &file);
@@ -220,7 +199,7 @@ fn a_drained_site_takes_no_work_and_explain_says_why() {
     );
 
     // Undrained, the same workflow runs.
-    up.on_data_ok(&["site", "undrain", "local"]);
+    cli_ok(&up.server, &["site", "undrain", "local"]);
     let status = submit_wait(&up.server, &file);
     assert_eq!(status["state"], "finished", "{status:#}");
     let explained = cli_json(&up.server, &["explain", status["id"].as_str().unwrap()]);
@@ -392,7 +371,7 @@ jobs:
 #[test]
 fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
     let up = up();
-    let admin = |args: &[&str]| up.on_data_ok(&[&["admin", "policy"], args].concat());
+    let admin = |args: &[&str]| cli_ok(&up.server, &[&["admin", "policy"], args].concat());
     let shown = admin(&["set", "--tenant", "physics", "--region", "eu-west-9"]);
     assert!(shown.contains("eu-west-9"), "{shown}");
 
@@ -435,15 +414,18 @@ fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
     assert_eq!(status["tenant"], "physics", "{status:#}");
 
     // Bad input names the flag and records nothing.
-    let out = up.on_data(&[
-        "admin",
-        "policy",
-        "set",
-        "--tenant",
-        "physics",
-        "--budget-per-workflow",
-        "lots",
-    ]);
+    let out = cli(
+        &up.server,
+        &[
+            "admin",
+            "policy",
+            "set",
+            "--tenant",
+            "physics",
+            "--budget-per-workflow",
+            "lots",
+        ],
+    );
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--budget-per-workflow \"lots\""),
@@ -455,4 +437,189 @@ fn a_tenant_policy_set_with_the_cli_binds_the_next_placement() {
         "the refused policy was not recorded"
     );
     assert!(admin(&["show", "--tenant", "physics"]).contains("none"));
+}
+
+/// Every site and admin verb works against the running server, through its API: none
+/// takes a data directory or a NATS URL to write to the log itself.
+#[test]
+fn site_and_admin_verbs_go_through_the_api() {
+    let up = up();
+    let server = up.server.as_str();
+    // The sites, with whether an adapter serves them.
+    let list = cli_ok(server, &["site", "list"]);
+    assert!(list.contains("CONNECTED"), "{list}");
+    let local = list.lines().find(|l| l.starts_with("local")).unwrap();
+    assert!(local.contains(" yes "), "{list}");
+    let listed = cli_json(server, &["site", "list"]);
+    assert_eq!(listed["sites"][0]["connected"], true, "{listed:#}");
+
+    // A catalogue file applied through the API: a site no adapter serves.
+    let file = write(
+        up.dir.path(),
+        "far.yaml",
+        r#"
+sites:
+  - name: far
+    kind: slurm
+    region: far-away
+    jurisdiction: eu
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: test
+      storage_per_gib_hour: "0"
+      egress_per_gb: "0"
+      compute:
+        - {offer: node, per_core_hour: "1.00", per_gib_hour: "0"}
+    shapes:
+      - {name: node, offer: node, cpus: 8, memory: 32GiB}
+"#,
+    );
+    let out = cli(server, &["site", "apply", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("far: registered"));
+    let list = cli_ok(server, &["site", "list"]);
+    let far = list.lines().find(|l| l.starts_with("far")).unwrap();
+    assert!(far.contains(" no "), "{list}");
+    // A bad file names the field and sends nothing.
+    let bad = write(up.dir.path(), "bad.yaml", "sites: [{name: x}]\n");
+    let out = cli(server, &["site", "apply", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("missing field `kind`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Drain and undrain; draining twice is refused with the server's reason.
+    cli_ok(server, &["site", "drain", "far", "--reason", "maintenance"]);
+    let out = cli(server, &["site", "drain", "far"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already drained"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cli_ok(server, &["site", "undrain", "far"]);
+    let out = cli(server, &["site", "drain", "nowhere"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no site nowhere"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Price adjustments: granted, refused when backdated, revoked, listed.
+    let granted = cli_ok(
+        server,
+        &[
+            "admin",
+            "discount",
+            "--tenant",
+            "physics",
+            "--site",
+            "local",
+            "--percent",
+            "10",
+            "--from",
+            "2999-01-01",
+            "--reference",
+            "PO-7",
+        ],
+    );
+    assert!(granted.contains("10% off list for site local"), "{granted}");
+    let id = granted.split(':').next().unwrap().trim().to_string();
+    cli_ok(
+        server,
+        &[
+            "admin",
+            "committed-rate",
+            "--tenant",
+            "physics",
+            "--site-kind",
+            "kubernetes",
+            "--meter",
+            "gpu-hours",
+            "--price",
+            "1.80",
+            "--currency",
+            "USD",
+        ],
+    );
+    let out = cli(
+        server,
+        &[
+            "admin",
+            "discount",
+            "--tenant",
+            "physics",
+            "--percent",
+            "50",
+            "--from",
+            "2020-01-01",
+        ],
+    );
+    assert!(!out.status.success());
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        why.contains("in the past") && why.contains("nothing was recorded"),
+        "{why}"
+    );
+    cli_ok(
+        server,
+        &["admin", "revoke-adjustment", "--tenant", "physics", &id],
+    );
+    let listing = cli_ok(server, &["admin", "adjustments", "--tenant", "physics"]);
+    assert_eq!(
+        listing.lines().count(),
+        3,
+        "a header and two adjustments: {listing}"
+    );
+    assert!(
+        listing.contains(&id) && listing.contains("PO-7"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("committed 1.80 USD per GPU-Hour"),
+        "{listing}"
+    );
+
+    // None of them writes to the log itself any more.
+    for verb in [
+        &["site", "list", "--data-dir", "data"][..],
+        &[
+            "site",
+            "drain",
+            "far",
+            "--nats-url",
+            "nats://127.0.0.1:4222",
+        ][..],
+        &[
+            "admin",
+            "adjustments",
+            "--tenant",
+            "physics",
+            "--data-dir",
+            "data",
+        ][..],
+        &[
+            "admin",
+            "policy",
+            "show",
+            "--tenant",
+            "physics",
+            "--data-dir",
+            "data",
+        ][..],
+    ] {
+        let out = cli(server, verb);
+        assert!(!out.status.success(), "{verb:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("unexpected argument"),
+            "{verb:?}"
+        );
+    }
 }

@@ -75,6 +75,18 @@ pub fn cli(server: &str, args: &[&str]) -> Output {
         .expect("run meridian")
 }
 
+/// Runs the CLI against `server`; it must succeed. Its standard output.
+pub fn cli_ok(server: &str, args: &[&str]) -> String {
+    let out = cli(server, args);
+    assert!(
+        out.status.success(),
+        "meridian {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 pub fn cli_json(server: &str, args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.extend(["--output", "json"]);
