@@ -20,7 +20,10 @@ pub use meridian_events::FailureReason;
 
 pub mod batch;
 pub mod conformance;
+pub mod registry;
 pub mod submit_lock;
+
+pub use registry::{BuildContext, BuildError, Registration};
 
 /// One job (or one task of an array) to run at a site: everything the backend needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,6 +100,17 @@ impl JobRequest {
             env.push(("ARRAY_INDEX".into(), index.to_string()));
         }
         env
+    }
+
+    /// Refuses a service at a site whose adapter runs jobs only: said at submit, so the
+    /// run fails with the reason instead of running as a job that never reports ready.
+    pub fn refuse_service(&self, kind: &str) -> Result<(), AdapterError> {
+        match &self.service {
+            Some(_) => Err(AdapterError::NotSupported(format!(
+                "services on {kind} sites (the {kind} adapter runs jobs only so far; run services on a local site)"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Why the request can never run anywhere (no command on the host, an environment

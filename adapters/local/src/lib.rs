@@ -35,6 +35,21 @@ use process::Identity;
 
 pub use launch::{ContainerRuntime, NO_CONTAINER_RUNTIME};
 
+/// The local kind in the adapter registry. A configuration that names no `root` keeps
+/// its jobs in the state directory the binary gives.
+pub const REGISTRATION: meridian_adapter_core::Registration = meridian_adapter_core::Registration {
+    kind: "local",
+    about: "processes (or podman/apptainer containers) on this machine",
+    needs_config: false,
+    build: |text, context| {
+        let mut config: LocalConfig = meridian_adapter_core::registry::parse_config(text)?;
+        if config.root == LocalConfig::default().root {
+            config.root = context.state_dir.clone();
+        }
+        Ok(std::sync::Arc::new(LocalAdapter::new(config)?))
+    },
+};
+
 /// The most of each of stdout and stderr that [`SiteAdapter::logs`] returns: the last
 /// 1 MiB, after a line saying how much was left out. The files themselves are kept whole.
 pub const LOG_CAP_BYTES: u64 = 1 << 20;

@@ -30,6 +30,17 @@ use serde_json::Value;
 use uuid::Uuid;
 
 pub use config::PbsConfig;
+
+/// The PBS kind in the adapter registry.
+pub const REGISTRATION: meridian_adapter_core::Registration = meridian_adapter_core::Registration {
+    kind: "pbs",
+    about: "an OpenPBS or PBS Professional cluster, through qsub/qstat/qdel/pbsnodes",
+    needs_config: true,
+    build: |text, _| {
+        let config: PbsConfig = meridian_adapter_core::registry::parse_config(text)?;
+        Ok(std::sync::Arc::new(PbsAdapter::new(config)?))
+    },
+};
 pub use qsub::{array_args, depend_arg, PbsId};
 pub use state::{map_state, Observed};
 
@@ -215,6 +226,7 @@ impl SiteAdapter for PbsAdapter {
     }
 
     async fn submit(&self, job: &JobRequest) -> Result<BackendJobId, AdapterError> {
+        job.refuse_service("pbs")?;
         let plan = qsub::plan(job, &self.config)?;
         let _lock = SubmitLock::acquire(&self.config.lock_dir(), job.job_id)
             .await

@@ -34,6 +34,17 @@ use tokio::sync::OnceCell;
 use uuid::Uuid;
 
 pub use config::{Mode, PollConfig, RestConfig, SlurmConfig, SshTarget, TokenSource};
+
+/// The Slurm kind in the adapter registry.
+pub const REGISTRATION: meridian_adapter_core::Registration = meridian_adapter_core::Registration {
+    kind: "slurm",
+    about: "a Slurm cluster, through sbatch/squeue/sacct (here or over SSH) or slurmrestd",
+    needs_config: true,
+    build: |text, _| {
+        let config: SlurmConfig = meridian_adapter_core::registry::parse_config(text)?;
+        Ok(std::sync::Arc::new(SlurmAdapter::new(config)?))
+    },
+};
 pub use runner::{Command, CommandRunner, LocalRunner, Output, SshRunner};
 pub use state::{map_state, ExitStatus, StateError};
 
@@ -184,6 +195,7 @@ impl SiteAdapter for SlurmAdapter {
 
     async fn submit(&self, job: &JobRequest) -> Result<BackendJobId, AdapterError> {
         // Decided before anything is locked or sent: what can never run here.
+        job.refuse_service("slurm")?;
         let plan = script::plan(job, &self.config)?;
         let _lock = SubmitLock::acquire(&self.config.lock_dir(), job.job_id)
             .await

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod accounting_cli;
+mod adapters;
 mod catalog_cli;
 mod client;
 mod run;

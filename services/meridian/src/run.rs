@@ -174,45 +174,6 @@ pub(crate) fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
-/// A site adapter of `kind` built from its YAML configuration file. A local site whose
-/// file sets no `root` keeps its jobs under `default_root`, never the main local site's.
-fn configured_adapter(
-    kind: &str,
-    config: &Path,
-    default_root: &Path,
-) -> anyhow::Result<Arc<dyn meridian_adapter_core::SiteAdapter>> {
-    let text = std::fs::read_to_string(config)
-        .with_context(|| format!("cannot read {}", config.display()))?;
-    let context = || {
-        format!(
-            "{}: not a valid {kind} adapter configuration",
-            config.display()
-        )
-    };
-    Ok(match kind {
-        "local" => {
-            let mut config: LocalConfig = serde_saphyr::from_str(&text).with_context(context)?;
-            if config.root == LocalConfig::default().root {
-                config.root = default_root.to_path_buf();
-            }
-            Arc::new(LocalAdapter::new(config).with_context(context)?)
-        }
-        "slurm" => {
-            let config: meridian_adapter_slurm::SlurmConfig =
-                serde_saphyr::from_str(&text).with_context(context)?;
-            Arc::new(meridian_adapter_slurm::SlurmAdapter::new(config)?)
-        }
-        "pbs" => {
-            let config: meridian_adapter_pbs::PbsConfig =
-                serde_saphyr::from_str(&text).with_context(context)?;
-            Arc::new(meridian_adapter_pbs::PbsAdapter::new(config)?)
-        }
-        other => bail!(
-            "site kind {other:?} has no adapter yet; the adapters available are: local, slurm, pbs"
-        ),
-    })
-}
-
 /// Fails unless the catalogue has `site`: sites other than local are described by a
 /// catalogue file (`meridian site apply`), which gives their shapes and prices.
 async fn require_site(log: &dyn EventLog, site: &str) -> anyhow::Result<()> {
@@ -243,6 +204,7 @@ impl std::str::FromStr for AdapterSpec {
         let (kind, config) = rest
             .split_once(':')
             .ok_or("expected NAME=KIND:FILE, e.g. hpc=slurm:slurm.yaml")?;
+        crate::adapters::find(kind).map_err(|e| e.to_string())?;
         Ok(AdapterSpec {
             site: site.to_string(),
             kind: kind.to_string(),
@@ -269,7 +231,8 @@ pub struct UpArgs {
     pub catalog: Option<PathBuf>,
     /// Also run the site NAME (from the catalogue) with the adapter KIND configured by
     /// FILE, e.g. `hpc=slurm:slurm.yaml`. Repeatable.
-    #[arg(long = "adapter", value_name = "NAME=KIND:FILE")]
+    #[arg(long = "adapter", value_name = "NAME=KIND:FILE",
+          long_help = format!("Also run the site NAME (from the catalogue) with the adapter KIND configured by FILE, e.g. `hpc=slurm:slurm.yaml`. Repeatable.\n\n{}", crate::adapters::help()))]
     pub adapters: Vec<AdapterSpec>,
 }
 
@@ -302,9 +265,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         require_site(&*log, &spec.site).await?;
         extra.push((
             spec.site.clone(),
-            configured_adapter(
+            crate::adapters::build(
                 &spec.kind,
-                &spec.config,
+                Some(&spec.config),
                 &args.data_dir.join("sites").join(&spec.site),
             )?,
         ));
@@ -413,11 +376,12 @@ pub enum Server {
         /// The site's name in the catalogue.
         #[arg(long)]
         site: String,
-        /// The site's kind: local, slurm or pbs.
-        #[arg(long, default_value = "local")]
+        /// The site's adapter kind (see below).
+        #[arg(long, default_value = "local", long_help = format!("The site's adapter kind.\n\n{}", crate::adapters::help()),
+              value_parser = clap::builder::PossibleValuesParser::new(crate::adapters::names()))]
         kind: String,
-        /// The adapter's configuration file (YAML), for slurm and pbs sites.
-        #[arg(long, value_name = "FILE", required_if_eq_any = [("kind", "slurm"), ("kind", "pbs")])]
+        /// The adapter's configuration file (YAML); required by the kinds that say so.
+        #[arg(long, value_name = "FILE")]
         adapter_config: Option<PathBuf>,
         /// State directory of a local site.
         #[arg(long, env = "MERIDIAN_SITE_ROOT")]
@@ -458,12 +422,13 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
             db,
         } => {
             if kind != "local" {
-                let config =
-                    adapter_config.context("--adapter-config FILE is required for this kind")?;
                 let (log, store) = (log.log().await?, db.store().await?);
                 require_site(&*log, &site).await?;
-                let adapter =
-                    configured_adapter(&kind, &config, root.as_deref().unwrap_or(Path::new(".")))?;
+                let adapter = crate::adapters::build(
+                    &kind,
+                    adapter_config.as_deref(),
+                    root.as_deref().unwrap_or(Path::new(".")),
+                )?;
                 tasks.site(&site, adapter, log, store);
                 return tasks.wait().await;
             }

@@ -1,0 +1,110 @@
+//! The adapter registry: every kind of site this binary can run, one line each. A new
+//! adapter crate exports its `REGISTRATION`; adding it here (behind its cargo feature
+//! when it brings a heavy SDK) is all the binary needs. `docs/writing-a-site-adapter.md`
+//! walks through it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use meridian_adapter_core::{BuildContext, Registration, SiteAdapter};
+
+/// The kinds this build can run.
+pub fn registry() -> Vec<Registration> {
+    #[allow(unused_mut)] // extended below by features
+    let mut kinds = vec![
+        meridian_adapter_local::REGISTRATION,
+        meridian_adapter_slurm::REGISTRATION,
+        meridian_adapter_pbs::REGISTRATION,
+    ];
+    // A kind with a heavy SDK joins behind its feature, e.g.:
+    // #[cfg(feature = "site-kubernetes")]
+    // kinds.push(meridian_adapter_kubernetes::REGISTRATION);
+    kinds
+}
+
+/// The registration of `kind`, or an error listing the kinds there are.
+pub fn find(kind: &str) -> anyhow::Result<Registration> {
+    registry()
+        .into_iter()
+        .find(|r| r.kind == kind)
+        .with_context(|| {
+            format!(
+                "no adapter of kind {kind:?} in this build; the kinds are: {}",
+                names().join(", ")
+            )
+        })
+}
+
+pub fn names() -> Vec<&'static str> {
+    registry().iter().map(|r| r.kind).collect()
+}
+
+/// The kinds with a line each, for `--help`.
+pub fn help() -> String {
+    let mut text = String::from("The adapter kinds of this build:");
+    for r in registry() {
+        let config = if r.needs_config {
+            "needs a configuration file"
+        } else {
+            "configuration file optional"
+        };
+        text.push_str(&format!("\n  {:<8} {} ({config})", r.kind, r.about));
+    }
+    text
+}
+
+/// Builds an adapter of `kind` from its configuration file, if any. An adapter that
+/// keeps state and whose file names no place for it keeps it in `state_dir`.
+pub fn build(
+    kind: &str,
+    config: Option<&Path>,
+    state_dir: &Path,
+) -> anyhow::Result<Arc<dyn SiteAdapter>> {
+    let registration = find(kind)?;
+    let text = match config {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?,
+        None if registration.needs_config => anyhow::bail!(
+            "a {kind} site needs its adapter's configuration file (see docs/site-{kind}.md)"
+        ),
+        None => String::new(),
+    };
+    let context = BuildContext {
+        state_dir: state_dir.to_path_buf(),
+    };
+    (registration.build)(&text, &context).with_context(|| match config {
+        Some(path) => format!(
+            "{}: not a valid {kind} adapter configuration",
+            path.display()
+        ),
+        None => format!("building the {kind} adapter"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_listed_once_with_its_help() {
+        let names = names();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        for name in ["local", "slurm", "pbs"] {
+            assert!(names.contains(&name), "{names:?}");
+            assert!(help().contains(name));
+        }
+        let err = find("kubernetes").unwrap_err().to_string();
+        assert!(err.contains("local, slurm, pbs"), "{err}");
+    }
+
+    #[test]
+    fn a_kind_that_needs_a_configuration_says_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = build("slurm", None, tmp.path()).unwrap_err().to_string();
+        assert!(err.contains("needs its adapter's configuration"), "{err}");
+    }
+}
