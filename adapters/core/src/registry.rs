@@ -26,6 +26,9 @@ pub enum BuildError {
     Adapter(#[from] AdapterError),
 }
 
+/// Builds an adapter from the text of its YAML configuration.
+pub type Build = fn(&str, &BuildContext) -> Result<Arc<dyn SiteAdapter>, BuildError>;
+
 /// One kind of site adapter.
 #[derive(Clone, Copy)]
 pub struct Registration {
@@ -37,7 +40,7 @@ pub struct Registration {
     pub needs_config: bool,
     /// Builds the adapter from the text of its YAML configuration (empty when none was
     /// given and it needs none).
-    pub build: fn(&str, &BuildContext) -> Result<Arc<dyn SiteAdapter>, BuildError>,
+    pub build: Build,
 }
 
 impl std::fmt::Debug for Registration {
