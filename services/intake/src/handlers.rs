@@ -1,6 +1,7 @@
-//! The handlers of the `/v1` routes. Each validates everything it is given before it
-//! touches the log, so bad input gets a 4xx and changes nothing; commands go through
-//! `meridian_eventlog::aggregates::execute`, reads through the status read model.
+//! The handlers of the workflow routes of `/v1`, and what every handler reads the same
+//! way: the caller's headers (tenant, user, idempotency key, trace context), bodies
+//! within a size limit, ids in paths. Each reads and checks the request, then calls one
+//! function of the application layer.
 
 use std::collections::BTreeMap;
 
@@ -10,23 +11,17 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::{StreamExt, TryStreamExt};
-use meridian_eventlog::aggregates::{execute, load, Loaded};
-use meridian_events::aggregate::{
-    Workflow, WorkflowCommand, WorkflowError, WorkflowState as AggregateState,
-};
-use meridian_events::{AggregateKind, AggregateRef, Event, EventContext, WorkflowEvent};
-use sha2::{Digest, Sha256};
+use futures::StreamExt;
+use meridian_app::workflows::Submission;
+use meridian_app::Principal;
 use uuid::Uuid;
 
 use crate::api::{
-    Accepted, CancelAccepted, CancelRequest, ErrorBody, EventList, FieldErrorBody, Health,
-    WorkflowPage, WorkflowState, WorkflowStatus,
+    Accepted, CancelAccepted, CancelRequest, ErrorBody, EventList, Health, WorkflowPage,
+    WorkflowState, WorkflowStatus,
 };
-use crate::error::ApiError;
-use crate::idempotency::{self, Reservation};
-use crate::read::{self, api_state, last_placement_rejected, ListQuery};
-use crate::{projection, Intake};
+use crate::read::ListQuery;
+use crate::{ApiError, Intake};
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const IDEMPOTENT_REPLAY: &str = "idempotent-replay";
@@ -102,6 +97,12 @@ pub(crate) fn user(headers: &HeaderMap) -> Result<String, ApiError> {
             "invalid X-Meridian-User: expected 1 to {MAX_HEADER_TEXT} printable ASCII characters"
         ))),
     }
+}
+
+/// The caller, from what its headers say of it: the tenant (`X-Meridian-Tenant`) and
+/// the user (`X-Meridian-User`). Until callers authenticate, every caller is trusted.
+pub(crate) fn principal(headers: &HeaderMap) -> Result<Principal, ApiError> {
+    Ok(Principal::trusted(tenant(headers)?, user(headers)?))
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -193,12 +194,6 @@ fn location(id: Uuid) -> HeaderValue {
     HeaderValue::from_str(&format!("/v1/workflows/{id}")).expect("a UUID path is a valid header")
 }
 
-pub(crate) async fn load_workflow(intake: &Intake, id: Uuid) -> Result<Loaded<Workflow>, ApiError> {
-    load::<Workflow>(&*intake.log, id)
-        .await
-        .map_err(|e| ApiError::from_log("loading the workflow", e))
-}
-
 // ---------------------------------------------------------------------------------
 // POST /v1/workflows
 
@@ -262,176 +257,44 @@ pub(crate) async fn submit(
             )))
         }
     };
-    let tenant = tenant(&headers)?;
-    let user = user(&headers)?;
+    let who = principal(&headers)?;
     let key = idempotency_key(&headers)?;
     let bytes = read_body(&headers, body, meridian_spec::MAX_DOCUMENT_BYTES).await?;
-    let text = std::str::from_utf8(&bytes)
+    let document = String::from_utf8(bytes.to_vec())
         .map_err(|e| ApiError::BadRequest(format!("the body is not UTF-8 text: {e}")))?;
-    if json && !text.trim_start().starts_with('{') {
-        return Err(ApiError::InvalidWorkflow(vec![FieldErrorBody {
-            path: String::new(),
-            message: "expected a JSON object: the body was sent as application/json".into(),
-        }]));
-    }
-    let spec = meridian_spec::parse(text)?;
-    intake.ready().await?;
-
-    let ctx = EventContext {
-        tenant: tenant.clone(),
-        causation_id: None,
-        correlation_id: Uuid::now_v7(),
-        traceparent: traceparent(&headers),
-    };
-    let submission = Submission {
-        spec,
-        user,
-        key: key.clone(),
-        ctx,
-    };
-    let Some(key) = key else {
-        let id = Uuid::now_v7();
-        return submission
-            .append(&intake, id)
-            .await
-            .map_err(Refusal::into_api);
-    };
-
-    let digest = format!("{:x}", Sha256::digest(&bytes));
-    let fresh = Uuid::now_v7();
-    let reservation = idempotency::reserve(&intake.store, &tenant, &key, fresh, &digest)
-        .await
-        .map_err(|e| ApiError::from_db("reserving the idempotency key", e))?;
-    let workflow_id = match reservation {
-        Reservation::Reserved => fresh,
-        Reservation::Existing { body_sha256, .. } if body_sha256 != digest => {
-            return Err(ApiError::IdempotencyMismatch)
-        }
-        Reservation::Existing { workflow_id, .. } => {
-            let loaded = load_workflow(&intake, workflow_id).await?;
-            if loaded.state.state().is_some() {
-                return Ok(replay(workflow_id, &loaded));
-            }
-            // Reserved, never appended: the request that reserved it died in between,
-            // or is still appending. Append under the reserved id; the aggregate lets
-            // only one of us succeed.
-            tracing::info!(%workflow_id, tenant, "appending a submission reserved but not yet appended");
-            workflow_id
-        }
-    };
-    match submission.append(&intake, workflow_id).await {
-        Ok(response) => Ok(response),
-        // A concurrent request with the same key appended it first.
-        Err(Refusal::Rejected(WorkflowError::AlreadySubmitted)) => {
-            let loaded = load_workflow(&intake, workflow_id).await?;
-            Ok(replay(workflow_id, &loaded))
-        }
-        Err(refusal) => {
-            // A refused or oversized workflow will never exist: free the key so the
-            // client can fix the document and reuse it. A log outage keeps the
-            // reservation, since the append may still have landed.
-            if refusal.is_final() {
-                idempotency::release(&intake.store, &tenant, &key, workflow_id)
-                    .await
-                    .map_err(|e| ApiError::from_db("releasing the idempotency key", e))?;
-            }
-            Err(refusal.into_api())
-        }
-    }
-}
-
-struct Submission {
-    spec: meridian_spec::Workflow,
-    user: String,
-    key: Option<String>,
-    ctx: EventContext,
-}
-
-/// Why a submission was not appended.
-enum Refusal {
-    Rejected(WorkflowError),
-    Api(ApiError),
-}
-
-impl Refusal {
-    /// Whether retrying the same document can never succeed.
-    fn is_final(&self) -> bool {
-        match self {
-            Refusal::Rejected(_) => true,
-            Refusal::Api(e) => e.status() == StatusCode::PAYLOAD_TOO_LARGE,
-        }
-    }
-
-    fn into_api(self) -> ApiError {
-        match self {
-            Refusal::Rejected(WorkflowError::InvalidSpec { reason }) => {
-                ApiError::InvalidWorkflow(vec![FieldErrorBody {
-                    path: String::new(),
-                    message: reason,
-                }])
-            }
-            Refusal::Rejected(other) => ApiError::Conflict(other.to_string()),
-            Refusal::Api(e) => e,
-        }
-    }
-}
-
-impl Submission {
-    async fn append(&self, intake: &Intake, id: Uuid) -> Result<Response, Refusal> {
-        let name = self.spec.name.clone();
-        execute::<Workflow, _>(&*intake.log, id, &self.ctx, |_| WorkflowCommand::Submit {
-            workflow_id: id,
-            spec: self.spec.clone(),
-            submitted_by: self.user.clone(),
-            idempotency_key: self.key.clone(),
-        })
-        .await
-        .map_err(
-            |e| match ApiError::from_execute("appending the submission", e) {
-                Ok(rejected) => Refusal::Rejected(rejected),
-                Err(api) => Refusal::Api(api),
+    let submitted = intake
+        .app
+        .submit(
+            &who,
+            Submission {
+                document,
+                declared_json: json,
+                idempotency_key: key,
+                traceparent: traceparent(&headers),
             },
-        )?;
-        tracing::info!(workflow_id = %id, tenant = %self.ctx.tenant, name, "workflow submitted");
-        let body = Accepted {
-            id,
-            name,
-            state: WorkflowState::Submitted,
-        };
-        Ok((
-            StatusCode::ACCEPTED,
-            [(header::LOCATION, location(id))],
-            Json(body),
         )
-            .into_response())
+        .await?;
+    let id = submitted.accepted.id;
+    if submitted.replayed {
+        return Ok((
+            StatusCode::OK,
+            [
+                (header::LOCATION, location(id)),
+                (
+                    header::HeaderName::from_static(IDEMPOTENT_REPLAY),
+                    HeaderValue::from_static("true"),
+                ),
+            ],
+            Json(submitted.accepted),
+        )
+            .into_response());
     }
-}
-
-fn replay(id: Uuid, loaded: &Loaded<Workflow>) -> Response {
-    let state = loaded.state.state().map_or(WorkflowState::Submitted, |s| {
-        api_state(s, last_placement_rejected(loaded))
-    });
-    let body = Accepted {
-        id,
-        name: loaded
-            .state
-            .spec()
-            .map(|s| s.name.clone())
-            .unwrap_or_default(),
-        state,
-    };
-    (
-        StatusCode::OK,
-        [
-            (header::LOCATION, location(id)),
-            (
-                header::HeaderName::from_static(IDEMPOTENT_REPLAY),
-                HeaderValue::from_static("true"),
-            ),
-        ],
-        Json(body),
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location(id))],
+        Json(submitted.accepted),
     )
-        .into_response()
+        .into_response())
 }
 
 // ---------------------------------------------------------------------------------
@@ -456,26 +319,11 @@ fn replay(id: Uuid, loaded: &Loaded<Workflow>) -> Response {
 pub(crate) async fn status(
     State(intake): State<Intake>,
     path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
 ) -> Result<Json<WorkflowStatus>, ApiError> {
     let id = workflow_id(path)?;
-    intake.ready().await?;
-    if let Some(status) = read::status(&intake.store, id)
-        .await
-        .map_err(|e| read_error("reading the workflow's status", e))?
-    {
-        return Ok(Json(status));
-    }
-    let loaded = load_workflow(&intake, id).await?;
-    read::status_from_log(id, &loaded)
-        .map(Json)
-        .ok_or_else(|| ApiError::no_workflow(id))
-}
-
-fn read_error(context: &str, e: read::ReadError) -> ApiError {
-    match e {
-        read::ReadError::Database(db) => ApiError::from_db(context, db),
-        corrupt => ApiError::internal(context, corrupt),
-    }
+    let who = principal(&headers)?;
+    Ok(Json(intake.app.status(&who, id).await?))
 }
 
 // ---------------------------------------------------------------------------------
@@ -503,6 +351,7 @@ fn read_error(context: &str, e: read::ReadError) -> ApiError {
 )]
 pub(crate) async fn list(
     State(intake): State<Intake>,
+    headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Json<WorkflowPage>, ApiError> {
     let Query(pairs) =
@@ -558,17 +407,14 @@ pub(crate) async fn list(
             ))
         })?),
     };
-    intake.ready().await?;
+    let who = principal(&headers)?;
     let q = ListQuery {
         state,
         tenant,
         limit,
         after,
     };
-    read::list(&intake.store, &q)
-        .await
-        .map(Json)
-        .map_err(|e| read_error("listing workflows", e))
+    Ok(Json(intake.app.list(&who, &q).await?))
 }
 
 // ---------------------------------------------------------------------------------
@@ -606,54 +452,13 @@ pub(crate) async fn cancel(
     body: Body,
 ) -> Result<(StatusCode, Json<CancelAccepted>), ApiError> {
     let id = workflow_id(path)?;
-    let by = user(&headers)?;
+    let who = principal(&headers)?;
     let request = cancel_request(&headers, body).await?;
-
-    let accepted = |state| Ok((StatusCode::ACCEPTED, Json(CancelAccepted { id, state })));
-    let loaded = load_workflow(&intake, id).await?;
-    let (Some(state), Some(first)) = (loaded.state.state(), loaded.history.first()) else {
-        return Err(ApiError::no_workflow(id));
-    };
-    if state == AggregateState::CancelRequested {
-        return accepted(WorkflowState::Cancelling);
-    }
-    // The cancel belongs to the submission's chain: same tenant and correlation.
-    let ctx = EventContext {
-        tenant: first.tenant.clone(),
-        causation_id: None,
-        correlation_id: first.correlation_id,
-        traceparent: traceparent(&headers).or_else(|| first.traceparent.clone()),
-    };
-    let result =
-        execute::<Workflow, _>(&*intake.log, id, &ctx, |_| WorkflowCommand::RequestCancel {
-            by: by.clone(),
-            reason: request.reason.clone(),
-        })
-        .await;
-    match result {
-        Ok(events) => {
-            tracing::info!(workflow_id = %id, by, "workflow cancel requested");
-            let done = events
-                .iter()
-                .any(|e| matches!(e.payload, Event::Workflow(WorkflowEvent::Cancelled { .. })));
-            accepted(if done {
-                WorkflowState::Cancelled
-            } else {
-                WorkflowState::Cancelling
-            })
-        }
-        Err(e) => match ApiError::from_execute("appending the cancel request", e)? {
-            WorkflowError::NotSubmitted => Err(ApiError::no_workflow(id)),
-            // Someone else's cancel landed between our load and our append.
-            WorkflowError::AlreadyCancelled
-                if load_workflow(&intake, id).await?.state.state()
-                    == Some(AggregateState::CancelRequested) =>
-            {
-                accepted(WorkflowState::Cancelling)
-            }
-            refusal => Err(ApiError::Conflict(refusal.to_string())),
-        },
-    }
+    let accepted = intake
+        .app
+        .cancel(&who, id, request.reason, traceparent(&headers))
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
 
 async fn cancel_request(headers: &HeaderMap, body: Body) -> Result<CancelRequest, ApiError> {
@@ -715,48 +520,11 @@ async fn cancel_request(headers: &HeaderMap, body: Body) -> Result<CancelRequest
 pub(crate) async fn events(
     State(intake): State<Intake>,
     path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
 ) -> Result<Json<EventList>, ApiError> {
     let id = workflow_id(path)?;
-    let log_error = |e| ApiError::from_log("reading the workflow's events", e);
-    let mut events = intake
-        .log
-        .read_aggregate(AggregateRef::new(AggregateKind::Workflow, id))
-        .await
-        .map_err(log_error)?;
-    if events.is_empty() {
-        return Err(ApiError::no_workflow(id));
-    }
-    // Job ids from the raw payloads: this endpoint shows what is stored and need not
-    // understand every event to do so.
-    let mut job_ids: Vec<Uuid> = events
-        .iter()
-        .filter(|e| {
-            e.payload.get("type").and_then(|t| t.as_str()) == Some("workflow.job_released.v1")
-        })
-        .filter_map(|e| e.payload.get("job_id")?.as_str()?.parse().ok())
-        .collect();
-    job_ids.sort();
-    job_ids.dedup();
-    let log = &intake.log;
-    let jobs: Vec<_> = futures::stream::iter(job_ids)
-        .map(|job| log.read_aggregate(AggregateRef::new(AggregateKind::Job, job)))
-        .buffered(8)
-        .try_collect()
-        .await
-        .map_err(log_error)?;
-    events.extend(jobs.into_iter().flatten());
-    events.sort_by(|a, b| {
-        (a.occurred_at, a.aggregate, a.sequence).cmp(&(b.occurred_at, b.aggregate, b.sequence))
-    });
-    let events = events
-        .iter()
-        .map(serde_json::to_value)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| {
-            tracing::error!(error = %e, "serializing events");
-            ApiError::Internal("serializing the events".into())
-        })?;
-    Ok(Json(EventList { events }))
+    let who = principal(&headers)?;
+    Ok(Json(intake.app.events(&who, id).await?))
 }
 
 // ---------------------------------------------------------------------------------
@@ -774,23 +542,7 @@ pub(crate) async fn events(
     )
 )]
 pub(crate) async fn health(State(intake): State<Intake>) -> Result<Json<Health>, ApiError> {
-    let log_head = intake.log.head().await.map_err(|e| {
-        match ApiError::from_log("reading the log's head", e) {
-            ApiError::Internal(m) => ApiError::Unavailable(m),
-            other => other,
-        }
-    })?;
-    let projection_position = intake.store.position(projection::NAME).await.map_err(|e| {
-        match ApiError::from_store("reading the projection's position", e) {
-            ApiError::Internal(m) => ApiError::Unavailable(m),
-            other => other,
-        }
-    })?;
-    Ok(Json(Health {
-        status: "ok".into(),
-        log_head,
-        projection_position,
-    }))
+    Ok(Json(intake.app.health().await?))
 }
 
 // ---------------------------------------------------------------------------------

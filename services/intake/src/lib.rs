@@ -1,11 +1,8 @@
-//! Meridian's intake: the federation API under `/v1` (submit, status, list, cancel,
-//! events, health), the status read model behind its reads ([`StatusProjection`]), and
-//! the OpenAPI document generated from its handlers and types ([`openapi_json`]).
-//!
-//! Writes are commands on the Workflow aggregate, appended through
-//! `meridian_eventlog::aggregates::execute`; reads come from the read model, which the
-//! binary keeps up to date with `meridian_store::run(store, &*log, &StatusProjection, ..)`.
-//! Bad input gets a 4xx with `{"error": ...}` and appends nothing.
+//! Meridian's intake: the federation API under `/v1`, an HTTP transport over the
+//! application layer (`meridian-app`): each handler reads the request (path, query,
+//! headers, body), builds the caller's [`Principal`] from its headers, calls one
+//! application function, and renders what it answers. The OpenAPI document is generated
+//! from the handlers and the application's types ([`openapi_json`]).
 //!
 //! ```no_run
 //! # async fn demo(log: std::sync::Arc<dyn meridian_eventlog::EventLog>, store: meridian_store::Store) {
@@ -20,94 +17,57 @@ use std::sync::Arc;
 
 use axum::routing::{get, post};
 use axum::Router;
-use meridian_domain::Catalog;
 use meridian_eventlog::EventLog;
-use meridian_store::{Projection, Store};
+use meridian_store::Store;
 use tokio::net::TcpListener;
-use tokio::sync::{Mutex, OnceCell};
 
-pub mod api;
-mod error;
 mod handlers;
-mod idempotency;
 mod openapi;
-mod projection;
-pub mod read;
 mod reports;
-pub mod sites;
-pub mod tenants;
+mod sites;
+mod tenants;
 
-pub use error::ApiError;
 pub use handlers::{
     DEFAULT_TENANT, DEFAULT_USER, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, TENANT, USER,
     WORKFLOW_CONTENT_TYPES,
 };
+pub use meridian_app::{api, read, AppError as ApiError, Principal, MAX_LISTED_RUNS};
+pub use meridian_app::{StatusProjection, PROJECTION_NAME};
 pub use openapi::{openapi, openapi_json, ApiDoc};
-pub use projection::{projection, StatusProjection, NAME as PROJECTION_NAME};
 pub use reports::LEDGER_POSITION;
 
-/// A status lists at most this many runs; `jobs_truncated` says when there are more
-/// (a big array), and the counts always cover every task.
-pub const MAX_LISTED_RUNS: usize = 1000;
-
-/// The intake service: its log, its store, and the routes over them. Cheap to clone;
-/// clones share everything.
+/// The intake service: the application and the routes over it. Cheap to clone; clones
+/// share everything.
 #[derive(Clone)]
 pub struct Intake {
-    log: Arc<dyn EventLog>,
-    store: Store,
-    /// The intake's tables exist; created on first use so that `new` needs no I/O.
-    schema: Arc<OnceCell<()>>,
-    /// The site catalogue behind the `/v1/sites` and `/v1/quotes` endpoints: starts
-    /// empty, and each of them catches it up with what was appended since.
-    catalog: Arc<Mutex<Catalog>>,
+    app: meridian_app::App,
 }
 
 impl Intake {
     pub fn new(log: Arc<dyn EventLog>, store: Store) -> Intake {
-        Intake {
-            log,
-            store,
-            schema: Arc::new(OnceCell::new()),
-            catalog: Arc::new(Mutex::new(Catalog::default())),
-        }
+        Intake::over(meridian_app::App::new(log, store))
+    }
+
+    /// The HTTP transport over `app`.
+    pub fn over(app: meridian_app::App) -> Intake {
+        Intake { app }
+    }
+
+    pub fn app(&self) -> &meridian_app::App {
+        &self.app
     }
 
     pub fn log(&self) -> &Arc<dyn EventLog> {
-        &self.log
+        self.app.log()
     }
 
     pub fn store(&self) -> &Store {
-        &self.store
+        self.app.store()
     }
 
-    /// Creates the intake's tables: the idempotency keys and the read model's (so that
-    /// reads work before the projection first ran). Idempotent; the handlers call it
-    /// on first use, and callers may call it at startup to fail early.
+    /// Creates the application's tables; see [`meridian_app::App::migrate`].
     pub async fn migrate(&self) -> Result<(), ApiError> {
-        self.schema
-            .get_or_try_init(|| async {
-                let statements = idempotency::SCHEMA
-                    .iter()
-                    .chain(StatusProjection.schema())
-                    .copied()
-                    .collect::<Vec<_>>();
-                // PostgreSQL can fail a `CREATE ... IF NOT EXISTS` that races the same
-                // statement from the projection runner; the second try sees the table.
-                if self.store.migrate(&statements).await.is_ok() {
-                    return Ok(());
-                }
-                self.store
-                    .migrate(&statements)
-                    .await
-                    .map_err(|e| ApiError::from_store("creating the intake's tables", e))
-            })
-            .await
-            .map(|_| ())
-    }
-
-    pub(crate) async fn ready(&self) -> Result<(), ApiError> {
-        self.migrate().await
+        self.app.migrate().await
     }
 
     /// Every route, with the state inside; unknown routes answer 404 and wrong methods
@@ -116,8 +76,8 @@ impl Intake {
         self.router_with(Router::new())
     }
 
-    /// [`Intake::router`] plus `extra` routes from other parts of Meridian (the bill and
-    /// the logs of a workflow). Their paths should name the workflow `{id}`, as these do.
+    /// [`Intake::router`] plus `extra` routes from other parts of Meridian. Their paths
+    /// should name the workflow `{id}`, as these do.
     pub fn router_with(&self, extra: Router) -> Router {
         routes()
             .with_state(self.clone())

@@ -1,35 +1,19 @@
-//! What a workflow cost, what a tenant owes for a month, the FOCUS export, and what
-//! jobs printed: read from the ledger (kept by the accounting service) and from the
-//! output the site runners keep when runs end.
+//! The billing routes and the logs: what a workflow cost, what a tenant owes for a
+//! month, the FOCUS export, and what jobs printed.
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderName, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meridian_accounting::focus;
 use meridian_accounting::Period;
-use meridian_events::aggregate::tenant::valid_tenant_name;
-use meridian_store::job_logs::{self, JobLog};
-use serde::{Deserialize, Serialize};
-use uuid::Uuid;
+use meridian_app::reports::{check_tenant, LogList};
+use serde::Deserialize;
 
 use crate::api::ErrorBody;
-use crate::handlers::{load_workflow, workflow_id};
-use crate::{read, ApiError, Intake};
-
-/// 404 unless the workflow exists, in the read model or (not yet projected) in the log.
-async fn must_exist(intake: &Intake, id: Uuid) -> Result<(), ApiError> {
-    intake.ready().await?;
-    let known = read::status(intake.store(), id)
-        .await
-        .map(|s| s.is_some())
-        .unwrap_or(false);
-    if known || load_workflow(intake, id).await?.sequence > 0 {
-        return Ok(());
-    }
-    Err(ApiError::no_workflow(id))
-}
+use crate::handlers::{principal, workflow_id};
+use crate::{ApiError, Intake};
 
 /// A workflow's bill: every line (one per priced dimension of each charge, every run,
 /// attempt and site included), exact amounts, and totals per currency, per category
@@ -51,25 +35,17 @@ async fn must_exist(intake: &Intake, id: Uuid) -> Result<(), ApiError> {
 pub(crate) async fn bill(
     State(intake): State<Intake>,
     path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
 ) -> Result<Json<meridian_accounting::Bill>, ApiError> {
     let id = workflow_id(path)?;
-    must_exist(&intake, id).await?;
-    meridian_accounting::bill(intake.store(), id)
-        .await
-        .map(Json)
-        .map_err(|e| ApiError::from_store("reading the ledger", e))
+    let who = principal(&headers)?;
+    Ok(Json(intake.app().bill(&who, id).await?))
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LogQuery {
     job: Option<String>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct LogList {
-    /// One entry per run that ended, in job, index and attempt order.
-    pub logs: Vec<JobLog>,
 }
 
 /// The captured output of a workflow's runs (each stream capped by its site).
@@ -93,17 +69,17 @@ pub struct LogList {
 pub(crate) async fn logs(
     State(intake): State<Intake>,
     path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
     query: Result<Query<LogQuery>, QueryRejection>,
 ) -> Result<Json<LogList>, ApiError> {
     let id = workflow_id(path)?;
     let Query(query) = query.map_err(|e| {
         ApiError::BadRequest(format!("invalid query: {}; accepted is job", e.body_text()))
     })?;
-    must_exist(&intake, id).await?;
-    let logs = job_logs::read(intake.store(), &id.to_string(), query.job.as_deref())
-        .await
-        .map_err(|e| ApiError::from_store("reading job output", e))?;
-    Ok(Json(LogList { logs }))
+    let who = principal(&headers)?;
+    Ok(Json(
+        intake.app().logs(&who, id, query.job.as_deref()).await?,
+    ))
 }
 
 /// The ledger's position, on exports: how much of the log they include.
@@ -115,16 +91,6 @@ fn period_of(text: Option<String>) -> Result<Period, ApiError> {
     })?;
     text.parse::<Period>()
         .map_err(|e| ApiError::BadRequest(e.to_string()))
-}
-
-fn tenant_of(text: &str) -> Result<(), ApiError> {
-    if valid_tenant_name(text) {
-        Ok(())
-    } else {
-        Err(ApiError::BadRequest(format!(
-            "invalid tenant {text:?}: expected 1 to 63 of a-z, 0-9, '-', '_'"
-        )))
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -156,11 +122,12 @@ pub(crate) struct PeriodQuery {
 pub(crate) async fn tenant_bill(
     State(intake): State<Intake>,
     path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
     query: Result<Query<PeriodQuery>, QueryRejection>,
 ) -> Result<Json<meridian_accounting::TenantBill>, ApiError> {
     let Path(tenant) =
         path.map_err(|e| ApiError::BadRequest(format!("invalid tenant: {}", e.body_text())))?;
-    tenant_of(&tenant)?;
+    check_tenant(&tenant)?;
     let Query(query) = query.map_err(|e| {
         ApiError::BadRequest(format!(
             "invalid query: {}; accepted is period",
@@ -168,10 +135,8 @@ pub(crate) async fn tenant_bill(
         ))
     })?;
     let period = period_of(query.period)?;
-    meridian_accounting::tenant_bill(intake.store(), &tenant, period)
-        .await
-        .map(Json)
-        .map_err(|e| ApiError::from_store("reading the ledger", e))
+    let who = principal(&headers)?;
+    Ok(Json(intake.app().tenant_bill(&who, &tenant, period).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -217,6 +182,7 @@ pub(crate) struct ExportQuery {
 )]
 pub(crate) async fn focus_export(
     State(intake): State<Intake>,
+    headers: HeaderMap,
     query: Result<Query<ExportQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| {
@@ -227,7 +193,7 @@ pub(crate) async fn focus_export(
     })?;
     let period = period_of(query.period)?;
     if let Some(t) = &query.tenant {
-        tenant_of(t)?;
+        check_tenant(t)?;
     }
     let json = match query.format.as_deref() {
         None | Some("csv") => false,
@@ -238,12 +204,11 @@ pub(crate) async fn focus_export(
             )))
         }
     };
-    let export = focus::export(intake.store(), period, query.tenant.as_deref())
-        .await
-        .map_err(|e| match e {
-            focus::ExportError::Store(e) => ApiError::from_store("reading the ledger", e),
-            other => ApiError::internal("exporting FOCUS rows", other),
-        })?;
+    let who = principal(&headers)?;
+    let export = intake
+        .app()
+        .export_focus(&who, period, query.tenant.as_deref())
+        .await?;
     let name = match &query.tenant {
         Some(t) => format!("focus-{period}-{t}"),
         None => format!("focus-{period}"),

@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::client::{json, table, Client, ServerArg};
 use crate::{Output, Remote};
-use meridian_intake::tenants::{AdjustmentList, AdjustmentView, PolicyDocument, TenantPolicy};
+use meridian_app::tenants::{AdjustmentList, AdjustmentView, PolicyDocument, TenantPolicy};
 
 // ---------------------------------------------------------------------------------
 // Bills and exports, through the API.

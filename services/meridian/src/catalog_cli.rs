@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use meridian_app::sites::{AppliedCatalog, SiteList};
 use meridian_domain::catalog_file::{self, SiteSpec};
 use meridian_domain::placement::{decide, Decision};
 use meridian_eventlog::EventLog;
 use meridian_events::vocabulary::workflow::{Candidate, CostTerms, SplitPlan, Verdict};
-use meridian_intake::sites::{AppliedCatalog, SiteList};
 use serde_json::{json, Value};
 
 use crate::client::{self, Client, ServerArg};

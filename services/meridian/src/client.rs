@@ -247,7 +247,7 @@ fn progress_line(status: &Value) -> String {
 
 /// Whether the API's state is final (from the API's own state type).
 fn is_final(status: &Value) -> bool {
-    meridian_intake::api::WorkflowState::parse(s(status, "state")).is_some_and(|s| s.is_final())
+    meridian_app::api::WorkflowState::parse(s(status, "state")).is_some_and(|s| s.is_final())
 }
 
 /// The services of a workflow that answer, as (name, address), once every other run

@@ -67,11 +67,6 @@ const SCHEMA: &[&str] = &[
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StatusProjection;
 
-/// The status read model as a trait object's worth of [`Projection`].
-pub fn projection() -> StatusProjection {
-    StatusProjection
-}
-
 /// Times as the read model stores and the API shows them: RFC 3339, UTC, fixed width,
 /// so that text order is time order.
 pub(crate) fn timestamp(t: DateTime<Utc>) -> String {

@@ -1,0 +1,111 @@
+//! The application layer: every command and query a user can issue, as one typed
+//! function on [`App`] taking the caller ([`Principal`]). The HTTP API calls it, as will
+//! the web console and the MCP server; the CLI reaches it through the HTTP API. It
+//! checks who may do what in one place ([`App::authorize`]), then calls the domain and
+//! the aggregates, and answers from the read models.
+//!
+//! Writes are commands on the aggregates, appended through
+//! `meridian_eventlog::aggregates::execute`; reads come from the status read model
+//! ([`StatusProjection`]), the ledger and the catalogue. Bad input gets an [`AppError`]
+//! that says what is wrong, and appends nothing.
+
+use std::sync::Arc;
+
+use meridian_domain::Catalog;
+use meridian_eventlog::EventLog;
+use meridian_store::{Projection, Store};
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
+
+pub mod api;
+mod error;
+mod idempotency;
+mod principal;
+mod projection;
+pub mod read;
+pub mod reports;
+pub mod sites;
+pub mod tenants;
+pub mod workflows;
+
+pub use error::AppError;
+pub use principal::{Action, Principal, Role};
+pub use projection::{StatusProjection, NAME as PROJECTION_NAME};
+
+/// A status lists at most this many runs; `jobs_truncated` says when there are more
+/// (a big array), and the counts always cover every task.
+pub const MAX_LISTED_RUNS: usize = 1000;
+
+/// The application: the log, the store, and the catalogue read model over them. Cheap
+/// to clone; clones share everything.
+#[derive(Clone)]
+pub struct App {
+    log: Arc<dyn EventLog>,
+    store: Store,
+    /// The application's tables exist; created on first use so that `new` needs no I/O.
+    schema: Arc<OnceCell<()>>,
+    /// The site catalogue behind sites and quotes: starts empty, and each use catches it
+    /// up with what was appended since.
+    catalog: Arc<Mutex<Catalog>>,
+}
+
+impl App {
+    pub fn new(log: Arc<dyn EventLog>, store: Store) -> App {
+        App {
+            log,
+            store,
+            schema: Arc::new(OnceCell::new()),
+            catalog: Arc::new(Mutex::new(Catalog::default())),
+        }
+    }
+
+    pub fn log(&self) -> &Arc<dyn EventLog> {
+        &self.log
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Whether `who` may do `action`: the one place that decides. Every caller may do
+    /// everything until callers authenticate (tokens and roles come next, here).
+    pub fn authorize(&self, who: &Principal, action: Action) -> Result<(), AppError> {
+        tracing::trace!(tenant = %who.tenant, user = %who.user, ?action, "allowed");
+        Ok(())
+    }
+
+    /// Creates the application's tables: the idempotency keys and the read model's (so
+    /// that reads work before the projection first ran). Idempotent; commands and
+    /// queries call it on first use, and callers may call it at startup to fail early.
+    pub async fn migrate(&self) -> Result<(), AppError> {
+        self.schema
+            .get_or_try_init(|| async {
+                let statements = idempotency::SCHEMA
+                    .iter()
+                    .chain(StatusProjection.schema())
+                    .copied()
+                    .collect::<Vec<_>>();
+                // PostgreSQL can fail a `CREATE ... IF NOT EXISTS` that races the same
+                // statement from the projection runner; the second try sees the table.
+                if self.store.migrate(&statements).await.is_ok() {
+                    return Ok(());
+                }
+                self.store
+                    .migrate(&statements)
+                    .await
+                    .map_err(|e| AppError::from_store("creating the intake's tables", e))
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// The catalogue, caught up with the log. Callers hold the guard only to read from
+    /// it: catch-ups wait on it.
+    pub async fn catalog(&self) -> Result<MutexGuard<'_, Catalog>, AppError> {
+        let mut catalog = self.catalog.lock().await;
+        catalog
+            .catch_up(&*self.log)
+            .await
+            .map_err(|e| AppError::from_log("reading the site catalogue", e))?;
+        Ok(catalog)
+    }
+}

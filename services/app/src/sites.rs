@@ -1,0 +1,274 @@
+//! The site catalogue: list the sites, apply a catalogue document, drain and undrain,
+//! and quote a workflow against the live catalogue. Every change is a command on a Site
+//! aggregate; reads come from the catalogue read model, caught up at each use.
+
+use meridian_domain::catalog_file;
+use meridian_domain::placement::{decide_for, Decision};
+use meridian_domain::Catalog;
+use meridian_eventlog::aggregates::{execute, ExecuteError};
+use meridian_events::aggregate::{Site, SiteCommand, SiteError};
+use meridian_events::vocabulary::workflow::{Candidate, SplitPlan, Verdict};
+use meridian_events::EventContext;
+use serde::{Deserialize, Serialize};
+
+use crate::api::FieldErrorBody;
+use crate::{Action, App, AppError, Principal};
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SiteSummary {
+    pub name: String,
+    pub kind: String,
+    pub region: String,
+    pub jurisdiction: String,
+    /// `ok`, `drained` or `unhealthy`.
+    pub state: String,
+    /// Whether an adapter serves the site now (its heartbeat holds); placement chooses
+    /// only connected sites.
+    #[serde(default)]
+    pub connected: bool,
+    /// (runs not failed by the site + 1) / (runs + 2).
+    pub reliability: f64,
+    pub shapes: Vec<String>,
+    /// The price sheet in force: currency, since when, and its source.
+    pub prices: Option<PricesSummary>,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PricesSummary {
+    pub currency: String,
+    pub effective_from: String,
+    pub source: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SiteList {
+    pub sites: Vec<SiteSummary>,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AppliedSite {
+    pub site: String,
+    /// `registered`, `updated` or `unchanged`.
+    pub outcome: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AppliedCatalog {
+    pub sites: Vec<AppliedSite>,
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SiteState {
+    pub site: String,
+    pub state: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Quote {
+    /// The chosen site; null when no site can run the workflow.
+    pub site: Option<String>,
+    /// The estimate at the chosen site, exact, as text.
+    pub estimated_cost: Option<String>,
+    pub currency: Option<String>,
+    /// Every site, with its verdict and cost terms, or why it was rejected.
+    #[schema(value_type = Vec<Object>)]
+    pub candidates: Vec<Candidate>,
+    /// Jobs that would run away from `site`, when the workflow is split across sites.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub job_sites: std::collections::BTreeMap<String, String>,
+    /// The plan that runs the jobs at different sites, when `placement.split` asks for
+    /// one: each job's site, the volumes moved and its cost terms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub split: Option<SplitPlan>,
+    /// Sites that would fit but that no adapter serves: a submission waits for one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
+    /// The sites an adapter serves now; placement chooses only among them.
+    #[serde(default)]
+    pub connected: Vec<String>,
+}
+
+impl App {
+    /// The sites in the catalogue, with their state, shapes and prices in force.
+    pub async fn sites(&self, who: &Principal) -> Result<SiteList, AppError> {
+        self.authorize(who, Action::ReadSites)?;
+        let catalog = self.catalog().await?;
+        let now = chrono::Utc::now();
+        Ok(SiteList {
+            sites: catalog
+                .sites
+                .values()
+                .map(|s| SiteSummary {
+                    name: s.name.clone(),
+                    kind: s.kind.as_str().to_string(),
+                    region: s.region.clone(),
+                    jurisdiction: s.jurisdiction.clone(),
+                    state: if s.drained {
+                        "drained"
+                    } else if !s.healthy {
+                        "unhealthy"
+                    } else {
+                        "ok"
+                    }
+                    .to_string(),
+                    connected: s.connected_at(now),
+                    reliability: s.reliability(),
+                    shapes: s.shapes.iter().map(|x| x.name.clone()).collect(),
+                    prices: s.prices_at(now).map(|p| PricesSummary {
+                        currency: p.currency.to_string(),
+                        effective_from: p.effective_from.to_rfc3339(),
+                        source: p.source.clone(),
+                    }),
+                })
+                .collect(),
+        })
+    }
+
+    /// Registers or updates the sites a catalogue document describes (YAML or JSON; the
+    /// format of `catalog/reference.yaml`). Sites it does not name are left as they are.
+    pub async fn apply_catalog(
+        &self,
+        who: &Principal,
+        document: &str,
+    ) -> Result<AppliedCatalog, AppError> {
+        self.authorize(who, Action::ChangeSites)?;
+        let specs = catalog_file::parse(document).map_err(|e| {
+            AppError::InvalidCatalog(vec![FieldErrorBody {
+                path: e.path,
+                message: e.message,
+            }])
+        })?;
+        // A copy, so that the lock is not held while the changes are appended.
+        let current = Catalog::clone(&*self.catalog().await?);
+        let applied = catalog_file::apply_to(&*self.log, &current, &specs, &who.user)
+            .await
+            .map_err(|e| match e {
+                catalog_file::ApplyError::Log(e) => AppError::from_log("applying the catalogue", e),
+                site => AppError::Conflict(site.to_string()),
+            })?;
+        Ok(AppliedCatalog {
+            sites: applied
+                .into_iter()
+                .map(|(site, outcome)| AppliedSite {
+                    site,
+                    outcome: match outcome {
+                        catalog_file::Applied::Registered => "registered",
+                        catalog_file::Applied::Updated => "updated",
+                        catalog_file::Applied::Unchanged => "unchanged",
+                    }
+                    .to_string(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Takes a site out of placement; work already there carries on.
+    pub async fn drain(
+        &self,
+        who: &Principal,
+        site: &str,
+        reason: Option<String>,
+    ) -> Result<SiteState, AppError> {
+        let command = SiteCommand::Drain {
+            by: who.user.clone(),
+            reason,
+        };
+        self.on_site(who, site, command, "drained").await
+    }
+
+    /// Puts a drained site back into placement.
+    pub async fn undrain(&self, who: &Principal, site: &str) -> Result<SiteState, AppError> {
+        let command = SiteCommand::Undrain {
+            by: who.user.clone(),
+        };
+        self.on_site(who, site, command, "ok").await
+    }
+
+    async fn on_site(
+        &self,
+        who: &Principal,
+        name: &str,
+        command: SiteCommand,
+        state: &str,
+    ) -> Result<SiteState, AppError> {
+        self.authorize(who, Action::ChangeSites)?;
+        let id = self
+            .catalog()
+            .await?
+            .find(name)
+            .map(|site| site.id)
+            .ok_or_else(|| AppError::NotFound(format!("no site {name}")))?;
+        let ctx = EventContext::new_chain(who.user.clone());
+        match execute::<Site, _>(&*self.log, id, &ctx, |_| command.clone()).await {
+            Ok(_) => Ok(SiteState {
+                site: name.to_string(),
+                state: state.to_string(),
+            }),
+            Err(ExecuteError::Rejected(
+                e @ (SiteError::AlreadyDrained | SiteError::NotDrained),
+            )) => Err(AppError::Conflict(format!("{name}: {e}"))),
+            Err(ExecuteError::Log(e)) => Err(AppError::from_log("changing the site", e)),
+            Err(e) => Err(AppError::Conflict(format!("{name}: {e}"))),
+        }
+    }
+
+    /// Prices a workflow at every site of the live catalogue, without submitting it,
+    /// under the caller's tenant's placement policy.
+    pub async fn quote(
+        &self,
+        who: &Principal,
+        spec: &meridian_spec::Workflow,
+    ) -> Result<Quote, AppError> {
+        self.authorize(who, Action::Quote)?;
+        let catalog = self.catalog().await?;
+        let now = chrono::Utc::now();
+        let connected: Vec<String> = catalog
+            .sites
+            .values()
+            .filter(|s| s.connected_at(now))
+            .map(|s| s.name.clone())
+            .collect();
+        Ok(match decide_for(spec, Some(&who.tenant), &catalog, now) {
+            Decision::Placed(p) => Quote {
+                site: Some(p.site),
+                estimated_cost: Some(p.estimated_cost.amount.to_string()),
+                currency: Some(p.estimated_cost.currency.to_string()),
+                candidates: p.explanation.candidates,
+                job_sites: p.job_sites,
+                split: p.explanation.split,
+                waiting_for: Vec::new(),
+                connected,
+            },
+            decision @ (Decision::Rejected { .. } | Decision::Waiting { .. }) => Quote {
+                site: None,
+                estimated_cost: None,
+                currency: None,
+                job_sites: Default::default(),
+                split: None,
+                connected,
+                waiting_for: match &decision {
+                    Decision::Waiting { sites, .. } => sites.clone(),
+                    _ => Vec::new(),
+                },
+                candidates: decision
+                    .rejections()
+                    .iter()
+                    .map(|r| Candidate {
+                        site: r.site.clone(),
+                        verdict: Verdict::Rejected {
+                            reason: r.reason.clone(),
+                        },
+                        cost: None,
+                    })
+                    .collect(),
+            },
+        })
+    }
+}

@@ -1,0 +1,380 @@
+//! Workflows: submit (with idempotency keys), status, list, cancel, events, and the
+//! service's health.
+
+use futures::{StreamExt, TryStreamExt};
+use meridian_eventlog::aggregates::{execute, load, Loaded};
+use meridian_events::aggregate::{
+    Workflow, WorkflowCommand, WorkflowError, WorkflowState as AggregateState,
+};
+use meridian_events::{AggregateKind, AggregateRef, Event, EventContext, WorkflowEvent};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::api::{
+    Accepted, CancelAccepted, EventList, FieldErrorBody, Health, WorkflowPage, WorkflowState,
+    WorkflowStatus,
+};
+use crate::idempotency::{self, Reservation};
+use crate::read::{self, api_state, last_placement_rejected, ListQuery};
+use crate::{projection, Action, App, AppError, Principal};
+
+/// A submission as a transport received it.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// The workflow document, YAML or JSON.
+    pub document: String,
+    /// The caller said it is JSON (`Content-Type: application/json`).
+    pub declared_json: bool,
+    /// A retry with the same key and document returns the first submission.
+    pub idempotency_key: Option<String>,
+    /// The caller's W3C trace context, carried into the events.
+    pub traceparent: Option<String>,
+}
+
+/// What a submission came to.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub accepted: Accepted,
+    /// An idempotent replay: the workflow first submitted with this key.
+    pub replayed: bool,
+}
+
+/// Why a submission was not appended.
+enum Refusal {
+    Rejected(WorkflowError),
+    App(AppError),
+}
+
+impl Refusal {
+    /// Whether retrying the same document can never succeed.
+    fn is_final(&self) -> bool {
+        match self {
+            Refusal::Rejected(_) => true,
+            Refusal::App(e) => matches!(e, AppError::PayloadTooLarge(_)),
+        }
+    }
+
+    fn into_app(self) -> AppError {
+        match self {
+            Refusal::Rejected(WorkflowError::InvalidSpec { reason }) => {
+                AppError::InvalidWorkflow(vec![FieldErrorBody {
+                    path: String::new(),
+                    message: reason,
+                }])
+            }
+            Refusal::Rejected(other) => AppError::Conflict(other.to_string()),
+            Refusal::App(e) => e,
+        }
+    }
+}
+
+fn replay(id: Uuid, loaded: &Loaded<Workflow>) -> Submitted {
+    let state = loaded.state.state().map_or(WorkflowState::Submitted, |s| {
+        api_state(s, last_placement_rejected(loaded))
+    });
+    Submitted {
+        accepted: Accepted {
+            id,
+            name: loaded
+                .state
+                .spec()
+                .map(|s| s.name.clone())
+                .unwrap_or_default(),
+            state,
+        },
+        replayed: true,
+    }
+}
+
+impl App {
+    pub async fn load_workflow(&self, id: Uuid) -> Result<Loaded<Workflow>, AppError> {
+        load::<Workflow>(&*self.log, id)
+            .await
+            .map_err(|e| AppError::from_log("loading the workflow", e))
+    }
+
+    /// Submits a workflow. An invalid document is answered with every problem found and
+    /// appends nothing. With an idempotency key, a retry with the same key (per tenant)
+    /// and the same document returns the original workflow, however much later it comes.
+    pub async fn submit(
+        &self,
+        who: &Principal,
+        submission: Submission,
+    ) -> Result<Submitted, AppError> {
+        self.authorize(who, Action::SubmitWorkflow)?;
+        let text = submission.document.as_str();
+        if submission.declared_json && !text.trim_start().starts_with('{') {
+            return Err(AppError::InvalidWorkflow(vec![FieldErrorBody {
+                path: String::new(),
+                message: "expected a JSON object: the body was sent as application/json".into(),
+            }]));
+        }
+        let spec = meridian_spec::parse(text)?;
+        self.migrate().await?;
+
+        let ctx = EventContext {
+            tenant: who.tenant.clone(),
+            causation_id: None,
+            correlation_id: Uuid::now_v7(),
+            traceparent: submission.traceparent.clone(),
+        };
+        let append = Append {
+            spec,
+            user: who.user.clone(),
+            key: submission.idempotency_key.clone(),
+            ctx,
+        };
+        let Some(key) = submission.idempotency_key else {
+            return append
+                .run(self, Uuid::now_v7())
+                .await
+                .map_err(Refusal::into_app);
+        };
+
+        let digest = format!("{:x}", Sha256::digest(text.as_bytes()));
+        let fresh = Uuid::now_v7();
+        let tenant = &who.tenant;
+        let reservation = idempotency::reserve(&self.store, tenant, &key, fresh, &digest)
+            .await
+            .map_err(|e| AppError::from_db("reserving the idempotency key", e))?;
+        let workflow_id = match reservation {
+            Reservation::Reserved => fresh,
+            Reservation::Existing { body_sha256, .. } if body_sha256 != digest => {
+                return Err(AppError::IdempotencyMismatch)
+            }
+            Reservation::Existing { workflow_id, .. } => {
+                let loaded = self.load_workflow(workflow_id).await?;
+                if loaded.state.state().is_some() {
+                    return Ok(replay(workflow_id, &loaded));
+                }
+                // Reserved, never appended: the request that reserved it died in between,
+                // or is still appending. Append under the reserved id; the aggregate lets
+                // only one of us succeed.
+                tracing::info!(%workflow_id, tenant, "appending a submission reserved but not yet appended");
+                workflow_id
+            }
+        };
+        match append.run(self, workflow_id).await {
+            Ok(submitted) => Ok(submitted),
+            // A concurrent request with the same key appended it first.
+            Err(Refusal::Rejected(WorkflowError::AlreadySubmitted)) => {
+                let loaded = self.load_workflow(workflow_id).await?;
+                Ok(replay(workflow_id, &loaded))
+            }
+            Err(refusal) => {
+                // A refused or oversized workflow will never exist: free the key so the
+                // client can fix the document and reuse it. A log outage keeps the
+                // reservation, since the append may still have landed.
+                if refusal.is_final() {
+                    idempotency::release(&self.store, tenant, &key, workflow_id)
+                        .await
+                        .map_err(|e| AppError::from_db("releasing the idempotency key", e))?;
+                }
+                Err(refusal.into_app())
+            }
+        }
+    }
+
+    /// A workflow's status, from the status read model; one accepted moments ago and not
+    /// yet projected is answered from the log, with less detail (no runs yet).
+    pub async fn status(&self, who: &Principal, id: Uuid) -> Result<WorkflowStatus, AppError> {
+        self.authorize(who, Action::ReadWorkflow)?;
+        self.migrate().await?;
+        if let Some(status) = read::status(&self.store, id)
+            .await
+            .map_err(|e| read_error("reading the workflow's status", e))?
+        {
+            return Ok(status);
+        }
+        let loaded = self.load_workflow(id).await?;
+        read::status_from_log(id, &loaded).ok_or_else(|| AppError::no_workflow(id))
+    }
+
+    /// Workflows, newest first, a page at a time.
+    pub async fn list(&self, who: &Principal, query: &ListQuery) -> Result<WorkflowPage, AppError> {
+        self.authorize(who, Action::ReadWorkflow)?;
+        self.migrate().await?;
+        read::list(&self.store, query)
+            .await
+            .map_err(|e| read_error("listing workflows", e))
+    }
+
+    /// Cancels a workflow: nothing more is released and running jobs are stopped; it
+    /// ends `cancelled` once the last running job settles. Asking again while it is being
+    /// cancelled changes nothing.
+    pub async fn cancel(
+        &self,
+        who: &Principal,
+        id: Uuid,
+        reason: Option<String>,
+        traceparent: Option<String>,
+    ) -> Result<CancelAccepted, AppError> {
+        self.authorize(who, Action::CancelWorkflow)?;
+        let accepted = |state| Ok(CancelAccepted { id, state });
+        let loaded = self.load_workflow(id).await?;
+        let (Some(state), Some(first)) = (loaded.state.state(), loaded.history.first()) else {
+            return Err(AppError::no_workflow(id));
+        };
+        if state == AggregateState::CancelRequested {
+            return accepted(WorkflowState::Cancelling);
+        }
+        // The cancel belongs to the submission's chain: same tenant and correlation.
+        let ctx = EventContext {
+            tenant: first.tenant.clone(),
+            causation_id: None,
+            correlation_id: first.correlation_id,
+            traceparent: traceparent.or_else(|| first.traceparent.clone()),
+        };
+        let by = &who.user;
+        let result =
+            execute::<Workflow, _>(&*self.log, id, &ctx, |_| WorkflowCommand::RequestCancel {
+                by: by.clone(),
+                reason: reason.clone(),
+            })
+            .await;
+        match result {
+            Ok(events) => {
+                tracing::info!(workflow_id = %id, by, "workflow cancel requested");
+                let done = events
+                    .iter()
+                    .any(|e| matches!(e.payload, Event::Workflow(WorkflowEvent::Cancelled { .. })));
+                accepted(if done {
+                    WorkflowState::Cancelled
+                } else {
+                    WorkflowState::Cancelling
+                })
+            }
+            Err(e) => match AppError::from_execute("appending the cancel request", e)? {
+                WorkflowError::NotSubmitted => Err(AppError::no_workflow(id)),
+                // Someone else's cancel landed between our load and our append.
+                WorkflowError::AlreadyCancelled
+                    if self.load_workflow(id).await?.state.state()
+                        == Some(AggregateState::CancelRequested) =>
+                {
+                    accepted(WorkflowState::Cancelling)
+                }
+                refusal => Err(AppError::Conflict(refusal.to_string())),
+            },
+        }
+    }
+
+    /// A workflow's events and its jobs': the Workflow aggregate's history merged with
+    /// that of every Job it released, by `occurred_at`, then aggregate, then sequence.
+    pub async fn events(&self, who: &Principal, id: Uuid) -> Result<EventList, AppError> {
+        self.authorize(who, Action::ReadWorkflow)?;
+        let log_error = |e| AppError::from_log("reading the workflow's events", e);
+        let mut events = self
+            .log
+            .read_aggregate(AggregateRef::new(AggregateKind::Workflow, id))
+            .await
+            .map_err(log_error)?;
+        if events.is_empty() {
+            return Err(AppError::no_workflow(id));
+        }
+        // Job ids from the raw payloads: this shows what is stored and need not
+        // understand every event to do so.
+        let mut job_ids: Vec<Uuid> = events
+            .iter()
+            .filter(|e| {
+                e.payload.get("type").and_then(|t| t.as_str()) == Some("workflow.job_released.v1")
+            })
+            .filter_map(|e| e.payload.get("job_id")?.as_str()?.parse().ok())
+            .collect();
+        job_ids.sort();
+        job_ids.dedup();
+        let log = &self.log;
+        let jobs: Vec<_> = futures::stream::iter(job_ids)
+            .map(|job| log.read_aggregate(AggregateRef::new(AggregateKind::Job, job)))
+            .buffered(8)
+            .try_collect()
+            .await
+            .map_err(log_error)?;
+        events.extend(jobs.into_iter().flatten());
+        events.sort_by(|a, b| {
+            (a.occurred_at, a.aggregate, a.sequence).cmp(&(b.occurred_at, b.aggregate, b.sequence))
+        });
+        let events = events
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| AppError::internal("serializing the events", e))?;
+        Ok(EventList { events })
+    }
+
+    /// The log's head and how far the status read model has reached; a log or database
+    /// that does not answer is unavailable, never an internal error.
+    pub async fn health(&self) -> Result<Health, AppError> {
+        let unavailable = |e: AppError| match e {
+            AppError::Internal(m) => AppError::Unavailable(m),
+            other => other,
+        };
+        let log_head = self
+            .log
+            .head()
+            .await
+            .map_err(|e| unavailable(AppError::from_log("reading the log's head", e)))?;
+        let projection_position = self.store.position(projection::NAME).await.map_err(|e| {
+            unavailable(AppError::from_store("reading the projection's position", e))
+        })?;
+        Ok(Health {
+            status: "ok".into(),
+            log_head,
+            projection_position,
+        })
+    }
+
+    /// 404 unless the workflow exists, in the read model or (not yet projected) in the log.
+    pub(crate) async fn must_exist(&self, id: Uuid) -> Result<(), AppError> {
+        self.migrate().await?;
+        let known = read::status(&self.store, id)
+            .await
+            .map(|s| s.is_some())
+            .unwrap_or(false);
+        if known || self.load_workflow(id).await?.sequence > 0 {
+            return Ok(());
+        }
+        Err(AppError::no_workflow(id))
+    }
+}
+
+struct Append {
+    spec: meridian_spec::Workflow,
+    user: String,
+    key: Option<String>,
+    ctx: EventContext,
+}
+
+impl Append {
+    async fn run(&self, app: &App, id: Uuid) -> Result<Submitted, Refusal> {
+        let name = self.spec.name.clone();
+        execute::<Workflow, _>(&*app.log, id, &self.ctx, |_| WorkflowCommand::Submit {
+            workflow_id: id,
+            spec: self.spec.clone(),
+            submitted_by: self.user.clone(),
+            idempotency_key: self.key.clone(),
+        })
+        .await
+        .map_err(
+            |e| match AppError::from_execute("appending the submission", e) {
+                Ok(rejected) => Refusal::Rejected(rejected),
+                Err(app) => Refusal::App(app),
+            },
+        )?;
+        tracing::info!(workflow_id = %id, tenant = %self.ctx.tenant, name, "workflow submitted");
+        Ok(Submitted {
+            accepted: Accepted {
+                id,
+                name,
+                state: WorkflowState::Submitted,
+            },
+            replayed: false,
+        })
+    }
+}
+
+fn read_error(context: &str, e: read::ReadError) -> AppError {
+    match e {
+        read::ReadError::Database(db) => AppError::from_db(context, db),
+        corrupt => AppError::internal(context, corrupt),
+    }
+}

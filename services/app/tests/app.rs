@@ -1,0 +1,128 @@
+//! The application layer called directly, as the web console and the MCP server will:
+//! no HTTP in between. Over a real SQLite log and store.
+
+use std::sync::Arc;
+
+use meridian_app::api::WorkflowState;
+use meridian_app::read::ListQuery;
+use meridian_app::workflows::Submission;
+use meridian_app::{App, AppError, Principal};
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+use meridian_store::Store;
+
+async fn app(dir: &tempfile::TempDir) -> App {
+    let log: Arc<dyn EventLog> = Arc::new(
+        SqliteLog::open(&dir.path().join("events.sqlite"))
+            .await
+            .unwrap(),
+    );
+    let store = Store::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("store.sqlite").display()
+    ))
+    .await
+    .unwrap();
+    App::new(log, store)
+}
+
+fn submission(document: &str, key: Option<&str>) -> Submission {
+    Submission {
+        document: document.into(),
+        declared_json: false,
+        idempotency_key: key.map(str::to_string),
+        traceparent: None,
+    }
+}
+
+const HELLO: &str = "version: v1\nname: hello\njobs:\n  a: {image: host, command: [\"true\"]}\n";
+
+#[tokio::test]
+async fn a_caller_submits_follows_and_cancels_without_a_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = app(&dir).await;
+    let ada = Principal::trusted("physics", "ada");
+
+    let submitted = app
+        .submit(&ada, submission(HELLO, Some("k1")))
+        .await
+        .unwrap();
+    assert!(!submitted.replayed);
+    assert_eq!(submitted.accepted.state, WorkflowState::Submitted);
+    let id = submitted.accepted.id;
+    // The same key and document: the first submission, however much later.
+    let again = app
+        .submit(&ada, submission(HELLO, Some("k1")))
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.accepted.id, id);
+    // The same key with another document is refused.
+    let other = HELLO.replace("hello", "other");
+    assert!(matches!(
+        app.submit(&ada, submission(&other, Some("k1"))).await,
+        Err(AppError::IdempotencyMismatch)
+    ));
+
+    // Not projected yet: the status comes from the log, with the caller's tenant.
+    let status = app.status(&ada, id).await.unwrap();
+    assert_eq!(status.tenant, "physics");
+    assert_eq!(status.state, WorkflowState::Submitted);
+    let events = app.events(&ada, id).await.unwrap();
+    assert_eq!(events.events[0]["payload"]["submitted_by"], "ada");
+
+    let cancelled = app
+        .cancel(&ada, id, Some("wrong data".into()), None)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.state, WorkflowState::Cancelled);
+    // A second cancel of an ended workflow is a conflict, and names why.
+    let err = app.cancel(&ada, id, None, None).await.unwrap_err();
+    assert!(
+        matches!(&err, AppError::Conflict(m) if m.contains("cancelled")),
+        "{err}"
+    );
+    let page = app
+        .list(
+            &ada,
+            &ListQuery {
+                limit: 10,
+                ..ListQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        page.items.is_empty(),
+        "the read model has not run: nothing listed yet"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_names_what_is_wrong_and_appends_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = app(&dir).await;
+    let ada = Principal::trusted("physics", "ada");
+    let typo = HELLO.replace("command", "comand");
+    let Err(AppError::InvalidWorkflow(errors)) = app.submit(&ada, submission(&typo, None)).await
+    else {
+        panic!("an invalid document was accepted");
+    };
+    assert!(
+        errors.iter().any(|e| e.path.contains("comand")),
+        "{errors:?}"
+    );
+    let err = app.status(&ada, uuid::Uuid::now_v7()).await.unwrap_err();
+    assert!(matches!(err, AppError::NotFound(_)), "{err}");
+    let err = app.drain(&ada, "nowhere", None).await.unwrap_err();
+    assert!(
+        matches!(&err, AppError::NotFound(m) if m == "no site nowhere"),
+        "{err}"
+    );
+    let err = app
+        .apply_catalog(&ada, "sites: [{name: x}]")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AppError::InvalidCatalog(_)), "{err}");
+    assert_eq!(app.log().head().await.unwrap(), 0, "nothing was appended");
+}
