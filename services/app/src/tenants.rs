@@ -99,7 +99,7 @@ pub fn parse_policy(bytes: &[u8]) -> Result<PlacementPolicy, AppError> {
     }
     let list = |field: &str| -> Result<Vec<String>, AppError> {
         match fields.get(field) {
-            None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+            None => Ok(Vec::new()),
             Some(serde_json::Value::Array(items)) => items
                 .iter()
                 .map(|i| i.as_str().map(str::to_string))

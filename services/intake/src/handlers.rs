@@ -210,11 +210,11 @@ fn location(id: Uuid) -> HeaderValue {
     tag = "workflows",
     operation_id = "submit_workflow",
     params(
-        ("Idempotency-Key" = Option<String>, Header,
+        ("Idempotency-Key" = Option<String>, Header, pattern = "^[ -~]{1,200}$",
             description = "1 to 200 printable ASCII characters; retries with the same key and body return the original workflow"),
-        ("X-Meridian-Tenant" = Option<String>, Header,
+        ("X-Meridian-Tenant" = Option<String>, Header, pattern = "^[a-z0-9_-]{1,63}$",
             description = "The tenant, 1 to 63 of a-z, 0-9, '-', '_'; default `default`"),
-        ("X-Meridian-User" = Option<String>, Header,
+        ("X-Meridian-User" = Option<String>, Header, pattern = "^[ -~]{1,200}$",
             description = "Who submits (a user or an agent's name); default `anonymous`"),
     ),
     request_body(
@@ -340,7 +340,7 @@ pub(crate) async fn status(
     operation_id = "list_workflows",
     params(
         ("state" = Option<WorkflowState>, Query, description = "Only workflows in this state"),
-        ("tenant" = Option<String>, Query, description = "Only this tenant's workflows"),
+        ("tenant" = Option<String>, Query, pattern = "^[a-z0-9_-]{1,63}$", description = "Only this tenant's workflows"),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 500, description = "Page size, 1 to 500; default 50"),
         ("after" = Option<Uuid>, Query, description = "The `next` of the previous page"),
     ),
@@ -432,7 +432,7 @@ pub(crate) async fn list(
     operation_id = "cancel_workflow",
     params(
         ("id" = Uuid, Path, description = "The workflow's id"),
-        ("X-Meridian-User" = Option<String>, Header, description = "Who cancels; default `anonymous`"),
+        ("X-Meridian-User" = Option<String>, Header, pattern = "^[ -~]{1,200}$", description = "Who cancels; default `anonymous`"),
     ),
     request_body(content = Option<CancelRequest>, content_type = "application/json",
         description = "Optional; `{\"reason\": \"...\"}`"),
@@ -483,6 +483,10 @@ async fn cancel_request(headers: &HeaderMap, body: Body) -> Result<CancelRequest
     // Through a Value first: serde would also read a struct from a JSON array.
     let value: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    // JSON `null` is no request, as an empty body is.
+    if value.is_null() {
+        return Ok(CancelRequest::default());
+    }
     if !value.is_object() {
         return Err(invalid("not a JSON object".into()));
     }

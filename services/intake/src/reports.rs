@@ -111,8 +111,8 @@ pub(crate) struct PeriodQuery {
     tag = "billing",
     operation_id = "get_tenant_bill",
     params(
-        ("tenant" = String, Path, description = "The tenant (1 to 63 of a-z, 0-9, '-', '_')"),
-        ("period" = String, Query, description = "The month, YYYY-MM (UTC)", example = "2026-11"),
+        ("tenant" = String, Path, pattern = "^[a-z0-9_-]{1,63}$", description = "The tenant (1 to 63 of a-z, 0-9, '-', '_')"),
+        ("period" = String, Query, pattern = "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])$", description = "The month, YYYY-MM (UTC), from 1970-01", example = "2026-11"),
     ),
     responses(
         (status = 200, description = "The month's bill so far", body = meridian_accounting::TenantBill),
@@ -165,9 +165,9 @@ pub(crate) struct ExportQuery {
     tag = "billing",
     operation_id = "export_focus",
     params(
-        ("period" = String, Query, description = "The billing period, YYYY-MM (UTC)", example = "2026-11"),
-        ("tenant" = Option<String>, Query, description = "Only this tenant's charges"),
-        ("format" = Option<String>, Query, description = "`csv` (default) or `json`"),
+        ("period" = String, Query, pattern = "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])$", description = "The billing period, YYYY-MM (UTC), from 1970-01", example = "2026-11"),
+        ("tenant" = Option<String>, Query, pattern = "^[a-z0-9_-]{1,63}$", description = "Only this tenant's charges"),
+        ("format" = Option<String>, Query, pattern = "^(csv|json)$", description = "`csv` (default) or `json`"),
     ),
     responses(
         (status = 200, description = "The export",

@@ -45,6 +45,8 @@ pub(crate) async fn list(
     responses(
         (status = 200, description = "What changed, per site", body = AppliedCatalog),
         (status = 400, description = "The document is invalid; the error names the field", body = ErrorBody),
+        (status = 409, description = "A site in the document cannot take the change", body = ErrorBody),
+        (status = 413, description = "The document is larger than 4 MiB", body = ErrorBody),
     ))]
 pub(crate) async fn apply(
     State(intake): State<Intake>,
@@ -64,8 +66,10 @@ pub(crate) async fn apply(
     request_body(content = Option<DrainRequest>, content_type = "application/json"),
     responses(
         (status = 200, description = "Drained", body = SiteState),
+        (status = 400, description = "The body is not a drain request", body = ErrorBody),
         (status = 404, description = "No such site", body = ErrorBody),
         (status = 409, description = "Already drained", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
     ))]
 pub(crate) async fn drain(
     State(intake): State<Intake>,
@@ -74,14 +78,17 @@ pub(crate) async fn drain(
     body: Body,
 ) -> Result<Json<SiteState>, ApiError> {
     let bytes = read_body(&headers, body, 64 * 1024).await?;
+    // No body and JSON `null` are no request.
     let request: DrainRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         DrainRequest::default()
     } else {
-        serde_json::from_slice(&bytes).map_err(|e| {
-            ApiError::BadRequest(format!(
-                "invalid drain request: {e}; expected {{\"reason\": \"...\"}}"
-            ))
-        })?
+        serde_json::from_slice::<Option<DrainRequest>>(&bytes)
+            .map_err(|e| {
+                ApiError::BadRequest(format!(
+                    "invalid drain request: {e}; expected {{\"reason\": \"...\"}}"
+                ))
+            })?
+            .unwrap_or_default()
     };
     let name = site_name(path)?;
     let who = principal(&headers)?;
@@ -113,6 +120,7 @@ pub(crate) async fn undrain(
     responses(
         (status = 200, description = "The cheapest site and every candidate", body = Quote),
         (status = 400, description = "The workflow is invalid; every error with its path", body = ErrorBody),
+        (status = 413, description = "The document is larger than 1 MiB", body = ErrorBody),
     ))]
 pub(crate) async fn quote(
     State(intake): State<Intake>,

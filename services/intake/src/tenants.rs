@@ -27,7 +27,7 @@ fn tenant_path(path: Result<Path<String>, PathRejection>) -> Result<String, ApiE
 
 /// The tenant's placement policy.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/policy", tag = "tenants", operation_id = "get_policy",
-    params(("tenant" = String, Path, description = "The tenant's name")),
+    params(("tenant" = String, Path, description = "The tenant's name", pattern = "^[a-z0-9_-]{1,63}$")),
     responses(
         (status = 200, description = "The policy in force", body = TenantPolicy),
         (status = 400, description = "The tenant name is invalid", body = ErrorBody),
@@ -45,11 +45,13 @@ pub(crate) async fn get_policy(
 /// Replaces the tenant's placement policy (JSON). The stricter of it and a workflow's own
 /// `placement` hints applies to every placement from now on; placed work stays put.
 #[utoipa::path(put, path = "/v1/tenants/{tenant}/policy", tag = "tenants", operation_id = "set_policy",
-    params(("tenant" = String, Path, description = "The tenant's name")),
+    params(("tenant" = String, Path, description = "The tenant's name", pattern = "^[a-z0-9_-]{1,63}$")),
     request_body(content = PolicyDocument, content_type = "application/json"),
     responses(
         (status = 200, description = "The policy now in force", body = TenantPolicy),
         (status = 400, description = "The policy is invalid; the error names the field", body = ErrorBody),
+        (status = 409, description = "The tenant's history refuses it", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
     ))]
 pub(crate) async fn set_policy(
     State(intake): State<Intake>,
@@ -89,6 +91,7 @@ pub(crate) async fn list_adjustments(
     responses(
         (status = 201, description = "Granted", body = AdjustmentView),
         (status = 400, description = "The request is invalid; the error names the field", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
     ))]
 pub(crate) async fn grant_adjustment(
     State(intake): State<Intake>,
@@ -119,6 +122,7 @@ pub(crate) async fn grant_adjustment(
         (status = 400, description = "The request is invalid", body = ErrorBody),
         (status = 404, description = "No such adjustment", body = ErrorBody),
         (status = 409, description = "It already ended", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
     ))]
 pub(crate) async fn revoke_adjustment(
     State(intake): State<Intake>,
@@ -136,7 +140,7 @@ pub(crate) async fn revoke_adjustment(
     let request: RevokeRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         RevokeRequest::default()
     } else {
-        json_body(&bytes, "revocation")?
+        json_body::<Option<RevokeRequest>>(&bytes, "revocation")?.unwrap_or_default()
     };
     Ok(Json(
         intake
