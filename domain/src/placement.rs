@@ -64,6 +64,25 @@ impl Decision {
             Decision::Rejected { rejections } | Decision::Waiting { rejections, .. } => rejections,
         }
     }
+
+    /// Every site as a candidate: the explanation's when placed, else each rejected
+    /// with its reason.
+    pub fn candidates(&self) -> Vec<Candidate> {
+        match self {
+            Decision::Placed(p) => p.explanation.candidates.clone(),
+            other => other
+                .rejections()
+                .iter()
+                .map(|r| Candidate {
+                    site: r.site.clone(),
+                    verdict: Verdict::Rejected {
+                        reason: r.reason.clone(),
+                    },
+                    cost: None,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Every (job, resources, task count) of the workflow: services count as one task.

@@ -78,6 +78,25 @@ pub fn job_script(job: &JobRequest, options: &ScriptOptions) -> Result<String, S
     }
     argv.extend(command);
     let line: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
-    script.push_str(&format!("exec {}\n", line.join(" ")));
+    match &job.service {
+        // A service that exits is started again, up to its limit, a second apart; the
+        // script ends with the last run's status.
+        Some(service) => script.push_str(&format!(
+            "export MERIDIAN_SERVICE_PORT={port}\n\
+             meridian_left={restarts}\n\
+             while :; do\n\
+             {line}\n\
+             meridian_status=$?\n\
+             [ \"$meridian_left\" -gt 0 ] || exit \"$meridian_status\"\n\
+             meridian_left=$((meridian_left - 1))\n\
+             echo \"meridian: the service exited with status $meridian_status; starting it again\" >&2\n\
+             sleep 1\n\
+             done\n",
+            port = service.port,
+            restarts = service.max_restarts,
+            line = line.join(" "),
+        )),
+        None => script.push_str(&format!("exec {}\n", line.join(" "))),
+    }
     Ok(script)
 }

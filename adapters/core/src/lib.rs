@@ -102,6 +102,11 @@ impl JobRequest {
         env
     }
 
+    /// The port, for a service.
+    pub fn service_port(&self) -> Option<u16> {
+        self.service.as_ref().map(|s| s.port)
+    }
+
     /// Refuses a service at a site whose adapter runs jobs only: said at submit, so the
     /// run fails with the reason instead of running as a job that never reports ready.
     pub fn refuse_service(&self, kind: &str) -> Result<(), AdapterError> {
@@ -219,9 +224,31 @@ pub struct JobReport {
     pub backend_id: BackendJobId,
     pub state: JobState,
     pub usage: Usage,
-    /// For a running service that answers: where (`host:port`).
+    /// For a running service, where it answers (`host:port`), when the site knows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// The host its first process runs on, when the site says (Slurm's batch host):
+    /// a service there is ready once it answers on its port ([`service_address`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+/// Where a running service answers: the address its site gives, else its host and port
+/// once something accepts connections there (each try waits at most 200 ms). `None`
+/// while it does not answer, or when the run is not a running service.
+pub async fn service_address(report: &JobReport, service: &ServiceRequest) -> Option<String> {
+    if !matches!(report.state, JobState::Running { .. }) {
+        return None;
+    }
+    if let Some(address) = &report.address {
+        return Some(address.clone());
+    }
+    let address = format!("{}:{}", report.host.as_deref()?, service.port);
+    let connect = tokio::net::TcpStream::connect(address.clone());
+    match tokio::time::timeout(Duration::from_millis(200), connect).await {
+        Ok(Ok(_)) => Some(address),
+        _ => None,
+    }
 }
 
 /// Free capacity and health, as the site sees it now.

@@ -716,13 +716,19 @@ async fn a_service_is_ready_once_it_answers_and_gone_after_cancel() {
         0,
     );
     let id = adapter.submit(&job).await.unwrap();
+    let service = job.service.clone().unwrap();
     let report = adapter.status(&id).await.unwrap();
-    assert_eq!(report.address, None, "not ready before it listens");
+    assert_eq!(
+        meridian_adapter_core::service_address(&report, &service).await,
+        None,
+        "not ready before it listens"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     let address = loop {
         let report = adapter.status(&id).await.unwrap();
-        if let Some(address) = report.address {
+        if let Some(address) = meridian_adapter_core::service_address(&report, &service).await {
             assert!(matches!(report.state, JobState::Running { .. }));
+            assert_eq!(report.host.as_deref(), Some("127.0.0.1"));
             break address;
         }
         assert!(Instant::now() < deadline, "never ready: {report:?}");

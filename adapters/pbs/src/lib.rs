@@ -154,6 +154,7 @@ impl PbsAdapter {
             .map_err(|e| AdapterError::Unavailable(format!("job {id}: {e}")))?;
         Ok(JobReport {
             address: None,
+            host: None,
             backend_id: id.clone(),
             state,
             usage: info.usage,

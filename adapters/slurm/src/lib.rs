@@ -195,7 +195,6 @@ impl SiteAdapter for SlurmAdapter {
 
     async fn submit(&self, job: &JobRequest) -> Result<BackendJobId, AdapterError> {
         // Decided before anything is locked or sent: what can never run here.
-        job.refuse_service("slurm")?;
         let plan = script::plan(job, &self.config)?;
         let _lock = SubmitLock::acquire(&self.config.lock_dir(), job.job_id)
             .await

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::{DateTime, NaiveDateTime, TimeZone, Utc};
-use meridian_adapter_core::{AdapterError, BackendJobId, JobReport, Usage};
+use meridian_adapter_core::{AdapterError, BackendJobId, JobReport, JobState, Usage};
 
 use crate::state::{map_state, ExitStatus};
 
@@ -202,6 +202,8 @@ pub struct Record {
     pub ended_at: Option<DateTime<Utc>>,
     /// What it was allocated (ignored until it starts: a pending job's TRES are a request).
     pub usage: Usage,
+    /// The node its batch script runs on, once it runs.
+    pub batch_host: Option<String>,
 }
 
 impl Record {
@@ -215,6 +217,10 @@ impl Record {
         };
         Ok(JobReport {
             address: None,
+            host: self
+                .batch_host
+                .clone()
+                .filter(|_| matches!(state, JobState::Running { .. })),
             backend_id: id.clone(),
             state,
             usage,
@@ -241,6 +247,9 @@ pub fn scontrol_record(line: &str) -> Option<Record> {
         started_at: ran.then(|| parse_time(get("StartTime"))).flatten(),
         ended_at: parse_time(get("EndTime")),
         usage,
+        batch_host: Some(get("BatchHost"))
+            .filter(|h| has_nodes(h))
+            .map(str::to_string),
     })
 }
 
@@ -281,6 +290,8 @@ pub fn sacct_record(stdout: &str, jobcomp: bool) -> Option<Record> {
         started_at: ran.then(|| parse_time(field(4))).flatten(),
         ended_at: parse_time(field(5)),
         usage,
+        // Accounting answers for jobs that ended: no service is running there.
+        batch_host: None,
     })
 }
 

@@ -480,6 +480,10 @@ pub(crate) fn ctld_record(job: &Value) -> Record {
             .flatten(),
         ended_at: num(&job["end_time"]).and_then(epoch),
         usage,
+        batch_host: job["batch_host"]
+            .as_str()
+            .filter(|h| has_nodes(h))
+            .map(str::to_string),
     }
 }
 
@@ -510,6 +514,8 @@ pub(crate) fn dbd_record(job: &Value) -> Record {
             .flatten(),
         ended_at: num(&job["time"]["end"]).and_then(epoch),
         usage,
+        // Accounting answers for jobs that ended: no service is running there.
+        batch_host: None,
     }
 }
 

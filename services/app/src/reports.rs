@@ -3,7 +3,6 @@
 //! output the site runners keep when runs end.
 
 use meridian_accounting::{focus, Bill, Period, TenantBill};
-use meridian_events::aggregate::tenant::valid_tenant_name;
 use meridian_store::job_logs::{self, JobLog};
 use serde::Serialize;
 use uuid::Uuid;
@@ -18,13 +17,7 @@ pub struct LogList {
 
 /// `tenant`, unless it is no tenant's name.
 pub fn check_tenant(tenant: &str) -> Result<(), AppError> {
-    if valid_tenant_name(tenant) {
-        Ok(())
-    } else {
-        Err(AppError::BadRequest(format!(
-            "invalid tenant {tenant:?}: expected 1 to 63 of a-z, 0-9, '-', '_'"
-        )))
-    }
+    crate::tenants::check_tenant_named(tenant, "")
 }
 
 impl App {

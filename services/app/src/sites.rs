@@ -7,7 +7,7 @@ use meridian_domain::placement::{decide_for, Decision};
 use meridian_domain::Catalog;
 use meridian_eventlog::aggregates::{execute, ExecuteError};
 use meridian_events::aggregate::{Site, SiteCommand, SiteError};
-use meridian_events::vocabulary::workflow::{Candidate, SplitPlan, Verdict};
+use meridian_events::vocabulary::workflow::{Candidate, SplitPlan};
 use meridian_events::EventContext;
 use serde::{Deserialize, Serialize};
 
@@ -257,17 +257,7 @@ impl App {
                     Decision::Waiting { sites, .. } => sites.clone(),
                     _ => Vec::new(),
                 },
-                candidates: decision
-                    .rejections()
-                    .iter()
-                    .map(|r| Candidate {
-                        site: r.site.clone(),
-                        verdict: Verdict::Rejected {
-                            reason: r.reason.clone(),
-                        },
-                        cost: None,
-                    })
-                    .collect(),
+                candidates: decision.candidates(),
             },
         })
     }

@@ -241,11 +241,16 @@ fn adjustment_refused(e: ExecuteError<TenantError>) -> AppError {
 
 /// `tenant` as a path names it, or why it names no tenant.
 pub fn check_tenant_path(tenant: &str) -> Result<(), AppError> {
+    check_tenant_named(tenant, " in the path")
+}
+
+/// Why `tenant` is no tenant's name, if it is not; `place` says where it was given.
+pub(crate) fn check_tenant_named(tenant: &str, place: &str) -> Result<(), AppError> {
     if valid_tenant_name(tenant) {
         Ok(())
     } else {
         Err(AppError::BadRequest(format!(
-            "invalid tenant {tenant:?} in the path: expected 1 to 63 of a-z, 0-9, '-' and '_'"
+            "invalid tenant {tenant:?}{place}: expected 1 to 63 of a-z, 0-9, '-' and '_'"
         )))
     }
 }

@@ -184,10 +184,51 @@ impl App {
             .await
             .map_err(|e| read_error("reading the workflow's status", e))?
         {
-            return Ok(status);
+            return self.say_what_holds(status).await;
         }
         let loaded = self.load_workflow(id).await?;
         read::status_from_log(id, &loaded).ok_or_else(|| AppError::no_workflow(id))
+    }
+
+    /// Runs waiting at a site no adapter serves say so, and so does the workflow: nothing
+    /// waits silently.
+    async fn say_what_holds(&self, mut status: WorkflowStatus) -> Result<WorkflowStatus, AppError> {
+        let pending: Vec<usize> = status
+            .jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, run)| run.state == crate::api::RunState::Pending && run.reason.is_none())
+            .map(|(i, _)| i)
+            .collect();
+        if pending.is_empty() {
+            return Ok(status);
+        }
+        let now = chrono::Utc::now();
+        let catalog = self.catalog().await?;
+        let mut held = Vec::new();
+        for i in pending {
+            let run = &mut status.jobs[i];
+            if catalog
+                .find(&run.site)
+                .is_some_and(|s| !s.connected_at(now))
+            {
+                run.reason = Some(format!(
+                    "waiting: site {} is not connected (no adapter serves it); the run starts when one does",
+                    run.site
+                ));
+                if !held.contains(&run.site) {
+                    held.push(run.site.clone());
+                }
+            }
+        }
+        if !held.is_empty() && status.reason.is_none() {
+            status.reason = Some(format!(
+                "held: {} not connected (no adapter serves {})",
+                held.join(", "),
+                if held.len() == 1 { "it" } else { "them" }
+            ));
+        }
+        Ok(status)
     }
 
     /// Workflows, newest first, a page at a time.

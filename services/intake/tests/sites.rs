@@ -349,3 +349,48 @@ async fn site_reads_catch_up_from_where_the_last_one_stopped() {
     assert_eq!(log.take_reads(), [0, b.head().await]);
     b.finish().await;
 }
+
+/// A run released to a site that no adapter serves says why it waits, and so does its
+/// workflow; once an adapter serves the site, the reason goes.
+#[tokio::test]
+async fn a_run_waiting_at_a_site_no_adapter_serves_says_so() {
+    let b = Bench::new(Db::Sqlite).await;
+    let local = r#"
+sites:
+  - name: local
+    kind: local
+    region: here
+    jurisdiction: eu
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: test
+      storage_per_gib_hour: "0"
+      egress_per_gb: "0"
+      compute:
+        - {offer: node, per_core_hour: "1.00", per_gib_hour: "0"}
+"#;
+    let res = b.call(put("/v1/sites").body(local)).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let id = b
+        .submit("version: v1\nname: w\njobs:\n  a: {image: host, command: [\"true\"]}\n")
+        .await;
+    place(&*b.log, id, "local").await;
+    release(&*b.log, id, "a", None).await;
+    b.catch_up().await;
+    let res = b.call(Req::get(&format!("/v1/workflows/{id}"))).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let run = res.body["jobs"][0]["reason"].as_str().unwrap_or("");
+    assert!(run.contains("site local is not connected"), "{}", res.body);
+    let workflow = res.body["reason"].as_str().unwrap_or("");
+    assert!(
+        workflow.contains("held: local not connected"),
+        "{}",
+        res.body
+    );
+
+    connect_all(&*b.log).await;
+    let res = b.call(Req::get(&format!("/v1/workflows/{id}"))).await;
+    assert!(res.body["jobs"][0]["reason"].is_null(), "{}", res.body);
+    assert!(res.body["reason"].is_null(), "{}", res.body);
+}

@@ -43,6 +43,19 @@ fn items(v: &Value, key: &str) -> Vec<Value> {
 }
 
 /// Totals by category and by site, then per currency: list and billed side by side.
+/// How many decimal places tables show: enough to see a fraction of a cent on a
+/// second's run, few enough to read. `--output json` has the exact decimals.
+const SHOWN_PLACES: u32 = 6;
+
+/// An exact decimal (as the API writes it) rounded for reading; text that is not a
+/// decimal is shown as it is.
+fn readable(text: &str) -> String {
+    match Decimal::from_str(text) {
+        Ok(d) => d.round_dp(SHOWN_PLACES).normalize().to_string(),
+        Err(_) => text.to_string(),
+    }
+}
+
 fn print_totals(bill: &Value) {
     let rows = |key: &str, name: &str| -> Vec<Vec<String>> {
         items(bill, key)
@@ -51,8 +64,8 @@ fn print_totals(bill: &Value) {
                 vec![
                     s(t, name).to_string(),
                     s(t, "currency").to_string(),
-                    s(t, "list_amount").to_string(),
-                    s(t, "amount").to_string(),
+                    readable(s(t, "list_amount")),
+                    readable(s(t, "amount")),
                 ]
             })
             .collect()
@@ -71,13 +84,13 @@ fn print_totals(bill: &Value) {
     for t in items(bill, "totals") {
         println!(
             "total {} {} (list {})",
-            s(&t, "amount"),
+            readable(s(&t, "amount")),
             s(&t, "currency"),
-            s(&t, "list_amount")
+            readable(s(&t, "list_amount"))
         );
     }
     println!(
-        "(exact amounts, never summed across currencies; rounding happens only in exports; ledger position {})",
+        "(shown to {SHOWN_PLACES} decimal places; the ledger keeps exact amounts, in --output json, never summed across currencies; ledger position {})",
         bill.get("as_of_position").and_then(Value::as_u64).unwrap_or(0)
     );
 }
@@ -108,9 +121,9 @@ pub async fn bill(server: &str, id: &str, output: Output) -> anyhow::Result<i32>
                         s(l, "category").to_string(),
                         s(l, "site").to_string(),
                         run,
-                        format!("{} {}", s(l, "quantity"), s(l, "unit")),
-                        s(l, "contracted_unit_price").to_string(),
-                        format!("{} {}", s(l, "amount"), s(l, "currency")),
+                        format!("{} {}", readable(s(l, "quantity")), s(l, "unit")),
+                        readable(s(l, "contracted_unit_price")),
+                        format!("{} {}", readable(s(l, "amount")), s(l, "currency")),
                     ]
                 })
                 .collect();
@@ -171,8 +184,8 @@ pub async fn bills(args: BillsArgs) -> anyhow::Result<i32> {
                     vec![
                         s(w, "workflow_id").to_string(),
                         s(w, "currency").to_string(),
-                        s(w, "list_amount").to_string(),
-                        s(w, "amount").to_string(),
+                        readable(s(w, "list_amount")),
+                        readable(s(w, "amount")),
                         w.get("lines").map_or(String::new(), Value::to_string),
                     ]
                 })

@@ -189,16 +189,7 @@ pub fn quote(file: &Path, catalog: Option<&Path>, output: Output) -> anyhow::Res
         ),
         Decision::Rejected { rejections } | Decision::Waiting { rejections, .. } => (
             json!({"site": null, "rejections": rejections}),
-            rejections
-                .iter()
-                .map(|r| Candidate {
-                    site: r.site.clone(),
-                    verdict: Verdict::Rejected {
-                        reason: r.reason.clone(),
-                    },
-                    cost: None,
-                })
-                .collect(),
+            decision.candidates(),
             1,
         ),
     };

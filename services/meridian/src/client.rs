@@ -99,6 +99,16 @@ impl Client {
 
     /// PUTs a document (YAML or JSON) as the body.
     pub async fn put_text(&self, path: &str, document: String) -> anyhow::Result<Value> {
+        self.send_text(reqwest::Method::PUT, path, document).await
+    }
+
+    /// Sends a document as the body: JSON when it starts with `{`, else YAML.
+    async fn send_text(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        document: String,
+    ) -> anyhow::Result<Value> {
         let content_type = if document.trim_start().starts_with('{') {
             "application/json"
         } else {
@@ -106,7 +116,7 @@ impl Client {
         };
         self.send(
             self.http
-                .put(format!("{}{path}", self.base))
+                .request(method, format!("{}{path}", self.base))
                 .header("content-type", content_type)
                 .body(document),
         )
@@ -157,18 +167,7 @@ impl Client {
 
     /// POSTs a document (YAML or JSON) as the body.
     pub async fn post_text(&self, path: &str, document: String) -> anyhow::Result<Value> {
-        let content_type = if document.trim_start().starts_with('{') {
-            "application/json"
-        } else {
-            "application/yaml"
-        };
-        self.send(
-            self.http
-                .post(format!("{}{path}", self.base))
-                .header("content-type", content_type)
-                .body(document),
-        )
-        .await
+        self.send_text(reqwest::Method::POST, path, document).await
     }
 
     pub async fn submit(

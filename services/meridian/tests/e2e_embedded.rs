@@ -152,6 +152,47 @@ fn embedded_restart_resumes_without_running_anything_twice() {
     assert_eq!(billed_runs(&bill).len(), 2, "{bill:#}");
 }
 
+/// A kill -9 of `meridian up` while a service serves: the service keeps serving, the
+/// restarted Meridian follows the same run (nothing starts twice), and the cancel still
+/// stops it and bills it once.
+#[test]
+fn a_service_outlives_a_kill_of_meridian_and_runs_once() {
+    let mut up = up();
+    let service_port = free_port();
+    let file = write(
+        up.dir.path(),
+        "service.yaml",
+        &job_and_service(up.dir.path(), service_port),
+    );
+    let id = submit(&up.server, &file);
+    let address = wait_address(&up.server, &id, "web");
+    up.proc.kill();
+    let port: u16 = up.server.rsplit(':').next().unwrap().parse().unwrap();
+    let dir = std::mem::replace(&mut up.dir, tempfile::tempdir().unwrap());
+    drop(up);
+    assert!(
+        http_get(&address, "/index.txt").is_some(),
+        "the service serves while Meridian is down"
+    );
+    let up = up_in(dir, port);
+    assert_eq!(wait_address(&up.server, &id, "web"), address);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(
+        dispatches(&up.server, &id, "web"),
+        1,
+        "one run of the service"
+    );
+    assert_eq!(dispatches(&up.server, &id, "prep"), 1, "one run of the job");
+    cli_json(&up.server, &["cancel", &id]);
+    wait_state(&up.server, &id, &["cancelled"]);
+    assert!(
+        http_get(&address, "/index.txt").is_none(),
+        "stopped by the cancel"
+    );
+    let bill = bill(&up.server, &id, 2);
+    assert_eq!(billed_runs(&bill).len(), 2, "{bill:#}");
+}
+
 #[test]
 fn a_second_up_on_the_same_data_dir_is_refused() {
     let up = up();

@@ -249,3 +249,86 @@ fn a_restart_mid_run_submits_nothing_twice_to_slurm() {
         "one run, not re-submitted"
     );
 }
+
+/// A service on the real Slurm: a batch job with its walltime, after the job it
+/// requires; ready once it answers on its node (Slurm's batch host) and port; stopped
+/// by the cancel (scancel), and billed for the time it ran.
+#[test]
+fn a_service_runs_on_real_slurm_reports_its_node_and_port_and_stops_on_cancel() {
+    ensure_slurm();
+    let up = start(tempfile::tempdir().unwrap(), free_port());
+    let port = free_port();
+    let www = up.dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let file = write(
+        up.dir.path(),
+        "service.yaml",
+        &format!(
+            r#"
+version: v1
+name: serve-on-slurm
+placement: {{sites: [hpc]}}
+jobs:
+  prep:
+    image: host
+    command: [sh, -c, "echo made-on-slurm > {www}/index.txt"]
+    resources: {{cpus: 1, memory: 100MiB, walltime: 2m}}
+services:
+  web:
+    requires: [prep]
+    image: host
+    command: [python3, -m, http.server, "{port}", --directory, "{www}"]
+    port: {port}
+    resources: {{cpus: 1, memory: 100MiB, walltime: 10m}}
+"#,
+            www = www.display()
+        ),
+    );
+    let id = submit(&up.server, &file);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let address = loop {
+        let status = cli_json(&up.server, &["status", &id]);
+        let web = status["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["name"] == "web")
+            .cloned();
+        if let Some(address) = web.as_ref().and_then(|w| w["address"].as_str()) {
+            assert_eq!(status["site"], "hpc", "{status:#}");
+            let backend = web.as_ref().unwrap()["backend_job_id"]
+                .as_str()
+                .unwrap_or("");
+            assert!(backend.parse::<u64>().is_ok(), "a Slurm job: {status:#}");
+            break address.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the service never said it is ready: {status:#}\n{}",
+            up.proc.output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(address.ends_with(&format!(":{port}")), "{address}");
+    let page = http_get(&address, "/index.txt").expect("the service answers");
+    assert!(page.contains("made-on-slurm"), "{page}");
+
+    cli_json(&up.server, &["cancel", &id]);
+    let status = wait_state(&up.server, &id, &["cancelled"]);
+    let web = status["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["name"] == "web")
+        .unwrap()
+        .clone();
+    assert_eq!(web["state"], "cancelled", "{status:#}");
+    let runs = runs(&up.server, &id);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(
+        runs[1].1 >= runs[0].2,
+        "the service started after prep ended: {runs:?}"
+    );
+    let bill = bill(&up.server, &id, 2);
+    assert_eq!(billed_runs(&bill).len(), 2, "{bill:#}");
+}

@@ -565,7 +565,17 @@ impl SiteRunner {
             )
             .await?;
         }
-        if let (SiteState::Running { .. }, Some(address)) = (&report.state, &report.address) {
+        // A running run not yet known to answer: a service, if its spec says so.
+        let unready = matches!(report.state, SiteState::Running { .. })
+            && self.jobs[&id].job.state.address().is_none();
+        let address = match unready {
+            true => match self.service_of(id).await? {
+                Some(service) => meridian_adapter_core::service_address(&report, &service).await,
+                None => None,
+            },
+            false => None,
+        };
+        if let Some(address) = &address {
             if self.jobs[&id].job.state.address() != Some(address.as_str()) {
                 tracing::info!(site = %self.site, job = %id, %address, "service ready");
                 self.command(
@@ -604,6 +614,11 @@ impl SiteRunner {
         self.command(id, end).await?;
         self.jobs.remove(&id);
         Ok(())
+    }
+
+    /// What makes job `id` a service, if it is one (from its workflow's spec).
+    async fn service_of(&mut self, id: Uuid) -> Result<Option<ServiceRequest>, RunnerError> {
+        Ok(self.request_for(id).await?.and_then(|r| r.service))
     }
 
     async fn submit(&mut self, id: Uuid) -> Result<(), RunnerError> {

@@ -509,6 +509,39 @@ pub fn http_get(address: &str, path: &str) -> Option<String> {
     Some(response)
 }
 
+/// Waits until the run of service `name` of workflow `id` says where it answers.
+pub fn wait_address(server: &str, id: &str, name: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let status = cli_json(server, &["status", id]);
+        let run = status["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["name"] == name)
+            .cloned();
+        if let Some(address) = run.as_ref().and_then(|r| r["address"].as_str()) {
+            return address.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service never said it is ready: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// How many runs of `name` workflow `id` dispatched, from its events.
+pub fn dispatches(server: &str, id: &str, name: &str) -> usize {
+    let events = cli_json(server, &["events", id]);
+    events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["payload"]["type"] == "job.dispatched.v1" && e["payload"]["job"] == name)
+        .count()
+}
+
 /// A workflow with a job and a service: the service starts after the job, answers on
 /// its port, shows its address in `meridian status`, stops on cancel, and its bill
 /// charges the time it ran.
@@ -516,25 +549,8 @@ pub fn service_runs_until_cancelled(server: &str, dir: &Path) {
     let port = free_port();
     let file = write(dir, "service.yaml", &job_and_service(dir, port));
     let id = submit(server, &file);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let address = loop {
-        let status = cli_json(server, &["status", &id]);
-        let web = status["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|j| j["name"] == "web")
-            .cloned();
-        if let Some(address) = web.as_ref().and_then(|w| w["address"].as_str()) {
-            assert_eq!(status["state"], "running", "{status:#}");
-            break address.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the service never said it is ready: {status:#}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let address = wait_address(server, &id, "web");
+    assert_eq!(cli_json(server, &["status", &id])["state"], "running");
     assert_eq!(address, format!("127.0.0.1:{port}"));
     // It serves what the job it requires wrote: it started after that job.
     let page = http_get(&address, "/index.txt").expect("the service answers");
