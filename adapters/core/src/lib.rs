@@ -314,6 +314,16 @@ pub trait SiteAdapter: Send + Sync {
     async fn logs(&self, id: &BackendJobId) -> Result<Logs, AdapterError>;
 
     async fn capacity(&self) -> Result<Capacity, AdapterError>;
+
+    /// The Meridian jobs this site still runs (or queues), by the job id each is tagged
+    /// with: the runner stops those no live job needs (a leak sweep). Sites that cannot
+    /// list what they run say `NotSupported`, and are not swept.
+    async fn owned(&self) -> Result<Vec<Uuid>, AdapterError> {
+        Err(AdapterError::NotSupported(format!(
+            "listing the jobs a {} site runs",
+            self.kind()
+        )))
+    }
 }
 
 /// Serde for a `Duration` written as (fractional) seconds in adapter config files:

@@ -605,6 +605,21 @@ impl SiteAdapter for LocalAdapter {
         })
     }
 
+    /// Every job directory whose job has not ended.
+    async fn owned(&self) -> Result<Vec<Uuid>, AdapterError> {
+        let mut owned = Vec::new();
+        for entry in fs::read_dir(&self.inner.jobs)? {
+            let Some(job_id) = entry?.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                continue;
+            };
+            let dir = self.inner.dir(job_id);
+            if !dir.is_finished() && dir.snapshot().is_ok_and(|s| !s.state.is_terminal()) {
+                owned.push(job_id);
+            }
+        }
+        Ok(owned)
+    }
+
     /// Totals from the config; free is the total less what the running jobs this adapter
     /// watches asked for. The local site has no queue: `pending` is 0.
     async fn capacity(&self) -> Result<Capacity, AdapterError> {

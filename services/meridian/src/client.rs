@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::Value;
 
+use meridian_app::api::{
+    Accepted, CancelAccepted, RunState, WorkflowPage, WorkflowState, WorkflowStatus,
+};
+
 use crate::Output;
 
 pub struct Client {
@@ -192,10 +196,6 @@ fn s<'a>(v: &'a Value, key: &str) -> &'a str {
     v.get(key).and_then(Value::as_str).unwrap_or("-")
 }
 
-fn n(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
-}
-
 /// Prints rows as aligned columns.
 pub fn table(header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -221,48 +221,45 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-pub(crate) fn json(v: &Value) {
+pub(crate) fn json<T: serde::Serialize + ?Sized>(v: &T) {
     println!("{}", serde_json::to_string_pretty(v).expect("JSON prints"));
 }
 
-fn progress_line(status: &Value) -> String {
-    let tasks = status.get("tasks").cloned().unwrap_or(Value::Null);
+fn progress_line(status: &WorkflowStatus) -> String {
+    let t = &status.tasks;
     format!(
         "{}  {} done · {} running · {} pending{}{}",
-        s(status, "state"),
-        n(&tasks, "succeeded"),
-        n(&tasks, "running"),
-        n(&tasks, "pending"),
-        match n(&tasks, "failed") {
+        status.state.as_str(),
+        t.succeeded,
+        t.running,
+        t.pending,
+        match t.failed {
             0 => String::new(),
             f => format!(" · {f} failed"),
         },
-        match n(&tasks, "cancelled") {
+        match t.cancelled {
             0 => String::new(),
             c => format!(" · {c} cancelled"),
         },
     )
 }
 
-/// Whether the API's state is final (from the API's own state type).
-fn is_final(status: &Value) -> bool {
-    meridian_app::api::WorkflowState::parse(s(status, "state")).is_some_and(|s| s.is_final())
-}
-
 /// The services of a workflow that answer, as (name, address), once every other run
 /// ended and nothing is left to start: the workflow serves until it is cancelled.
-fn serving(status: &Value) -> Option<Vec<(String, String)>> {
-    let jobs = status.get("jobs")?.as_array()?;
+fn serving(status: &WorkflowStatus) -> Option<Vec<(String, String)>> {
     let mut up = Vec::new();
-    for j in jobs {
-        match j.get("address").and_then(Value::as_str) {
-            Some(address) => up.push((s(j, "name").to_string(), address.to_string())),
-            None if matches!(s(j, "state"), "succeeded" | "failed" | "cancelled") => {}
+    for run in &status.jobs {
+        match &run.address {
+            Some(address) => up.push((run.name.clone(), address.clone())),
+            None if matches!(
+                run.state,
+                RunState::Succeeded | RunState::Failed | RunState::Cancelled
+            ) => {}
             None => return None,
         }
     }
-    let pending = status["tasks"]["pending"].as_u64().unwrap_or(0);
-    (!up.is_empty() && pending == 0 && s(status, "state") == "running").then_some(up)
+    (!up.is_empty() && status.tasks.pending == 0 && status.state == WorkflowState::Running)
+        .then_some(up)
 }
 
 pub async fn submit(
@@ -289,8 +286,11 @@ pub async fn submit(
     } else {
         "application/yaml"
     };
-    let accepted = client.submit(document, content_type, key).await?;
-    let id = s(&accepted, "id").to_string();
+    let accepted: Accepted = Client::decode(
+        client.submit(document, content_type, key).await?,
+        "the submission",
+    )?;
+    let id = accepted.id.to_string();
     if !wait {
         match output {
             Output::Json => json(&accepted),
@@ -298,7 +298,7 @@ pub async fn submit(
         }
         return Ok(0);
     }
-    eprintln!("submitted {} as {id}", s(&accepted, "name"));
+    eprintln!("submitted {} as {id}", accepted.name);
     let status = wait_for(client, &id).await?;
     match output {
         Output::Json => json(&status),
@@ -311,7 +311,7 @@ pub async fn submit(
         eprintln!("it serves until cancelled: meridian cancel {id}");
         return Ok(0);
     }
-    Ok(if s(&status, "state") == "finished" {
+    Ok(if status.state == WorkflowState::Finished {
         0
     } else {
         1
@@ -320,12 +320,12 @@ pub async fn submit(
 
 /// Polls until the workflow ends (or only its services run on, ready), showing progress
 /// on standard error.
-async fn wait_for(client: &Client, id: &str) -> anyhow::Result<Value> {
+async fn wait_for(client: &Client, id: &str) -> anyhow::Result<WorkflowStatus> {
     let tty = std::io::stderr().is_terminal();
     let start = Instant::now();
     let mut last = String::new();
     loop {
-        let status = client.get(&format!("/v1/workflows/{id}")).await?;
+        let status: WorkflowStatus = client.get_as(&format!("/v1/workflows/{id}")).await?;
         let line = progress_line(&status);
         if tty {
             eprint!("\r\x1b[2K{line}  [{}s]", start.elapsed().as_secs());
@@ -333,7 +333,7 @@ async fn wait_for(client: &Client, id: &str) -> anyhow::Result<Value> {
             eprintln!("{line}");
         }
         last = line;
-        if is_final(&status) || serving(&status).is_some() {
+        if status.state.is_final() || serving(&status).is_some() {
             if tty {
                 eprintln!();
             }
@@ -343,54 +343,39 @@ async fn wait_for(client: &Client, id: &str) -> anyhow::Result<Value> {
     }
 }
 
-pub fn print_status(status: &Value) {
-    println!("workflow  {}  {}", s(status, "id"), s(status, "name"));
-    println!("state     {}", s(status, "state"));
-    if let Some(reason) = status.get("reason").and_then(Value::as_str) {
+pub fn print_status(status: &WorkflowStatus) {
+    println!("workflow  {}  {}", status.id, status.name);
+    println!("state     {}", status.state.as_str());
+    if let Some(reason) = &status.reason {
         println!("reason    {reason}");
     }
-    println!("site      {}", s(status, "site"));
+    println!("site      {}", status.site.as_deref().unwrap_or("-"));
     println!(
         "tasks     {}",
         progress_line(status)
             .split_once("  ")
             .map_or("", |(_, r)| r)
     );
-    let jobs = status
-        .get("jobs")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if jobs.is_empty() {
+    if status.jobs.is_empty() {
         return;
     }
     println!();
-    let rows: Vec<Vec<String>> = jobs
+    let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    let rows: Vec<Vec<String>> = status
+        .jobs
         .iter()
-        .map(|j| {
+        .map(|run| {
             vec![
-                match j.get("index").and_then(Value::as_u64) {
-                    Some(i) => format!("{}[{i}]", s(j, "name")),
-                    None => s(j, "name").to_string(),
+                match run.index {
+                    Some(i) => format!("{}[{i}]", run.name),
+                    None => run.name.clone(),
                 },
-                s(j, "state").to_string(),
-                j.get("exit_code").map_or("-".into(), |c| {
-                    if c.is_null() {
-                        "-".into()
-                    } else {
-                        c.to_string()
-                    }
-                }),
-                s(j, "started_at").to_string(),
-                s(j, "ended_at").to_string(),
-                j.get("address")
-                    .and_then(Value::as_str)
-                    .unwrap_or("-")
-                    .to_string(),
-                j.get("reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
+                run.state.as_str().to_string(),
+                run.exit_code.map_or("-".into(), |c| c.to_string()),
+                dash(&run.started_at),
+                dash(&run.ended_at),
+                dash(&run.address),
+                run.reason.clone().unwrap_or_default(),
             ]
         })
         .collect();
@@ -400,10 +385,16 @@ pub fn print_status(status: &Value) {
         ],
         &rows,
     );
+    if status.jobs_truncated {
+        println!(
+            "(the first {} runs; the counts above cover every task)",
+            status.jobs.len()
+        );
+    }
 }
 
 pub async fn status(client: &Client, id: &str, output: Output) -> anyhow::Result<()> {
-    let status = client.get(&format!("/v1/workflows/{id}")).await?;
+    let status: WorkflowStatus = client.get_as(&format!("/v1/workflows/{id}")).await?;
     match output {
         Output::Json => json(&status),
         Output::Table => print_status(&status),
@@ -421,23 +412,19 @@ pub async fn list(
     if let Some(state) = state {
         path.push_str(&format!("&state={state}"));
     }
-    let page = client.get(&path).await?;
+    let page: WorkflowPage = client.get_as(&path).await?;
     match output {
         Output::Json => json(&page),
         Output::Table => {
-            let items = page
-                .get("items")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let rows: Vec<Vec<String>> = items
+            let rows: Vec<Vec<String>> = page
+                .items
                 .iter()
                 .map(|w| {
                     vec![
-                        s(w, "id").to_string(),
-                        s(w, "name").to_string(),
-                        s(w, "state").to_string(),
-                        s(w, "submitted_at").to_string(),
+                        w.id.to_string(),
+                        w.name.clone(),
+                        w.state.as_str().to_string(),
+                        w.submitted_at.clone(),
                     ]
                 })
                 .collect();
@@ -448,15 +435,18 @@ pub async fn list(
 }
 
 pub async fn cancel(client: &Client, id: &str, output: Output) -> anyhow::Result<()> {
-    let answer = client
-        .post(
-            &format!("/v1/workflows/{id}/cancel"),
-            Some(serde_json::json!({})),
-        )
-        .await?;
+    let answer: CancelAccepted = Client::decode(
+        client
+            .post(
+                &format!("/v1/workflows/{id}/cancel"),
+                Some(serde_json::json!({})),
+            )
+            .await?,
+        "the cancel",
+    )?;
     match output {
         Output::Json => json(&answer),
-        Output::Table => println!("{id}: {}", s(&answer, "state")),
+        Output::Table => println!("{id}: {}", answer.state.as_str()),
     }
     Ok(())
 }

@@ -55,6 +55,8 @@ struct Tracked {
     job: Cached<Job>,
     backend: Option<BackendJobId>,
     tenant: String,
+    /// The site took the cancel this job's history asks for.
+    cancel_sent: bool,
 }
 
 pub struct SiteRunner {
@@ -83,6 +85,8 @@ pub struct SiteRunner {
     heartbeat_every: Duration,
     /// Whether "not in the catalogue" was said already.
     warned_unregistered: bool,
+    /// How often the site's own jobs are checked against the log (the leak sweep).
+    sweep_every: Duration,
     jobs: HashMap<Uuid, Tracked>,
     specs: HashMap<Uuid, Arc<meridian_spec::Workflow>>,
 }
@@ -122,6 +126,7 @@ impl SiteRunner {
             instance: Uuid::now_v7(),
             heartbeat_every: Duration::from_secs(20),
             warned_unregistered: false,
+            sweep_every: Duration::from_secs(300),
             jobs: HashMap::new(),
             specs: HashMap::new(),
         }
@@ -137,6 +142,13 @@ impl SiteRunner {
     /// holds for three intervals.
     pub fn with_heartbeat_interval(mut self, every: Duration) -> SiteRunner {
         self.heartbeat_every = every.max(Duration::from_secs(1));
+        self
+    }
+
+    /// How often the jobs the site runs are checked against the log, and those no live
+    /// job needs are stopped (5 minutes by default).
+    pub fn with_sweep_interval(mut self, every: Duration) -> SiteRunner {
+        self.sweep_every = every.max(Duration::from_millis(100));
         self
     }
 
@@ -177,6 +189,9 @@ impl SiteRunner {
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut beat = tokio::time::interval(self.heartbeat_every);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweep = tokio::time::interval(self.sweep_every);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweeps = true;
         loop {
             tokio::select! {
                 commits = sub.next(128, Duration::from_millis(100)) => {
@@ -197,6 +212,7 @@ impl SiteRunner {
                 _ = tick.tick() => self.poll_all().await?,
                 _ = health.tick() => self.report_health().await?,
                 _ = beat.tick() => self.heartbeat().await?,
+                _ = sweep.tick(), if sweeps => sweeps = self.sweep().await?,
                 _ = shutdown.changed() => {
                     self.disconnect().await;
                     return Ok(());
@@ -320,6 +336,49 @@ impl SiteRunner {
         }
     }
 
+    /// Stops what the site runs that no live job of its needs: a job the log says ended
+    /// (its end was recorded while the site still ran it), one dispatched elsewhere, or
+    /// one the log does not know. Returns whether to sweep again (not when the site cannot
+    /// list what it runs).
+    async fn sweep(&mut self) -> Result<bool, RunnerError> {
+        let owned = match self.adapter.owned().await {
+            Ok(owned) => owned,
+            Err(AdapterError::NotSupported(what)) => {
+                tracing::debug!(site = %self.site, what, "no leak sweep at this site");
+                return Ok(false);
+            }
+            Err(e) => {
+                tracing::warn!(site = %self.site, error = %e, "leak sweep: cannot list the site's jobs");
+                return Ok(true);
+            }
+        };
+        for job_id in owned {
+            if self.jobs.contains_key(&job_id) {
+                continue;
+            }
+            let job = Cached::<Job>::load(&*self.log, job_id).await?;
+            let live = job.state.state().is_some_and(|s| !s.is_terminal())
+                && job.state.dispatch().is_some_and(|d| d.site == self.site);
+            if live {
+                // Dispatched here since the last look: the subscription brings it.
+                continue;
+            }
+            let Some(backend) = self.adapter.find(job_id).await.ok().flatten() else {
+                continue;
+            };
+            let why = match job.state.state() {
+                None => "the log has no such job".to_string(),
+                Some(s) if s.is_terminal() => format!("its job is already {s}"),
+                Some(_) => "its job was dispatched to another site".to_string(),
+            };
+            tracing::warn!(site = %self.site, job = %job_id, %backend, why, "leak sweep: stopping a job no live job needs");
+            if let Err(e) = self.adapter.cancel(&backend).await {
+                tracing::warn!(site = %self.site, job = %job_id, error = %e, "leak sweep: the cancel failed; will try again");
+            }
+        }
+        Ok(true)
+    }
+
     /// Finds this site's jobs that have not ended, from the whole log.
     async fn recover(&mut self) -> Result<(), RunnerError> {
         let mut after = 0;
@@ -360,14 +419,7 @@ impl SiteRunner {
                 envelope.payload,
                 Event::Job(JobEvent::CancelRequested { .. })
             ) {
-                if let Some(backend) = tracked.backend.clone() {
-                    match self.adapter.cancel(&backend).await {
-                        Ok(()) | Err(AdapterError::UnknownJob(_)) => {}
-                        Err(e) => {
-                            tracing::warn!(job = %id, error = %e, "cancel failed; will retry")
-                        }
-                    }
-                }
+                self.pass_cancel_on(id).await;
             }
             return Ok(());
         }
@@ -395,6 +447,7 @@ impl SiteRunner {
                 job,
                 backend,
                 tenant,
+                cancel_sent: false,
             },
         );
         self.step(id).await
@@ -543,6 +596,13 @@ impl SiteRunner {
                 return Ok(());
             }
         };
+        // A cancel asked for before a restart (or that failed) reaches the site now.
+        if self.jobs[&id].job.state.cancel_requested()
+            && !self.jobs[&id].cancel_sent
+            && !report.state.is_terminal()
+        {
+            self.pass_cancel_on(id).await;
+        }
         let started = self.jobs[&id].job.state.started_at().is_some();
         let started_at = match &report.state {
             SiteState::Running { started_at } | SiteState::Succeeded { started_at, .. } => {
@@ -679,6 +739,20 @@ impl SiteRunner {
                 tracing::warn!(job = %id, error = %e, "submit failed; will retry");
                 Ok(())
             }
+        }
+    }
+
+    /// Asks the site to stop job `id`; a failure is retried at the next poll.
+    async fn pass_cancel_on(&mut self, id: Uuid) {
+        let Some(tracked) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let Some(backend) = tracked.backend.clone() else {
+            return;
+        };
+        match self.adapter.cancel(&backend).await {
+            Ok(()) | Err(AdapterError::UnknownJob(_)) => tracked.cancel_sent = true,
+            Err(e) => tracing::warn!(job = %id, error = %e, "cancel failed; will retry"),
         }
     }
 

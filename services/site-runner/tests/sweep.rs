@@ -1,0 +1,227 @@
+//! The leak sweep: what a site runs that no live job needs is stopped.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_adapter_core::{JobRequest, JobState, Resources, SiteAdapter};
+use meridian_adapter_local::{ContainerRuntime, LocalAdapter, LocalConfig};
+use meridian_eventlog::aggregates::execute;
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+use meridian_events::aggregate::{Site, SiteCommand};
+use meridian_events::{EventContext, SiteKind};
+use meridian_site_runner::SiteRunner;
+use uuid::Uuid;
+
+fn orphan(command: &[&str]) -> JobRequest {
+    JobRequest {
+        job_id: Uuid::now_v7(),
+        workflow_id: Uuid::now_v7(),
+        name: "orphan".into(),
+        array_index: None,
+        image: None,
+        command: command.iter().map(|s| s.to_string()).collect(),
+        env: BTreeMap::new(),
+        cwd: None,
+        resources: Resources {
+            nodes: 1,
+            cpus: 1,
+            memory_bytes: 1 << 20,
+            walltime: Duration::from_secs(600),
+            gpus: None,
+        },
+        service: None,
+        mounts: BTreeMap::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_the_log_does_not_know_is_stopped_by_the_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    execute::<Site, _>(&*log, Uuid::now_v7(), &EventContext::new_chain("t"), |_| {
+        SiteCommand::Register {
+            name: "here".into(),
+            kind: SiteKind::Local,
+            region: "r".into(),
+            jurisdiction: "eu".into(),
+            credentials_secret: None,
+            labels: BTreeMap::new(),
+            prices: None,
+        }
+    })
+    .await
+    .unwrap();
+    let mut config = LocalConfig::new(dir.path().join("site"));
+    config.container_runtime = ContainerRuntime::None;
+    config.kill_grace = Duration::from_millis(200);
+    let adapter = Arc::new(LocalAdapter::new(config).unwrap());
+    // Started behind Meridian's back (or left by a log that was lost): no Job knows it.
+    let job = orphan(&["sleep", "600"]);
+    let id = adapter.submit(&job).await.unwrap();
+    assert_eq!(adapter.owned().await.unwrap(), vec![job.job_id]);
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let runner = SiteRunner::new("here", adapter.clone(), log.clone(), None)
+        .with_sweep_interval(Duration::from_millis(200));
+    let task = tokio::spawn(async move { runner.run(stopped).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let report = adapter.status(&id).await.unwrap();
+        if matches!(report.state, JobState::Cancelled { .. }) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sweep never stopped it: {report:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(adapter.owned().await.unwrap().is_empty());
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+/// A local site whose first cancel fails, as a site that is briefly unreachable does.
+struct FlakyCancel {
+    inner: Arc<LocalAdapter>,
+    failed_once: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl SiteAdapter for FlakyCancel {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+    async fn submit(
+        &self,
+        job: &JobRequest,
+    ) -> Result<meridian_adapter_core::BackendJobId, meridian_adapter_core::AdapterError> {
+        self.inner.submit(job).await
+    }
+    async fn find(
+        &self,
+        job_id: Uuid,
+    ) -> Result<Option<meridian_adapter_core::BackendJobId>, meridian_adapter_core::AdapterError>
+    {
+        self.inner.find(job_id).await
+    }
+    async fn status(
+        &self,
+        id: &meridian_adapter_core::BackendJobId,
+    ) -> Result<meridian_adapter_core::JobReport, meridian_adapter_core::AdapterError> {
+        self.inner.status(id).await
+    }
+    async fn cancel(
+        &self,
+        id: &meridian_adapter_core::BackendJobId,
+    ) -> Result<(), meridian_adapter_core::AdapterError> {
+        if !self
+            .failed_once
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(meridian_adapter_core::AdapterError::Unavailable(
+                "the site did not answer".into(),
+            ));
+        }
+        self.inner.cancel(id).await
+    }
+    async fn logs(
+        &self,
+        id: &meridian_adapter_core::BackendJobId,
+    ) -> Result<meridian_adapter_core::Logs, meridian_adapter_core::AdapterError> {
+        self.inner.logs(id).await
+    }
+    async fn capacity(
+        &self,
+    ) -> Result<meridian_adapter_core::Capacity, meridian_adapter_core::AdapterError> {
+        self.inner.capacity().await
+    }
+}
+
+/// A cancel the site failed to take is passed on again, at the next look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_the_site_missed_is_passed_on_again() {
+    use meridian_events::aggregate::{Job, JobCommand, Workflow, WorkflowCommand};
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let ctx = EventContext::new_chain("t");
+    let workflow_id = Uuid::now_v7();
+    let spec = meridian_spec::parse(
+        "version: v1\nname: w\njobs:\n  slow: {image: host, command: [sleep, \"600\"], resources: {memory: 64MiB}}\n",
+    )
+    .unwrap();
+    execute::<Workflow, _>(&*log, workflow_id, &ctx, |_| WorkflowCommand::Submit {
+        workflow_id,
+        spec: spec.clone(),
+        submitted_by: "t".into(),
+        idempotency_key: None,
+    })
+    .await
+    .unwrap();
+    let job_id = Uuid::now_v7();
+    let rate = meridian_events::ComputeRate {
+        offer: "local".into(),
+        pricing: meridian_events::ComputePricing::Resource {
+            per_core_hour: rust_decimal::Decimal::ONE,
+            per_gib_memory_hour: rust_decimal::Decimal::ZERO,
+            per_gpu_hour: rust_decimal::Decimal::ZERO,
+        },
+        currency: meridian_events::Currency::USD,
+        effective_from: chrono::Utc::now(),
+        source: "test".into(),
+    };
+    execute::<Job, _>(&*log, job_id, &ctx, |_| JobCommand::Dispatch {
+        workflow_id,
+        job: "slow".into(),
+        index: None,
+        attempt: 1,
+        site: "here".into(),
+        rate: rate.clone(),
+        resources: spec.jobs["slow"].resources.clone(),
+    })
+    .await
+    .unwrap();
+    let mut config = LocalConfig::new(dir.path().join("site"));
+    config.container_runtime = ContainerRuntime::None;
+    config.kill_grace = Duration::from_millis(200);
+    let adapter = Arc::new(FlakyCancel {
+        inner: Arc::new(LocalAdapter::new(config).unwrap()),
+        failed_once: Default::default(),
+    });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let runner = SiteRunner::new("here", adapter, log.clone(), None)
+        .with_poll_interval(Duration::from_millis(100));
+    let task = tokio::spawn(async move { runner.run(stopped).await });
+    let state = |log: Arc<dyn EventLog>| async move {
+        meridian_eventlog::aggregates::load::<Job>(&*log, job_id)
+            .await
+            .unwrap()
+            .state
+            .state()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while state(log.clone()).await != Some(meridian_events::aggregate::JobState::Started) {
+        assert!(tokio::time::Instant::now() < deadline, "never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    execute::<Job, _>(&*log, job_id, &ctx, |_| JobCommand::RequestCancel {
+        by: "t".into(),
+        reason: None,
+    })
+    .await
+    .unwrap();
+    // The first cancel fails; the next poll passes it on again and the run ends.
+    while state(log.clone()).await != Some(meridian_events::aggregate::JobState::Cancelled) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cancel never reached the site"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
