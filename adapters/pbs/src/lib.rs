@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, Capacity, JobReport, JobRequest, Logs, SiteAdapter,
+    AdapterError, BackendJobId, Capacity, JobReport, JobRequest, JobState, Logs, SiteAdapter,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -152,9 +152,12 @@ impl PbsAdapter {
         info.observed.cancel_requested = self.cancel_marker(pid).exists();
         let state = map_state(&info.observed)
             .map_err(|e| AdapterError::Unavailable(format!("job {id}: {e}")))?;
+        let host = info
+            .exec_host
+            .filter(|_| matches!(state, JobState::Running { .. }));
         Ok(JobReport {
             address: None,
-            host: None,
+            host,
             backend_id: id.clone(),
             state,
             usage: info.usage,
@@ -227,7 +230,6 @@ impl SiteAdapter for PbsAdapter {
     }
 
     async fn submit(&self, job: &JobRequest) -> Result<BackendJobId, AdapterError> {
-        job.refuse_service("pbs")?;
         let plan = qsub::plan(job, &self.config)?;
         let _lock = SubmitLock::acquire(&self.config.lock_dir(), job.job_id)
             .await

@@ -95,6 +95,9 @@ pub struct JobInfo {
     /// Where its output is delivered, without the `host:` prefix.
     pub output_path: Option<String>,
     pub error_path: Option<String>,
+    /// The first host of `exec_host` (`node17/0*2+node18/0*2`): where the job's script
+    /// runs, once it runs.
+    pub exec_host: Option<String>,
 }
 
 fn path(v: &Value) -> Option<String> {
@@ -146,6 +149,9 @@ pub fn job_info(job: &Value) -> JobInfo {
         meridian_job_id: text(&job["Variable_List"]["MERIDIAN_JOB_ID"]),
         output_path: path(&job["Output_Path"]),
         error_path: path(&job["Error_Path"]),
+        exec_host: text(&job["exec_host"])
+            .and_then(|h| h.split(['/', '+']).next().map(str::to_string))
+            .filter(|h| !h.is_empty()),
     }
 }
 

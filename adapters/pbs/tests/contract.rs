@@ -360,6 +360,46 @@ async fn contract_usage_comes_from_the_resource_lists_even_as_strings() {
     );
 }
 
+/// A running job says where its script runs (`exec_host`'s first host): a service there
+/// is ready once it answers on its port.
+#[tokio::test]
+async fn contract_a_running_job_reports_its_execution_host() {
+    let s = site();
+    let id = s.job("qstat-106-R.json");
+    assert_eq!(
+        s.adapter.status(&id).await.unwrap().host.as_deref(),
+        Some("node01")
+    );
+    let id = s.job("qstat-110-F-exit0.json");
+    assert_eq!(
+        s.adapter.status(&id).await.unwrap().host,
+        None,
+        "ended: nowhere"
+    );
+}
+
+/// A service is one PBS job whose script starts the command again when it exits.
+#[tokio::test]
+async fn contract_a_service_is_one_job_with_a_restart_loop() {
+    let s = site();
+    let mut job = request("web");
+    job.service = Some(meridian_adapter_core::ServiceRequest {
+        port: 8000,
+        min_replicas: 1,
+        max_replicas: 1,
+        max_restarts: 3,
+    });
+    std::fs::write(s.state().join("qsub.next"), "4243.pbs01\n").unwrap();
+    s.adapter.submit(&job).await.unwrap();
+    let script = std::fs::read_to_string(s.state().join("submitted.sh")).unwrap();
+    assert!(script.contains("meridian_left=3"), "{script}");
+    assert!(
+        script.contains("export MERIDIAN_SERVICE_PORT=8000"),
+        "{script}"
+    );
+    assert!(script.contains("while :; do"), "{script}");
+}
+
 #[tokio::test]
 async fn contract_array_ids_and_helpers() {
     let s = site();
