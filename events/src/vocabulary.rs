@@ -143,6 +143,32 @@ pub struct Usage {
     pub max_rss_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_seconds: Option<rust_decimal::Decimal>,
+    /// The stretch the site bills, when it is not the run's (a cloud instance is billed
+    /// from launch to termination, around the task it ran): compute is charged for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billed: Option<BilledInterval>,
+}
+
+/// A stretch a site bills: `[from, to)`, UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BilledInterval {
+    pub from: chrono::DateTime<chrono::Utc>,
+    pub to: chrono::DateTime<chrono::Utc>,
+}
+
+impl Usage {
+    /// What compute is charged for: the billed stretch when the site gave one, else the
+    /// run's.
+    pub fn charged(
+        &self,
+        started_at: chrono::DateTime<chrono::Utc>,
+        ended_at: chrono::DateTime<chrono::Utc>,
+    ) -> (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) {
+        match self.billed {
+            Some(b) => (b.from, b.to),
+            None => (started_at, ended_at),
+        }
+    }
 }
 
 /// Why a run failed. The split that matters is [`FailureReason::is_site_fault`]: a

@@ -44,6 +44,7 @@ fn usage() -> Usage {
         cpu_seconds: Some(dec("1234.5")),
         max_rss_bytes: Some(1 << 35),
         gpu_seconds: None,
+        billed: None,
     }
 }
 
@@ -311,4 +312,51 @@ fn cancel_is_requested_once_then_confirmed_with_what_ran() {
     );
     let job = Job::load(&[dispatched(), started(), cancelled]);
     assert_eq!(job.outcome(), Some(&JobOutcome::Cancelled));
+}
+
+/// A site that bills another stretch than the run (a cloud instance, launch to
+/// terminate) has compute charged for that stretch; one that ends before it starts is
+/// refused and records nothing.
+#[test]
+fn compute_is_charged_for_the_billed_stretch_when_the_site_gives_one() {
+    use meridian_events::vocabulary::BilledInterval;
+    let billed = BilledInterval {
+        from: at(0, 30),
+        to: at(3, 30),
+    };
+    let mut with_billed = usage();
+    with_billed.billed = Some(billed);
+    let (events, _) = given::<Job>([dispatched(), started()])
+        .when(
+            JobCommand::Finish {
+                ended_at: at(3, 0),
+                exit_code: 0,
+                usage: with_billed,
+            },
+            at(3, 0),
+        )
+        .then_ok();
+    let run_only = finished().compute_cost().unwrap().unwrap();
+    let charged = events[0].compute_cost().unwrap().unwrap();
+    // Three billed hours against two run hours, at the same rate.
+    assert_eq!(
+        charged.amount * rust_decimal::Decimal::from(2),
+        run_only.amount * rust_decimal::Decimal::from(3)
+    );
+
+    let mut backwards = usage();
+    backwards.billed = Some(BilledInterval {
+        from: at(3, 30),
+        to: at(0, 30),
+    });
+    given::<Job>([dispatched(), started()])
+        .when(
+            JobCommand::Finish {
+                ended_at: at(3, 0),
+                exit_code: 0,
+                usage: backwards,
+            },
+            at(3, 0),
+        )
+        .then_err(|e| matches!(e, JobError::BilledBackwards { .. }));
 }

@@ -99,6 +99,10 @@ fn every_event() -> Vec<Event> {
         cpu_seconds: Some(dec("86400.25")),
         max_rss_bytes: Some(1 << 36),
         gpu_seconds: Some(dec("57600")),
+        billed: Some(meridian_events::vocabulary::BilledInterval {
+            from: at(0, 55),
+            to: at(3, 5),
+        }),
     };
     let wf = id(WORKFLOW);
     let site = || "hpc-eu".to_string();

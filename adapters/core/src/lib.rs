@@ -217,6 +217,10 @@ pub struct Usage {
     pub gpu_vendor: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_model: Option<String>,
+    /// What the site bills when it is not the run (a cloud instance: launch to
+    /// terminate); compute is charged for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billed: Option<meridian_events::vocabulary::BilledInterval>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

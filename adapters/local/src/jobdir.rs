@@ -380,6 +380,7 @@ fn usage(request: &JobRequest, started: bool, cpu_seconds: Option<f64>) -> Usage
         max_rss_bytes: None,
         gpu_vendor: None,
         gpu_model: None,
+        billed: None,
     }
 }
 

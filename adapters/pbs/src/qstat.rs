@@ -130,6 +130,7 @@ pub fn job_info(job: &Value) -> JobInfo {
         Usage {
             gpu_vendor: None,
             gpu_model: None,
+            billed: None,
             nodes: number(&limits["nodect"]).unwrap_or(1).max(0) as u32,
             cpus: number(&limits["ncpus"])
                 .or_else(|| number(&used["ncpus"]))

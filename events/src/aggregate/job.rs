@@ -117,6 +117,11 @@ pub enum JobError {
     NotStarted,
     #[error("the job is already {state}")]
     AlreadyTerminal { state: JobState },
+    #[error("the billed interval ends at {to}, before it starts at {from}")]
+    BilledBackwards {
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    },
     #[error("a service is ready at an address; none was given")]
     NoAddress,
     #[error("a cancel was already requested")]
@@ -198,6 +203,16 @@ impl Job {
             (Some(state), _) if state.is_terminal() => Err(JobError::AlreadyTerminal { state }),
             (Some(state), Some(d)) => Ok((state, d)),
             _ => Err(JobError::NotDispatched),
+        }
+    }
+
+    fn check_billed(usage: &Usage) -> Result<(), JobError> {
+        match usage.billed {
+            Some(b) if b.to < b.from => Err(JobError::BilledBackwards {
+                from: b.from,
+                to: b.to,
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -313,6 +328,7 @@ impl Aggregate for Job {
                     return Err(JobError::NotStarted);
                 };
                 self.check_end(ended_at)?;
+                Self::check_billed(&usage)?;
                 if exit_code != 0 {
                     let reason = FailureReason::ExitCode { code: exit_code };
                     return Ok(vec![self.failed(
@@ -343,6 +359,7 @@ impl Aggregate for Job {
             } => {
                 let (_, d) = self.live()?;
                 self.check_end(ended_at)?;
+                Self::check_billed(&usage)?;
                 Ok(vec![self.failed(d, ended_at, exit_code, reason, usage)])
             }
 
@@ -361,6 +378,7 @@ impl Aggregate for Job {
             JobCommand::Cancel { ended_at, usage } => {
                 let (_, d) = self.live()?;
                 self.check_end(ended_at)?;
+                Self::check_billed(&usage)?;
                 Ok(vec![JobEvent::Cancelled {
                     workflow_id: d.workflow_id,
                     site: d.site.clone(),

@@ -129,13 +129,18 @@ impl JobEvent {
                 started_at,
                 ended_at,
                 allocated,
+                usage,
                 ..
-            } => Some(rate.cost_between(allocated, *started_at, *ended_at)),
+            } => {
+                let (from, to) = usage.charged(*started_at, *ended_at);
+                Some(rate.cost_between(allocated, from, to))
+            }
             JobEvent::Failed {
                 rate,
                 started_at: Some(started_at),
                 ended_at,
                 allocated: Some(allocated),
+                usage,
                 ..
             }
             | JobEvent::Cancelled {
@@ -143,8 +148,12 @@ impl JobEvent {
                 started_at: Some(started_at),
                 ended_at,
                 allocated: Some(allocated),
+                usage,
                 ..
-            } => Some(rate.cost_between(allocated, *started_at, *ended_at)),
+            } => {
+                let (from, to) = usage.charged(*started_at, *ended_at);
+                Some(rate.cost_between(allocated, from, to))
+            }
             _ => None,
         }
     }

@@ -442,7 +442,8 @@ async fn apply_event(
     Ok(())
 }
 
-/// A run that bills: it started, and its allocation is known.
+/// A run that bills: it started, and its allocation is known. Its stretch is what the
+/// site bills: the run's, or the billed interval the site reported.
 struct Run<'a> {
     workflow_id: Uuid,
     site: &'a str,
@@ -463,13 +464,14 @@ impl<'a> Run<'a> {
                 started_at,
                 ended_at,
                 allocated,
+                usage,
                 ..
             } => Some(Run {
                 workflow_id: *workflow_id,
                 site,
                 rate,
-                started_at: *started_at,
-                ended_at: *ended_at,
+                started_at: usage.charged(*started_at, *ended_at).0,
+                ended_at: usage.charged(*started_at, *ended_at).1,
                 allocated,
                 outcome: "finished".into(),
             }),
@@ -481,13 +483,14 @@ impl<'a> Run<'a> {
                 ended_at,
                 allocated: Some(allocated),
                 reason,
+                usage,
                 ..
             } => Some(Run {
                 workflow_id: *workflow_id,
                 site,
                 rate,
-                started_at: *started_at,
-                ended_at: *ended_at,
+                started_at: usage.charged(*started_at, *ended_at).0,
+                ended_at: usage.charged(*started_at, *ended_at).1,
                 allocated,
                 outcome: format!("failed: {reason}"),
             }),
@@ -498,13 +501,14 @@ impl<'a> Run<'a> {
                 started_at: Some(started_at),
                 ended_at,
                 allocated: Some(allocated),
+                usage,
                 ..
             } => Some(Run {
                 workflow_id: *workflow_id,
                 site,
                 rate,
-                started_at: *started_at,
-                ended_at: *ended_at,
+                started_at: usage.charged(*started_at, *ended_at).0,
+                ended_at: usage.charged(*started_at, *ended_at).1,
                 allocated,
                 outcome: "cancelled".into(),
             }),

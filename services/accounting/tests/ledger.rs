@@ -817,3 +817,48 @@ on_both!(
     sqlite_redelivery_never_bills_twice,
     postgres_redelivery_never_bills_twice
 );
+
+/// A cloud instance billed from launch to termination: compute is charged for that
+/// stretch, not the shorter run inside it.
+async fn the_billed_stretch_is_charged_when_the_site_gives_one(store: &Store) {
+    let mut log = Log::new().await;
+    log.site("aws-us-east-1", SiteKind::Aws, "us-east-1").await;
+    let w = Uuid::now_v7();
+    let t0 = t("2026-11-02T09:00:00Z");
+    let minutes = |m: i64| t0 + chrono::Duration::minutes(m);
+    // The task ran 09:05 to 09:35; the instance lived 09:00 to 10:00: one instance-hour.
+    let job = log
+        .run(
+            "physics",
+            w,
+            "aws-us-east-1",
+            "serve",
+            1,
+            &cloud_rate(),
+            &gpu_node(),
+            minutes(5),
+            minutes(35),
+            End::FinishedBilled(meridian_events::vocabulary::BilledInterval {
+                from: t0,
+                to: minutes(60),
+            }),
+        )
+        .await;
+    catch_up(store, &*log.log, &Ledger).await.unwrap();
+    let b = bill(store, w).await.unwrap();
+    let lines: Vec<&BillLine> = b
+        .lines
+        .iter()
+        .filter(|l| l.job_id.as_deref() == Some(job.to_string().as_str()))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(d(&lines[0].quantity), d("1"));
+    assert_eq!(d(&lines[0].amount), d("98.32"));
+    assert_eq!(lines[0].started_at, "2026-11-02T09:00:00.000000Z");
+    assert_eq!(lines[0].ended_at, "2026-11-02T10:00:00.000000Z");
+}
+on_both!(
+    the_billed_stretch_is_charged_when_the_site_gives_one,
+    sqlite_the_billed_stretch_is_charged,
+    postgres_the_billed_stretch_is_charged
+);

@@ -887,5 +887,6 @@ fn usage_of(usage: &meridian_adapter_core::Usage) -> Usage {
             .and_then(|s| Decimal::from_f64_retain(s).map(|d| d.round_dp(3))),
         max_rss_bytes: usage.max_rss_bytes,
         gpu_seconds: None,
+        billed: usage.billed,
     }
 }

@@ -171,6 +171,19 @@ impl Log {
                 allocated: allocated.clone(),
                 usage: Usage::default(),
             },
+            End::FinishedBilled(billed) => JobEvent::Finished {
+                workflow_id,
+                site: site.into(),
+                rate: rate.clone(),
+                started_at,
+                ended_at,
+                exit_code: 0,
+                allocated: allocated.clone(),
+                usage: Usage {
+                    billed: Some(billed),
+                    ..Usage::default()
+                },
+            },
             End::Failed(reason) => JobEvent::Failed {
                 workflow_id,
                 site: site.into(),
@@ -324,6 +337,8 @@ impl Log {
 
 pub enum End {
     Finished,
+    /// Finished, and the site billed another stretch (a cloud instance's life).
+    FinishedBilled(meridian_events::vocabulary::BilledInterval),
     Failed(FailureReason),
     Refused,
     Cancelled,
