@@ -18,6 +18,10 @@ use crate::units::{Money, Size, Walltime};
 /// A whole workflow document, `version: v1`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("anyOf" = [
+    {"required": ["jobs"], "properties": {"jobs": {"minProperties": 1}}},
+    {"required": ["services"], "properties": {"services": {"minProperties": 1}}}
+]))]
 pub struct Workflow {
     /// Always `v1` for this shape.
     pub version: SpecVersion,
@@ -132,7 +136,7 @@ pub struct Job {
     pub image: Image,
     /// The program and its arguments, as a list. `${ARRAY_INDEX}` is replaced by the task's
     /// index in its array.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1), extend("prefixItems" = [{"type": "string", "minLength": 1}]))]
     pub command: Vec<String>,
     /// Environment variables. Numbers and booleans are taken as their text.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -169,7 +173,7 @@ pub struct Service {
     /// `host`, or an image reference such as `docker://vllm/vllm-openai:latest`.
     pub image: Image,
     /// The program and its arguments, as a list.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1), extend("prefixItems" = [{"type": "string", "minLength": 1}]))]
     pub command: Vec<String>,
     /// Environment variables. Numbers and booleans are taken as their text.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -210,9 +214,9 @@ pub enum Image {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Replicas {
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4294967295u32))]
     pub min: u32,
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4294967295u32))]
     pub max: u32,
 }
 
@@ -227,11 +231,13 @@ impl Default for Replicas {
 #[serde(deny_unknown_fields)]
 pub struct TaskArray {
     /// First index, inclusive.
+    #[schemars(range(max = 4294967295u32))]
     pub start: u32,
     /// Last index, inclusive; at least `start`, and at most 1,000,000 tasks in all.
+    #[schemars(range(max = 4294967295u32))]
     pub end: u32,
     /// Most tasks running at once.
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4294967295u32))]
     pub parallelism: u32,
 }
 
@@ -257,11 +263,11 @@ impl TaskArray {
 pub struct Resources {
     /// Nodes, each with the resources below.
     #[serde(default = "one")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4294967295u32))]
     pub nodes: u32,
     /// CPUs per node.
     #[serde(default = "one")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4294967295u32))]
     pub cpus: u32,
     /// Memory per node.
     #[serde(default = "default_memory")]
@@ -299,7 +305,7 @@ impl Default for Resources {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Gpus {
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4294967295u32))]
     pub count: u32,
     #[serde(default)]
     pub vendor: GpuVendor,
