@@ -377,3 +377,103 @@ fn apply_ignores_readiness_of_a_run_that_is_not_running() {
         vec![TaskRef::new("db", None), TaskRef::new("train", None)]
     );
 }
+
+fn settled_as(job: &str, job_id: u128, outcome: JobOutcome, retry: bool) -> WorkflowEvent {
+    WorkflowEvent::JobSettled {
+        job: job.into(),
+        index: None,
+        job_id: id(job_id),
+        outcome,
+        retry,
+    }
+}
+
+/// `report` needs `db`; `db` is lost (a site fault, retried) while `report` runs, and
+/// `report` then succeeds: nothing wants `db` any more, so the workflow finishes rather
+/// than waiting for ever on a service it will never release.
+#[test]
+fn a_service_waiting_to_run_again_that_nothing_needs_does_not_hold_the_workflow() {
+    let spec: meridian_spec::Workflow = serde_json::from_value(json!({
+        "version": "v1",
+        "name": "w",
+        "jobs": {"report": {"requires": ["db"], "image": "host", "command": ["true"]}},
+        "services": {"db": {"image": "host", "command": ["sleep", "1d"], "port": 5432}}
+    }))
+    .unwrap();
+    let lost = JobOutcome::Failed {
+        reason: FailureReason::Lost,
+    };
+    let wf = given::<Workflow>([
+        submitted(spec),
+        placed(),
+        released("db", 10),
+        ready("db", 10),
+        released("report", 11),
+        settled_as("db", 10, lost, true),
+    ])
+    .state()
+    .clone();
+    let (events, wf) = given_state(wf)
+        .when(settle(11, JobOutcome::Succeeded), at(1, 0))
+        .then_ok();
+    assert!(
+        matches!(events.last(), Some(WorkflowEvent::Finished { .. })),
+        "{events:?}"
+    );
+    assert_eq!(wf.state(), Some(WorkflowState::Finished));
+}
+
+/// A service the router stopped that the site then reports lost (or exited non-zero)
+/// did its work: a success, not a retry that would never be released.
+#[test]
+fn a_stopped_service_reported_lost_settles_as_a_success() {
+    let history = [
+        submitted(serving_spec()),
+        placed(),
+        released("db", 10),
+        released("train", 11),
+        ready("db", 10),
+        released("report", 12),
+        settled_as("report", 12, JobOutcome::Succeeded, false),
+    ];
+    let (events, _) = given::<Workflow>(history)
+        .when(
+            settle(
+                10,
+                JobOutcome::Failed {
+                    reason: FailureReason::Lost,
+                },
+            ),
+            at(1, 0),
+        )
+        .then_ok();
+    assert_eq!(
+        events[0],
+        settled_as("db", 10, JobOutcome::Succeeded, false),
+        "{events:?}"
+    );
+}
+
+/// A service that ends by itself while a job still needs it failed that job's chance.
+#[test]
+fn a_service_that_ends_while_needed_is_a_failure() {
+    let (events, _) = given::<Workflow>([
+        submitted(serving_spec()),
+        placed(),
+        released("db", 10),
+        released("train", 11),
+    ])
+    .when(settle(10, JobOutcome::Succeeded), at(0, 9))
+    .then_ok();
+    assert!(
+        matches!(
+            &events[0],
+            WorkflowEvent::JobSettled {
+                outcome: JobOutcome::Failed { .. },
+                retry: false,
+                ..
+            }
+        ),
+        "{events:?}"
+    );
+}

@@ -83,6 +83,9 @@ pub(crate) fn plan(
         .collect();
     // Ours come last, so a job cannot pass itself off as another.
     env.extend(job.meridian_env());
+    if let Some(port) = job.service_port() {
+        env.push(("MERIDIAN_SERVICE_PORT".into(), port.to_string()));
+    }
     let volumes = volume_dirs(job, dir)?;
     if job.container_image().is_none() {
         // On the host a volume cannot appear at its mount path without privileges: the

@@ -470,26 +470,27 @@ impl Workflow {
         if self.state == Some(WorkflowState::CancelRequested) {
             return Vec::new(); // the cancel reaches every run anyway
         }
-        let doomed = self.doomed();
+        let counts = self.counts();
+        let doomed = self.doomed(&counts);
         self.running
             .iter()
             .filter(|(_, task)| {
                 self.nodes
                     .get(&task.job)
-                    .is_some_and(|n| n.service && !self.wanted(&task.job, &doomed))
+                    .is_some_and(|n| n.service && !self.wanted(&counts, &task.job, &doomed))
             })
             .map(|(id, _)| *id)
             .collect()
     }
 
-    /// Nodes that can never succeed: a task failed for good, or a node they require
-    /// can never succeed.
-    fn doomed(&self) -> BTreeSet<&str> {
+    /// Nodes that can never succeed, given these counts: a task failed for good, or a
+    /// node they require can never succeed.
+    fn doomed(&self, counts: &BTreeMap<&str, Counts>) -> BTreeSet<&str> {
         let mut doomed: BTreeSet<&str> = self
             .nodes
             .iter()
-            .filter(|(_, n)| {
-                let c = n.counts;
+            .filter(|(name, _)| {
+                let c = counts[name.as_str()];
                 !c.all_succeeded() && c.pending == 0 && c.in_flight == 0
             })
             .map(|(name, _)| name.as_str())
@@ -513,7 +514,7 @@ impl Workflow {
 
     /// Whether service `name` should run: some node that requires it can still run, or,
     /// when nothing requires it, no job failed for good.
-    fn wanted(&self, name: &str, doomed: &BTreeSet<&str>) -> bool {
+    fn wanted(&self, counts: &BTreeMap<&str, Counts>, name: &str, doomed: &BTreeSet<&str>) -> bool {
         let mut dependents = self
             .nodes
             .iter()
@@ -526,10 +527,10 @@ impl Workflow {
                 .any(|(n, node)| !node.service && doomed.contains(n.as_str()));
         }
         dependents.any(|(dependent, n)| {
-            let c = n.counts;
+            let c = counts[dependent.as_str()];
             !doomed.contains(dependent.as_str())
                 && (c.in_flight > 0 || c.pending > 0)
-                && (!n.service || self.wanted(dependent, doomed))
+                && (!n.service || self.wanted(counts, dependent, doomed))
         })
     }
 
@@ -556,7 +557,7 @@ impl Workflow {
         let counts = self.counts();
         let mut out = Vec::new();
         for (name, node) in &self.nodes {
-            if self.releasable(&counts, name) {
+            if self.releasable(&counts, name, None) {
                 let slots = counts[name.as_str()].free_slots() as usize;
                 out.extend(
                     node.pending_tasks()
@@ -575,20 +576,22 @@ impl Workflow {
             .collect()
     }
 
-    /// Whether some task of `job` could be released, given these counts.
-    fn releasable(&self, counts: &BTreeMap<&str, Counts>, job: &str) -> bool {
+    /// Whether some task of `job` could be released, given these counts; `ended` is a
+    /// service whose run is being settled (it is ready no more).
+    fn releasable(&self, counts: &BTreeMap<&str, Counts>, job: &str, ended: Option<&str>) -> bool {
         let c = &counts[job];
         let node = &self.nodes[job];
         c.pending > 0
             && c.free_slots() > 0
-            && node.requires.iter().all(|r| self.met(counts, r))
-            && (!node.service || self.wanted(job, &self.doomed()))
+            && node.requires.iter().all(|r| self.met(counts, r, ended))
+            && (!node.service || self.wanted(counts, job, &self.doomed(counts)))
     }
 
-    /// Whether requirement `r` holds: a job all of whose tasks succeeded, a service ready.
-    fn met(&self, counts: &BTreeMap<&str, Counts>, r: &str) -> bool {
+    /// Whether requirement `r` holds: a job all of whose tasks succeeded, a service ready
+    /// (and not `ended`).
+    fn met(&self, counts: &BTreeMap<&str, Counts>, r: &str, ended: Option<&str>) -> bool {
         match self.nodes.get(r) {
-            Some(n) if n.service => n.ready.is_some(),
+            Some(n) if n.service => n.ready.is_some() && ended != Some(r),
             Some(_) => counts.get(r).is_some_and(Counts::all_succeeded),
             None => false,
         }
@@ -621,6 +624,7 @@ impl Workflow {
         counts: &BTreeMap<&str, Counts>,
         new_failure: Option<&TaskRef>,
         now: DateTime<Utc>,
+        ended: Option<&str>,
     ) -> Option<WorkflowEvent> {
         if state.is_terminal() || state == WorkflowState::Submitted || running > 0 {
             return None;
@@ -628,10 +632,18 @@ impl Workflow {
         if state == WorkflowState::CancelRequested {
             return Some(WorkflowEvent::Cancelled { cancelled_at: now });
         }
-        if counts.values().all(Counts::all_succeeded) {
+        // A service nothing wants any more, with nothing in flight, is done with.
+        let doomed = self.doomed(counts);
+        let done = |name: &str, c: &Counts| {
+            c.all_succeeded()
+                || (self.nodes[name].service
+                    && c.in_flight == 0
+                    && !self.wanted(counts, name, &doomed))
+        };
+        if counts.iter().all(|(name, c)| done(name, c)) {
             return Some(WorkflowEvent::Finished { finished_at: now });
         }
-        if counts.keys().any(|job| self.releasable(counts, job)) {
+        if counts.keys().any(|job| self.releasable(counts, job, ended)) {
             return None;
         }
         let failed = self.failed.iter().chain(new_failure);
@@ -707,7 +719,7 @@ impl Workflow {
             reason,
         };
         let counts = self.counts();
-        if let Some(r) = node.requires.iter().find(|r| !self.met(&counts, r)) {
+        if let Some(r) = node.requires.iter().find(|r| !self.met(&counts, r, None)) {
             let what = if self.is_service(r) {
                 "is not ready"
             } else {
@@ -715,7 +727,7 @@ impl Workflow {
             };
             return Err(not_runnable(format!("it requires {r:?}, which {what}")));
         }
-        if node.service && !self.wanted(&task.job, &self.doomed()) {
+        if node.service && !self.wanted(&counts, &task.job, &self.doomed(&counts)) {
             return Err(not_runnable("nothing needs the service any more".into()));
         }
         if !node.is_pending(index) {
@@ -829,6 +841,23 @@ impl Workflow {
             .get(&job_id)
             .ok_or(WorkflowError::JobNotReleased { job_id })?;
         let attempts = self.nodes[&task.job].tasks[&task.index].attempts;
+        let node = &self.nodes[&task.job];
+        let now_counts = self.counts();
+        // A service that nothing wants any more did its work, however its run ended
+        // (stopped, lost after the stop, exited). One that ends while jobs still need it
+        // failed them.
+        let unwanted =
+            node.service && !self.wanted(&now_counts, &task.job, &self.doomed(&now_counts));
+        let required = node.service && self.nodes.values().any(|n| n.requires.contains(&task.job));
+        let outcome = match outcome {
+            _ if unwanted => JobOutcome::Succeeded,
+            JobOutcome::Succeeded if required => JobOutcome::Failed {
+                reason: crate::vocabulary::FailureReason::Other {
+                    message: "the service ended while jobs still needed it".into(),
+                },
+            },
+            other => other,
+        };
         let retry = match &outcome {
             JobOutcome::Failed { reason } => {
                 reason.is_site_fault()
@@ -836,17 +865,6 @@ impl Workflow {
                     && state != WorkflowState::CancelRequested
             }
             JobOutcome::Succeeded | JobOutcome::Cancelled => false,
-        };
-
-        // A service stopped (or ended) once nothing wanted it did its work.
-        let node = &self.nodes[&task.job];
-        let outcome = match outcome {
-            JobOutcome::Cancelled | JobOutcome::Succeeded
-                if node.service && !self.wanted(&task.job, &self.doomed()) =>
-            {
-                JobOutcome::Succeeded
-            }
-            other => other,
         };
         // The counts and failures as they will be once the settlement is applied.
         let status = settled_status(&outcome, retry);
@@ -861,7 +879,15 @@ impl Workflow {
             _ => {}
         }
         let new_failure = is_failure(status, self.state).then_some(task);
-        let conclusion = self.conclusion(state, self.running.len() - 1, &counts, new_failure, now);
+        let ended = node.service.then_some(task.job.as_str());
+        let conclusion = self.conclusion(
+            state,
+            self.running.len() - 1,
+            &counts,
+            new_failure,
+            now,
+            ended,
+        );
 
         let mut events = vec![WorkflowEvent::JobSettled {
             job: task.job.clone(),
@@ -1076,8 +1102,14 @@ impl Aggregate for Workflow {
                     other => other,
                 };
                 // A workflow without jobs is done as soon as it has a place.
-                let conclusion =
-                    self.conclusion(next_state, self.running.len(), &self.counts(), None, now);
+                let conclusion = self.conclusion(
+                    next_state,
+                    self.running.len(),
+                    &self.counts(),
+                    None,
+                    now,
+                    None,
+                );
                 let mut events = vec![WorkflowEvent::PlacementDecided {
                     attempt: self.placement_attempts + 1,
                     site,

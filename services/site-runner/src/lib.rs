@@ -181,6 +181,8 @@ impl SiteRunner {
     }
 
     async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RunnerError> {
+        // The site's shapes first: runs recovered now record what their shape gave.
+        self.site_id().await?;
         self.recover().await?;
         let mut sub = self.log.subscribe(&subscription_name(&self.site)).await?;
         let mut tick = tokio::time::interval(self.poll);
