@@ -335,13 +335,8 @@ impl Catalog {
                 observed_at,
                 ..
             } => {
-                let until = meridian_events::aggregate::site::Connection {
-                    adapter: String::new(),
-                    instance: *instance,
-                    observed_at: *observed_at,
-                    ttl_secs: *ttl_secs,
-                }
-                .until();
+                let until =
+                    meridian_events::aggregate::site::connected_until(*observed_at, *ttl_secs);
                 site.connection = Some((*instance, until));
             }
             SiteEvent::Disconnected { instance, .. } => {

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 
 use common::*;
 use meridian_events::aggregate::testing::{given, given_state};
@@ -39,30 +38,7 @@ fn submitted(spec: meridian_spec::Workflow) -> WorkflowEvent {
 }
 
 fn placed() -> WorkflowEvent {
-    let WorkflowCommand::RecordPlacement {
-        site,
-        region,
-        rate,
-        storage_rate,
-        estimated_cost,
-        explanation,
-        ..
-    } = place_cmd()
-    else {
-        unreachable!()
-    };
-    WorkflowEvent::PlacementDecided {
-        attempt: 1,
-        site,
-        region,
-        rate,
-        job_rates: BTreeMap::new(),
-        storage_rate,
-        estimated_cost,
-        explanation,
-        job_sites: BTreeMap::new(),
-        storage_rates: BTreeMap::new(),
-    }
+    placed_event(1)
 }
 
 fn released(job: &str, job_id: u128) -> WorkflowEvent {

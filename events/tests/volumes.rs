@@ -33,32 +33,7 @@ fn submitted() -> WorkflowEvent {
 }
 
 fn placed() -> WorkflowEvent {
-    let WorkflowCommand::RecordPlacement {
-        site,
-        region,
-        rate,
-        job_rates,
-        storage_rate,
-        estimated_cost,
-        explanation,
-        job_sites,
-        storage_rates,
-    } = place_cmd()
-    else {
-        unreachable!()
-    };
-    WorkflowEvent::PlacementDecided {
-        attempt: 1,
-        site,
-        region,
-        rate,
-        job_rates,
-        storage_rate,
-        estimated_cost,
-        explanation,
-        job_sites,
-        storage_rates,
-    }
+    placed_event(1)
 }
 
 fn allocate(volume: &str, class: StorageClass, site: &str, h: u32) -> WorkflowCommand {

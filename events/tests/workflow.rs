@@ -24,32 +24,7 @@ fn submitted() -> WorkflowEvent {
 }
 
 fn placed(attempt: u32) -> WorkflowEvent {
-    let WorkflowCommand::RecordPlacement {
-        site,
-        region,
-        rate,
-        job_rates,
-        storage_rate,
-        estimated_cost,
-        explanation,
-        job_sites,
-        storage_rates,
-    } = place_cmd()
-    else {
-        unreachable!()
-    };
-    WorkflowEvent::PlacementDecided {
-        attempt,
-        site,
-        region,
-        rate,
-        job_rates,
-        storage_rate,
-        estimated_cost,
-        explanation,
-        job_sites,
-        storage_rates,
-    }
+    placed_event(attempt)
 }
 
 fn released(job: &str, index: Option<u32>, job_id: u128, attempt: u32) -> WorkflowEvent {

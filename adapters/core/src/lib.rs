@@ -107,17 +107,6 @@ impl JobRequest {
         self.service.as_ref().map(|s| s.port)
     }
 
-    /// Refuses a service at a site whose adapter runs jobs only: said at submit, so the
-    /// run fails with the reason instead of running as a job that never reports ready.
-    pub fn refuse_service(&self, kind: &str) -> Result<(), AdapterError> {
-        match &self.service {
-            Some(_) => Err(AdapterError::NotSupported(format!(
-                "services on {kind} sites (the {kind} adapter runs jobs only so far; run services on a local site)"
-            ))),
-            None => Ok(()),
-        }
-    }
-
     /// Why the request can never run anywhere (no command on the host, an environment
     /// variable name a shell cannot export), if it cannot.
     pub fn check(&self) -> Result<(), String> {

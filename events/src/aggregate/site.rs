@@ -99,11 +99,16 @@ pub struct Connection {
 impl Connection {
     /// Until when the site counts as connected without another heartbeat.
     pub fn until(&self) -> DateTime<Utc> {
-        let ttl = i64::try_from(self.ttl_secs).unwrap_or(i64::MAX);
-        self.observed_at
-            .checked_add_signed(chrono::Duration::try_seconds(ttl).unwrap_or(chrono::Duration::MAX))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+        connected_until(self.observed_at, self.ttl_secs)
     }
+}
+
+/// Until when a heartbeat observed at `observed_at` and valid `ttl_secs` holds.
+pub fn connected_until(observed_at: DateTime<Utc>, ttl_secs: u64) -> DateTime<Utc> {
+    let ttl = i64::try_from(ttl_secs).unwrap_or(i64::MAX);
+    observed_at
+        .checked_add_signed(chrono::Duration::try_seconds(ttl).unwrap_or(chrono::Duration::MAX))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 #[derive(Debug, Clone, PartialEq)]

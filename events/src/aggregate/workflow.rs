@@ -460,6 +460,11 @@ impl Workflow {
         self.waiting.as_deref()
     }
 
+    /// The run of service `name` that said it is ready, while it runs.
+    pub fn ready_run(&self, name: &str) -> Option<Uuid> {
+        self.nodes.get(name).and_then(|n| n.ready)
+    }
+
     /// Whether `name` is a service of this workflow.
     pub fn is_service(&self, name: &str) -> bool {
         self.nodes.get(name).is_some_and(|n| n.service)

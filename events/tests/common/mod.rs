@@ -161,3 +161,33 @@ pub fn gpu_allocation() -> Allocation {
         }),
     }
 }
+
+/// The event [`place_cmd`] records, as attempt `attempt`.
+pub fn placed_event(attempt: u32) -> meridian_events::WorkflowEvent {
+    let WorkflowCommand::RecordPlacement {
+        site,
+        region,
+        rate,
+        job_rates,
+        storage_rate,
+        estimated_cost,
+        explanation,
+        job_sites,
+        storage_rates,
+    } = place_cmd()
+    else {
+        unreachable!("place_cmd records a placement")
+    };
+    meridian_events::WorkflowEvent::PlacementDecided {
+        attempt,
+        site,
+        region,
+        rate,
+        job_rates,
+        storage_rate,
+        estimated_cost,
+        explanation,
+        job_sites,
+        storage_rates,
+    }
+}

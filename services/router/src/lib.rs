@@ -820,10 +820,13 @@ impl Router {
     async fn follow_services(&mut self, id: Uuid) -> Result<(), RouterError> {
         let (services, unwanted): (Vec<Uuid>, Vec<Uuid>) = {
             let wf = &self.workflow(id).await?.state;
+            // Services not yet known to be ready: the others need no command.
             let services = wf
                 .running_jobs()
                 .iter()
-                .filter(|(_, task)| wf.is_service(&task.job))
+                .filter(|(job_id, task)| {
+                    wf.is_service(&task.job) && wf.ready_run(&task.job) != Some(**job_id)
+                })
                 .map(|(job_id, _)| *job_id)
                 .collect();
             (services, wf.unwanted_services())

@@ -1,38 +1,25 @@
 //! The site runner reports its site's capacity and health as Site events, for placement.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use meridian_adapter_local::{ContainerRuntime, LocalAdapter, LocalConfig};
-use meridian_eventlog::aggregates::{execute, load};
+use meridian_eventlog::aggregates::load;
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
-use meridian_events::aggregate::{Site, SiteCommand};
-use meridian_events::{Event, EventContext, SiteEvent, SiteKind};
+use meridian_events::aggregate::Site;
+use meridian_events::{Event, SiteEvent};
 use meridian_site_runner::SiteRunner;
-use uuid::Uuid;
+
+mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_and_health_are_reported_as_site_events() {
     let dir = tempfile::tempdir().unwrap();
     let log: Arc<dyn EventLog> =
         Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
-    let site_id = Uuid::now_v7();
-    execute::<Site, _>(&*log, site_id, &EventContext::new_chain("t"), |_| {
-        SiteCommand::Register {
-            name: "here".into(),
-            kind: SiteKind::Local,
-            region: "r".into(),
-            jurisdiction: "eu".into(),
-            credentials_secret: None,
-            labels: BTreeMap::new(),
-            prices: None,
-        }
-    })
-    .await
-    .unwrap();
+    let site_id = common::register(&*log, "here").await;
     let mut config = LocalConfig::new(dir.path().join("site"));
     config.cpus = 2;
     config.container_runtime = ContainerRuntime::None;

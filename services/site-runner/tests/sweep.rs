@@ -9,9 +9,10 @@ use meridian_adapter_local::{ContainerRuntime, LocalAdapter, LocalConfig};
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
-use meridian_events::aggregate::{Site, SiteCommand};
-use meridian_events::{EventContext, SiteKind};
+use meridian_events::EventContext;
 use meridian_site_runner::SiteRunner;
+
+mod common;
 use uuid::Uuid;
 
 fn orphan(command: &[&str]) -> JobRequest {
@@ -41,19 +42,7 @@ async fn a_job_the_log_does_not_know_is_stopped_by_the_sweep() {
     let dir = tempfile::tempdir().unwrap();
     let log: Arc<dyn EventLog> =
         Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
-    execute::<Site, _>(&*log, Uuid::now_v7(), &EventContext::new_chain("t"), |_| {
-        SiteCommand::Register {
-            name: "here".into(),
-            kind: SiteKind::Local,
-            region: "r".into(),
-            jurisdiction: "eu".into(),
-            credentials_secret: None,
-            labels: BTreeMap::new(),
-            prices: None,
-        }
-    })
-    .await
-    .unwrap();
+    common::register(&*log, "here").await;
     let mut config = LocalConfig::new(dir.path().join("site"));
     config.container_runtime = ContainerRuntime::None;
     config.kill_grace = Duration::from_millis(200);
