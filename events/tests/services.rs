@@ -3,7 +3,6 @@
 
 mod common;
 
-
 use common::*;
 use meridian_events::aggregate::testing::{given, given_state};
 use meridian_events::aggregate::{Workflow, WorkflowCommand, WorkflowError, WorkflowState};
