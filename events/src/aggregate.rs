@@ -10,12 +10,14 @@ use crate::vocabulary::Event;
 pub mod job;
 pub mod site;
 pub mod tenant;
+pub mod token;
 pub mod transfer;
 pub mod workflow;
 
 pub use job::{Job, JobCommand, JobError, JobState};
 pub use site::{Site, SiteCommand, SiteError};
 pub use tenant::{tenant_id, Adjustment, Tenant, TenantCommand, TenantError};
+pub use token::{Token, TokenCommand, TokenError};
 pub use transfer::{Transfer, TransferCommand, TransferError, TransferState};
 pub use workflow::{VolumeAllocation, Workflow, WorkflowCommand, WorkflowError, WorkflowState};
 

@@ -16,15 +16,17 @@ pub enum AggregateKind {
     Site,
     Transfer,
     Tenant,
+    Token,
 }
 
 impl AggregateKind {
-    pub const ALL: [AggregateKind; 5] = [
+    pub const ALL: [AggregateKind; 6] = [
         AggregateKind::Workflow,
         AggregateKind::Job,
         AggregateKind::Site,
         AggregateKind::Transfer,
         AggregateKind::Tenant,
+        AggregateKind::Token,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -34,6 +36,7 @@ impl AggregateKind {
             AggregateKind::Site => "site",
             AggregateKind::Transfer => "transfer",
             AggregateKind::Tenant => "tenant",
+            AggregateKind::Token => "token",
         }
     }
 

@@ -1,5 +1,5 @@
 //! Meridian's event vocabulary: the envelope every event travels in, the versioned
-//! events of the Workflow, Job, Site, Transfer and Tenant aggregates, and the
+//! events of the Workflow, Job, Site, Transfer, Tenant and Token aggregates, and the
 //! aggregates' pure decision logic (command → validate against state → events). No I/O
 //! here.
 
@@ -16,5 +16,5 @@ pub use money::{
 };
 pub use vocabulary::{
     Allocation, Event, FailureReason, JobEvent, JobOutcome, SiteEvent, SiteKind, TaskRef,
-    TenantEvent, TransferEvent, WorkflowEvent,
+    TenantEvent, TokenEvent, TransferEvent, WorkflowEvent,
 };

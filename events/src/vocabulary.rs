@@ -15,12 +15,14 @@ use crate::envelope::AggregateKind;
 pub mod job;
 pub mod site;
 pub mod tenant;
+pub mod token;
 pub mod transfer;
 pub mod workflow;
 
 pub use job::JobEvent;
 pub use site::SiteEvent;
 pub use tenant::TenantEvent;
+pub use token::TokenEvent;
 pub use transfer::TransferEvent;
 pub use workflow::WorkflowEvent;
 
@@ -254,6 +256,7 @@ pub enum Event {
     Site(SiteEvent),
     Transfer(TransferEvent),
     Tenant(TenantEvent),
+    Token(TokenEvent),
 }
 
 impl Event {
@@ -265,6 +268,7 @@ impl Event {
             Event::Site(e) => e.kind(),
             Event::Transfer(e) => e.kind(),
             Event::Tenant(e) => e.kind(),
+            Event::Token(e) => e.kind(),
         }
     }
 
@@ -276,6 +280,7 @@ impl Event {
             Event::Site(_) => AggregateKind::Site,
             Event::Transfer(_) => AggregateKind::Transfer,
             Event::Tenant(_) => AggregateKind::Tenant,
+            Event::Token(_) => AggregateKind::Token,
         }
     }
 }
@@ -288,6 +293,7 @@ impl Serialize for Event {
             Event::Site(e) => e.serialize(serializer),
             Event::Transfer(e) => e.serialize(serializer),
             Event::Tenant(e) => e.serialize(serializer),
+            Event::Token(e) => e.serialize(serializer),
         }
     }
 }
@@ -310,6 +316,7 @@ impl<'de> Deserialize<'de> for Event {
             AggregateKind::Site => serde_json::from_value(value).map(Event::Site),
             AggregateKind::Transfer => serde_json::from_value(value).map(Event::Transfer),
             AggregateKind::Tenant => serde_json::from_value(value).map(Event::Tenant),
+            AggregateKind::Token => serde_json::from_value(value).map(Event::Token),
         };
         event.map_err(D::Error::custom)
     }
@@ -342,4 +349,5 @@ event_conversions! {
     Site => SiteEvent,
     Transfer => TransferEvent,
     Tenant => TenantEvent,
+    Token => TokenEvent,
 }

@@ -11,6 +11,7 @@ use meridian_events::vocabulary::site::Capacity;
 use meridian_events::vocabulary::tenant::{
     AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy,
 };
+use meridian_events::vocabulary::token::{Grant, Role};
 use meridian_events::vocabulary::workflow::StorageClass;
 use meridian_events::vocabulary::workflow::{
     CostTerms, JobPlacement, PlacementExplanation, SiteRejection, SplitPlan, Verdict, VolumeMove,
@@ -18,13 +19,13 @@ use meridian_events::vocabulary::workflow::{
 use meridian_events::vocabulary::{Endpoint, Location, Usage};
 use meridian_events::{
     AggregateKind, AggregateRef, Currency, Envelope, Event, EventContext, FailureReason, JobEvent,
-    JobOutcome, Money, RawEnvelope, SiteEvent, SiteKind, TaskRef, TenantEvent, TransferEvent,
-    WorkflowEvent,
+    JobOutcome, Money, RawEnvelope, SiteEvent, SiteKind, TaskRef, TenantEvent, TokenEvent,
+    TransferEvent, WorkflowEvent,
 };
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 37] = [
+const TAGS: [&str; 39] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -62,6 +63,8 @@ const TAGS: [&str; 37] = [
     "tenant.adjustment_granted.v1",
     "tenant.adjustment_revoked.v1",
     "tenant.policy_set.v1",
+    "token.issued.v1",
+    "token.revoked.v1",
 ];
 
 /// One of each variant, in the order of `TAGS`, with the optional fields filled in.
@@ -113,6 +116,7 @@ fn every_event() -> Vec<Event> {
             spec: spec(),
             submitted_by: "ada".into(),
             idempotency_key: Some("k-1".into()),
+            parent_workflow_id: None,
         }
         .into(),
         WorkflowEvent::PlacementDecided {
@@ -460,6 +464,23 @@ fn every_event() -> Vec<Event> {
             set_by: "admin".into(),
         }
         .into(),
+        TokenEvent::Issued {
+            token_id: id(90),
+            tenant: Some("physics".into()),
+            role: Role::Agent,
+            grants: vec![Grant::Submit, Grant::Cancel],
+            expires_at: Some(at(23, 0)),
+            secret_sha256: "ab".repeat(32),
+            label: Some("ci".into()),
+            issued_by: "admin".into(),
+        }
+        .into(),
+        TokenEvent::Revoked {
+            token_id: id(90),
+            revoked_by: "admin".into(),
+            reason: Some("leaked".into()),
+        }
+        .into(),
     ]
 }
 
@@ -517,6 +538,10 @@ fn every_variant_round_trips_through_the_envelope() {
             }
             AggregateKind::Tenant => {
                 let e: Envelope<TenantEvent> = stored.decode().unwrap();
+                assert_eq!(e.payload.kind(), kind);
+            }
+            AggregateKind::Token => {
+                let e: Envelope<TokenEvent> = stored.decode().unwrap();
                 assert_eq!(e.payload.kind(), kind);
             }
         }

@@ -33,6 +33,7 @@ fn submitted(spec: meridian_spec::Workflow) -> WorkflowEvent {
         spec,
         submitted_by: "ada".into(),
         idempotency_key: None,
+        parent_workflow_id: None,
     }
 }
 
@@ -309,6 +310,7 @@ fn a_cycle_through_a_service_is_refused_at_submission() {
                 spec,
                 submitted_by: "ada".into(),
                 idempotency_key: None,
+                parent_workflow_id: None,
             },
             at(0, 0),
         )

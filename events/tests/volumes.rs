@@ -29,6 +29,7 @@ fn submitted() -> WorkflowEvent {
         spec: spec_with_volume(),
         submitted_by: "ada".into(),
         idempotency_key: None,
+        parent_workflow_id: None,
     }
 }
 

@@ -20,6 +20,7 @@ fn submitted() -> WorkflowEvent {
         spec: spec(),
         submitted_by: "ada".into(),
         idempotency_key: Some("k-1".into()),
+        parent_workflow_id: None,
     }
 }
 
@@ -100,6 +101,7 @@ fn submit_records_the_spec() {
                 spec: spec(),
                 submitted_by: "ada".into(),
                 idempotency_key: Some("k-1".into()),
+                parent_workflow_id: None,
             },
             at(0, 0),
         )
@@ -115,6 +117,7 @@ fn submit_twice_is_refused() {
                 spec: spec(),
                 submitted_by: "ada".into(),
                 idempotency_key: None,
+                parent_workflow_id: None,
             },
             at(0, 1),
         )
@@ -128,6 +131,7 @@ fn submit_refuses_a_dag_that_could_never_finish() {
         spec: spec_with_jobs(jobs),
         submitted_by: "ada".into(),
         idempotency_key: None,
+        parent_workflow_id: None,
     };
     let job =
         |requires: &[&str]| json!({"image": "host", "command": ["true"], "requires": requires});
@@ -597,6 +601,7 @@ fn a_workflow_without_jobs_finishes_once_placed() {
         spec: spec_with_jobs(json!({})),
         submitted_by: "ada".into(),
         idempotency_key: None,
+        parent_workflow_id: None,
     };
     given::<Workflow>([empty])
         .when(place_cmd(), at(0, 1))
@@ -650,6 +655,7 @@ fn load_replays_to_the_same_state_as_execute() {
             spec: spec(),
             submitted_by: "ada".into(),
             idempotency_key: None,
+            parent_workflow_id: None,
         },
         place_cmd(),
         release("prep", None, 10),
@@ -686,6 +692,7 @@ fn a_thousand_task_array_respects_its_cap() {
                 spec,
                 submitted_by: "ada".into(),
                 idempotency_key: None,
+                parent_workflow_id: None,
             },
             at(0, 0),
         )
@@ -742,6 +749,7 @@ fn a_retried_task_goes_first_again() {
         spec,
         submitted_by: "ada".into(),
         idempotency_key: None,
+        parent_workflow_id: None,
     };
     let wf = given::<Workflow>([
         submitted,
@@ -808,6 +816,7 @@ fn a_failed_event_names_at_most_a_hundred_tasks() {
             spec,
             submitted_by: "ada".into(),
             idempotency_key: None,
+            parent_workflow_id: None,
         },
         placed(1),
     ])

@@ -82,6 +82,8 @@ pub enum WorkflowCommand {
         spec: meridian_spec::Workflow,
         submitted_by: String,
         idempotency_key: Option<String>,
+        /// The workflow whose job submitted this one, with its workflow credential.
+        parent_workflow_id: Option<Uuid>,
     },
     /// The router's decision; the aggregate numbers the attempt.
     RecordPlacement {
@@ -404,6 +406,8 @@ pub struct Workflow {
     state: Option<WorkflowState>,
     spec: Option<meridian_spec::Workflow>,
     submitted_by: String,
+    /// The workflow whose job submitted this one.
+    parent: Option<Uuid>,
     nodes: BTreeMap<String, JobNode>,
     /// The last placement attempt, decided or rejected.
     placement_attempts: u32,
@@ -436,6 +440,11 @@ impl Workflow {
 
     pub fn submitted_by(&self) -> &str {
         &self.submitted_by
+    }
+
+    /// The workflow whose job submitted this one, if a job did.
+    pub fn parent(&self) -> Option<Uuid> {
+        self.parent
     }
 
     pub fn placement(&self) -> Option<&CurrentPlacement> {
@@ -671,6 +680,7 @@ impl Workflow {
         spec: meridian_spec::Workflow,
         submitted_by: String,
         idempotency_key: Option<String>,
+        parent_workflow_id: Option<Uuid>,
     ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
         if self.state.is_some() {
             return Err(WorkflowError::AlreadySubmitted);
@@ -682,6 +692,7 @@ impl Workflow {
             spec,
             submitted_by,
             idempotency_key,
+            parent_workflow_id,
         }])
     }
 
@@ -1004,7 +1015,14 @@ impl Aggregate for Workflow {
                 spec,
                 submitted_by,
                 idempotency_key,
-            } => self.submit(workflow_id, spec, submitted_by, idempotency_key),
+                parent_workflow_id,
+            } => self.submit(
+                workflow_id,
+                spec,
+                submitted_by,
+                idempotency_key,
+                parent_workflow_id,
+            ),
 
             WorkflowCommand::RecordPlacement {
                 site,
@@ -1262,9 +1280,11 @@ impl Aggregate for Workflow {
                 workflow_id,
                 spec,
                 submitted_by,
+                parent_workflow_id,
                 ..
             } => {
                 self.id = Some(*workflow_id);
+                self.parent = *parent_workflow_id;
                 self.state = Some(WorkflowState::Submitted);
                 self.submitted_by = submitted_by.clone();
                 let known =

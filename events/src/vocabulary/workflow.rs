@@ -24,6 +24,9 @@ pub enum WorkflowEvent {
         /// The client's key, so a retried submission is recognised.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         idempotency_key: Option<String>,
+        /// The workflow whose job submitted this one, with its workflow credential.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent_workflow_id: Option<Uuid>,
     },
 
     /// The router chose a site, with the prices in force and why.

@@ -19,6 +19,12 @@ pub enum AppError {
     InvalidCatalog(Vec<FieldErrorBody>),
     #[error("{0}")]
     BadRequest(String),
+    /// No credentials, or ones that do not hold.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller is known and may not do this.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -135,6 +141,8 @@ mod http {
                 AppError::InvalidWorkflow(_)
                 | AppError::InvalidCatalog(_)
                 | AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
+                AppError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+                AppError::Forbidden(_) => StatusCode::FORBIDDEN,
                 AppError::NotFound(_) => StatusCode::NOT_FOUND,
                 AppError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
                 AppError::Conflict(_) => StatusCode::CONFLICT,
@@ -161,7 +169,14 @@ mod http {
                     errors: None,
                 },
             };
-            (status, Json(body)).into_response()
+            let mut response = (status, Json(body)).into_response();
+            if status == StatusCode::UNAUTHORIZED {
+                response.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer realm=\"meridian\""),
+                );
+            }
+            response
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The application layer: every command and query a user can issue, as one typed
 //! function on [`App`] taking the caller ([`Principal`]). The HTTP API calls it, as will
 //! the web console and the MCP server; the CLI reaches it through the HTTP API. It
-//! checks who may do what in one place ([`App::authorize`]), then calls the domain and
+//! learns who the caller is from its credentials ([`App::authenticate`]) and checks who
+//! may do what in one place ([`App::authorize`]), then calls the domain and
 //! the aggregates, and answers from the read models.
 //!
 //! Writes are commands on the aggregates, appended through
@@ -17,6 +18,8 @@ use meridian_store::{Projection, Store};
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 pub mod api;
+pub mod audit;
+pub mod auth;
 mod error;
 mod idempotency;
 mod principal;
@@ -27,8 +30,9 @@ pub mod sites;
 pub mod tenants;
 pub mod workflows;
 
+pub use auth::{Credentials, WorkflowCredentials};
 pub use error::AppError;
-pub use principal::{Action, Principal, Role};
+pub use principal::{Action, Grant, Principal, Role};
 pub use projection::{StatusProjection, NAME as PROJECTION_NAME};
 
 /// A status lists at most this many runs; `jobs_truncated` says when there are more
@@ -46,6 +50,9 @@ pub struct App {
     /// The site catalogue behind sites and quotes: starts empty, and each use catches it
     /// up with what was appended since.
     catalog: Arc<Mutex<Catalog>>,
+    /// The key of the workflow credentials this deployment's jobs carry; without it,
+    /// workflow credentials are refused.
+    workflow_credentials: Option<WorkflowCredentials>,
 }
 
 impl App {
@@ -55,7 +62,14 @@ impl App {
             store,
             schema: Arc::new(OnceCell::new()),
             catalog: Arc::new(Mutex::new(Catalog::default())),
+            workflow_credentials: None,
         }
+    }
+
+    /// Accepts the workflow credentials made with `credentials`' key.
+    pub fn with_workflow_credentials(mut self, credentials: WorkflowCredentials) -> App {
+        self.workflow_credentials = Some(credentials);
+        self
     }
 
     pub fn log(&self) -> &Arc<dyn EventLog> {
@@ -66,13 +80,6 @@ impl App {
         &self.store
     }
 
-    /// Whether `who` may do `action`: the one place that decides. Every caller may do
-    /// everything until callers authenticate (tokens and roles come next, here).
-    pub fn authorize(&self, who: &Principal, action: Action) -> Result<(), AppError> {
-        tracing::trace!(tenant = %who.tenant, user = %who.user, ?action, "allowed");
-        Ok(())
-    }
-
     /// Creates the application's tables: the idempotency keys and the read model's (so
     /// that reads work before the projection first ran). Idempotent; commands and
     /// queries call it on first use, and callers may call it at startup to fail early.
@@ -81,6 +88,7 @@ impl App {
             .get_or_try_init(|| async {
                 let statements = idempotency::SCHEMA
                     .iter()
+                    .chain(audit::SCHEMA)
                     .chain(StatusProjection.schema())
                     .copied()
                     .collect::<Vec<_>>();

@@ -1,35 +1,100 @@
-//! Who is asking: a tenant, a user within it, and a role. Authentication (which issue
-//! decides how a caller proves it) fills these in; until then every transport builds
-//! the principal from what the caller says of itself.
+//! Who is asking, and what they may ask. A transport learns the caller from its
+//! credentials ([`crate::App::authenticate`]); the application decides what the caller
+//! may do ([`crate::App::authorize`] and the tenant checks), in one place, whatever the
+//! transport.
 
-/// What a caller is to Meridian.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Researcher,
-    Finance,
-    Admin,
-    Agent,
-    /// A running job, acting for its own workflow.
-    Job,
-}
+use uuid::Uuid;
+
+pub use meridian_events::vocabulary::token::{Grant, Role};
 
 /// The caller of a command or query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
-    /// The tenant it acts in: its workflows, its policy.
+    /// The tenant it acts in: where its submissions go, whose policy applies.
     pub tenant: String,
+    /// Whether it may see every tenant (an admin; finance with no tenant), or only
+    /// [`Principal::tenant`].
+    pub every_tenant: bool,
     /// Who it is, as recorded in the log (`submitted_by`, `drained by`).
     pub user: String,
     pub role: Role,
+    /// Write actions its token adds to its role (an agent's).
+    pub grants: Vec<Grant>,
+    /// The token it presented; `None` for a workflow credential or Meridian itself.
+    pub token_id: Option<Uuid>,
+    /// For a workflow credential: the workflow whose job is asking.
+    pub workflow: Option<Uuid>,
+    /// Where the request came from (the peer's address), for the audit trail.
+    pub source: Option<String>,
 }
 
 impl Principal {
-    /// A caller that may do everything, as every caller may until authentication.
+    /// Meridian itself (or a test) acting as an admin: may do everything.
     pub fn trusted(tenant: impl Into<String>, user: impl Into<String>) -> Principal {
         Principal {
             tenant: tenant.into(),
+            every_tenant: true,
             user: user.into(),
             role: Role::Admin,
+            grants: Vec::new(),
+            token_id: None,
+            workflow: None,
+            source: None,
+        }
+    }
+
+    /// Whether it may see what belongs to `tenant`.
+    pub fn sees_tenant(&self, tenant: &str) -> bool {
+        self.every_tenant || self.tenant == tenant
+    }
+
+    /// The one table of who may do what: whether its role (and grants) allow `action`.
+    /// Which tenant's things it may touch is checked apart, by [`Principal::sees_tenant`].
+    pub fn may(&self, action: Action) -> bool {
+        use Action::*;
+        match self.role {
+            Role::Admin => true,
+            Role::Researcher => matches!(
+                action,
+                SubmitWorkflow
+                    | ReadWorkflow
+                    | ListWorkflows
+                    | CancelWorkflow
+                    | ReadBill
+                    | ReadTenantBill
+                    | Quote
+                    | ReadSites
+                    | ReadPolicy
+                    | ReadHealth
+            ),
+            Role::Finance => matches!(
+                action,
+                ReadBill
+                    | ReadTenantBill
+                    | ExportCharges
+                    | ReadSites
+                    | ReadAdjustments
+                    | ReadHealth
+            ),
+            Role::Agent => match action {
+                SubmitWorkflow => self.grants.contains(&Grant::Submit),
+                CancelWorkflow => self.grants.contains(&Grant::Cancel),
+                other => matches!(
+                    other,
+                    ReadWorkflow
+                        | ListWorkflows
+                        | ReadBill
+                        | ReadTenantBill
+                        | Quote
+                        | ReadSites
+                        | ReadPolicy
+                        | ReadHealth
+                ),
+            },
+            Role::Job => matches!(
+                action,
+                SubmitWorkflow | ReadWorkflow | CancelWorkflow | ReadHealth
+            ),
         }
     }
 }
@@ -39,6 +104,8 @@ impl Principal {
 pub enum Action {
     SubmitWorkflow,
     ReadWorkflow,
+    /// All workflows of a tenant, as a list.
+    ListWorkflows,
     CancelWorkflow,
     ReadBill,
     ReadTenantBill,
@@ -50,5 +117,45 @@ pub enum Action {
     ChangePolicy,
     ReadAdjustments,
     ChangeAdjustments,
+    ManageTokens,
+    ReadAudit,
     ReadHealth,
+}
+
+impl Action {
+    /// Its name in the audit trail.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::SubmitWorkflow => "submit_workflow",
+            Action::ReadWorkflow => "read_workflow",
+            Action::ListWorkflows => "list_workflows",
+            Action::CancelWorkflow => "cancel_workflow",
+            Action::ReadBill => "read_bill",
+            Action::ReadTenantBill => "read_tenant_bill",
+            Action::ExportCharges => "export_charges",
+            Action::Quote => "quote",
+            Action::ReadSites => "read_sites",
+            Action::ChangeSites => "change_sites",
+            Action::ReadPolicy => "read_policy",
+            Action::ChangePolicy => "change_policy",
+            Action::ReadAdjustments => "read_adjustments",
+            Action::ChangeAdjustments => "change_adjustments",
+            Action::ManageTokens => "manage_tokens",
+            Action::ReadAudit => "read_audit",
+            Action::ReadHealth => "read_health",
+        }
+    }
+
+    /// Whether it changes anything: every write is audited, whatever its outcome.
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Action::SubmitWorkflow
+                | Action::CancelWorkflow
+                | Action::ChangeSites
+                | Action::ChangePolicy
+                | Action::ChangeAdjustments
+                | Action::ManageTokens
+        )
+    }
 }

@@ -24,8 +24,8 @@ impl App {
     /// A workflow's bill: every line, exact amounts, totals per currency, category and
     /// site. The ledger follows the log by a moment: `as_of_position` says how far.
     pub async fn bill(&self, who: &Principal, id: Uuid) -> Result<Bill, AppError> {
-        self.authorize(who, Action::ReadBill)?;
-        self.must_exist(id).await?;
+        self.authorize(who, Action::ReadBill).await?;
+        self.visible_workflow(who, Action::ReadBill, id).await?;
         meridian_accounting::bill(&self.store, id)
             .await
             .map_err(|e| AppError::from_store("reading the ledger", e))
@@ -38,8 +38,8 @@ impl App {
         id: Uuid,
         job: Option<&str>,
     ) -> Result<LogList, AppError> {
-        self.authorize(who, Action::ReadWorkflow)?;
-        self.must_exist(id).await?;
+        self.authorize(who, Action::ReadWorkflow).await?;
+        self.visible_workflow(who, Action::ReadWorkflow, id).await?;
         let logs = job_logs::read(&self.store, &id.to_string(), job)
             .await
             .map_err(|e| AppError::from_store("reading job output", e))?;
@@ -53,8 +53,12 @@ impl App {
         tenant: &str,
         period: Period,
     ) -> Result<TenantBill, AppError> {
-        self.authorize(who, Action::ReadTenantBill)?;
+        self.authorize(who, Action::ReadTenantBill).await?;
         check_tenant(tenant)?;
+        self.visible_tenant(who, Action::ReadTenantBill, tenant, || {
+            crate::tenants::no_tenant(tenant)
+        })
+        .await?;
         meridian_accounting::tenant_bill(&self.store, tenant, period)
             .await
             .map_err(|e| AppError::from_store("reading the ledger", e))
@@ -67,10 +71,20 @@ impl App {
         period: Period,
         tenant: Option<&str>,
     ) -> Result<focus::Export, AppError> {
-        self.authorize(who, Action::ExportCharges)?;
+        self.authorize(who, Action::ExportCharges).await?;
         if let Some(t) = tenant {
             check_tenant(t)?;
+            self.visible_tenant(who, Action::ExportCharges, t, || {
+                crate::tenants::no_tenant(t)
+            })
+            .await?;
         }
+        // One tenant's caller exports its own tenant's rows, whatever it asked.
+        let tenant = if who.every_tenant {
+            tenant
+        } else {
+            Some(who.tenant.as_str())
+        };
         focus::export(&self.store, period, tenant)
             .await
             .map_err(|e| match e {

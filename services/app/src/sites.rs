@@ -98,7 +98,7 @@ pub struct Quote {
 impl App {
     /// The sites in the catalogue, with their state, shapes and prices in force.
     pub async fn sites(&self, who: &Principal) -> Result<SiteList, AppError> {
-        self.authorize(who, Action::ReadSites)?;
+        self.authorize(who, Action::ReadSites).await?;
         let catalog = self.catalog().await?;
         let now = chrono::Utc::now();
         Ok(SiteList {
@@ -138,35 +138,42 @@ impl App {
         who: &Principal,
         document: &str,
     ) -> Result<AppliedCatalog, AppError> {
-        self.authorize(who, Action::ChangeSites)?;
-        let specs = catalog_file::parse(document).map_err(|e| {
-            AppError::InvalidCatalog(vec![FieldErrorBody {
-                path: e.path,
-                message: e.message,
-            }])
-        })?;
-        // A copy, so that the lock is not held while the changes are appended.
-        let current = Catalog::clone(&*self.catalog().await?);
-        let applied = catalog_file::apply_to(&*self.log, &current, &specs, &who.user)
-            .await
-            .map_err(|e| match e {
-                catalog_file::ApplyError::Log(e) => AppError::from_log("applying the catalogue", e),
-                site => AppError::Conflict(site.to_string()),
+        self.authorize(who, Action::ChangeSites).await?;
+        let result = async {
+            let specs = catalog_file::parse(document).map_err(|e| {
+                AppError::InvalidCatalog(vec![FieldErrorBody {
+                    path: e.path,
+                    message: e.message,
+                }])
             })?;
-        Ok(AppliedCatalog {
-            sites: applied
-                .into_iter()
-                .map(|(site, outcome)| AppliedSite {
-                    site,
-                    outcome: match outcome {
-                        catalog_file::Applied::Registered => "registered",
-                        catalog_file::Applied::Updated => "updated",
-                        catalog_file::Applied::Unchanged => "unchanged",
+            // A copy, so that the lock is not held while the changes are appended.
+            let current = Catalog::clone(&*self.catalog().await?);
+            let applied = catalog_file::apply_to(&*self.log, &current, &specs, &who.user)
+                .await
+                .map_err(|e| match e {
+                    catalog_file::ApplyError::Log(e) => {
+                        AppError::from_log("applying the catalogue", e)
                     }
-                    .to_string(),
-                })
-                .collect(),
-        })
+                    site => AppError::Conflict(site.to_string()),
+                })?;
+            Ok(AppliedCatalog {
+                sites: applied
+                    .into_iter()
+                    .map(|(site, outcome)| AppliedSite {
+                        site,
+                        outcome: match outcome {
+                            catalog_file::Applied::Registered => "registered",
+                            catalog_file::Applied::Updated => "updated",
+                            catalog_file::Applied::Unchanged => "unchanged",
+                        }
+                        .to_string(),
+                    })
+                    .collect(),
+            })
+        }
+        .await;
+        self.audited(who, Action::ChangeSites, &String::from("catalogue"), result)
+            .await
     }
 
     /// Takes a site out of placement; work already there carries on.
@@ -198,25 +205,30 @@ impl App {
         command: SiteCommand,
         state: &str,
     ) -> Result<SiteState, AppError> {
-        self.authorize(who, Action::ChangeSites)?;
-        let id = self
-            .catalog()
-            .await?
-            .find(name)
-            .map(|site| site.id)
-            .ok_or_else(|| AppError::NotFound(format!("no site {name}")))?;
-        let ctx = EventContext::new_chain(who.user.clone());
-        match execute::<Site, _>(&*self.log, id, &ctx, |_| command.clone()).await {
-            Ok(_) => Ok(SiteState {
-                site: name.to_string(),
-                state: state.to_string(),
-            }),
-            Err(ExecuteError::Rejected(
-                e @ (SiteError::AlreadyDrained | SiteError::NotDrained),
-            )) => Err(AppError::Conflict(format!("{name}: {e}"))),
-            Err(ExecuteError::Log(e)) => Err(AppError::from_log("changing the site", e)),
-            Err(e) => Err(AppError::Conflict(format!("{name}: {e}"))),
+        self.authorize(who, Action::ChangeSites).await?;
+        let result = async {
+            let id = self
+                .catalog()
+                .await?
+                .find(name)
+                .map(|site| site.id)
+                .ok_or_else(|| AppError::NotFound(format!("no site {name}")))?;
+            let ctx = EventContext::new_chain(who.user.clone());
+            match execute::<Site, _>(&*self.log, id, &ctx, |_| command.clone()).await {
+                Ok(_) => Ok(SiteState {
+                    site: name.to_string(),
+                    state: state.to_string(),
+                }),
+                Err(ExecuteError::Rejected(
+                    e @ (SiteError::AlreadyDrained | SiteError::NotDrained),
+                )) => Err(AppError::Conflict(format!("{name}: {e}"))),
+                Err(ExecuteError::Log(e)) => Err(AppError::from_log("changing the site", e)),
+                Err(e) => Err(AppError::Conflict(format!("{name}: {e}"))),
+            }
         }
+        .await;
+        self.audited(who, Action::ChangeSites, &format!("site/{name}"), result)
+            .await
     }
 
     /// Prices a workflow at every site of the live catalogue, without submitting it,
@@ -226,7 +238,7 @@ impl App {
         who: &Principal,
         spec: &meridian_spec::Workflow,
     ) -> Result<Quote, AppError> {
-        self.authorize(who, Action::Quote)?;
+        self.authorize(who, Action::Quote).await?;
         let catalog = self.catalog().await?;
         let now = chrono::Utc::now();
         let connected: Vec<String> = catalog

@@ -265,8 +265,10 @@ impl App {
 
     /// The placement policy in force for `tenant`.
     pub async fn policy(&self, who: &Principal, tenant: &str) -> Result<TenantPolicy, AppError> {
-        self.authorize(who, Action::ReadPolicy)?;
+        self.authorize(who, Action::ReadPolicy).await?;
         check_tenant_path(tenant)?;
+        self.visible_tenant(who, Action::ReadPolicy, tenant, || no_tenant(tenant))
+            .await?;
         let policy = self.tenant_state(tenant).await?.policy().cloned();
         Ok(TenantPolicy {
             tenant: tenant.to_string(),
@@ -283,27 +285,39 @@ impl App {
         tenant: &str,
         policy: PlacementPolicy,
     ) -> Result<TenantPolicy, AppError> {
-        self.authorize(who, Action::ChangePolicy)?;
-        check_tenant_path(tenant)?;
-        let ctx = EventContext::new_chain(tenant.to_string());
-        match execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-            TenantCommand::SetPolicy {
-                tenant: tenant.to_string(),
-                policy: policy.clone(),
-                set_by: who.user.clone(),
+        self.authorize(who, Action::ChangePolicy).await?;
+        let result = async {
+            check_tenant_path(tenant)?;
+            let ctx = EventContext::new_chain(tenant.to_string());
+            match execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
+                TenantCommand::SetPolicy {
+                    tenant: tenant.to_string(),
+                    policy: policy.clone(),
+                    set_by: who.user.clone(),
+                }
+            })
+            .await
+            {
+                Ok(_) => {}
+                Err(ExecuteError::Rejected(e @ TenantError::InvalidPolicy { .. })) => {
+                    return Err(AppError::BadRequest(e.to_string()))
+                }
+                Err(ExecuteError::Rejected(e)) => return Err(AppError::Conflict(e.to_string())),
+                Err(ExecuteError::Log(e)) => {
+                    return Err(AppError::from_log("recording the policy", e))
+                }
+                Err(other) => return Err(AppError::internal("recording the policy", other)),
             }
-        })
-        .await
-        {
-            Ok(_) => {}
-            Err(ExecuteError::Rejected(e @ TenantError::InvalidPolicy { .. })) => {
-                return Err(AppError::BadRequest(e.to_string()))
-            }
-            Err(ExecuteError::Rejected(e)) => return Err(AppError::Conflict(e.to_string())),
-            Err(ExecuteError::Log(e)) => return Err(AppError::from_log("recording the policy", e)),
-            Err(other) => return Err(AppError::internal("recording the policy", other)),
+            self.policy(who, tenant).await
         }
-        self.policy(who, tenant).await
+        .await;
+        self.audited(
+            who,
+            Action::ChangePolicy,
+            &format!("tenant/{tenant}/policy"),
+            result,
+        )
+        .await
     }
 
     /// `tenant`'s discounts and committed rates, in grant order.
@@ -312,8 +326,10 @@ impl App {
         who: &Principal,
         tenant: &str,
     ) -> Result<AdjustmentList, AppError> {
-        self.authorize(who, Action::ReadAdjustments)?;
+        self.authorize(who, Action::ReadAdjustments).await?;
         check_tenant_path(tenant)?;
+        self.visible_tenant(who, Action::ReadAdjustments, tenant, || no_tenant(tenant))
+            .await?;
         let state = self.tenant_state(tenant).await?;
         Ok(AdjustmentList {
             adjustments: state.adjustments().map(|a| view(tenant, a)).collect(),
@@ -329,29 +345,39 @@ impl App {
         tenant: &str,
         request: GrantRequest,
     ) -> Result<AdjustmentView, AppError> {
-        self.authorize(who, Action::ChangeAdjustments)?;
-        check_tenant_path(tenant)?;
-        let adjustment_id = Uuid::now_v7();
-        let ctx = EventContext::new_chain(tenant.to_string());
-        execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-            TenantCommand::GrantAdjustment {
-                tenant: tenant.to_string(),
-                adjustment_id,
-                scope: request.scope.clone(),
-                terms: request.terms.clone(),
-                effective_from: request.effective_from,
-                effective_until: request.effective_until,
-                granted_by: who.user.clone(),
-                reference: request.reference.clone(),
-            }
-        })
+        self.authorize(who, Action::ChangeAdjustments).await?;
+        let result = async {
+            check_tenant_path(tenant)?;
+            let adjustment_id = Uuid::now_v7();
+            let ctx = EventContext::new_chain(tenant.to_string());
+            execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
+                TenantCommand::GrantAdjustment {
+                    tenant: tenant.to_string(),
+                    adjustment_id,
+                    scope: request.scope.clone(),
+                    terms: request.terms.clone(),
+                    effective_from: request.effective_from,
+                    effective_until: request.effective_until,
+                    granted_by: who.user.clone(),
+                    reference: request.reference.clone(),
+                }
+            })
+            .await
+            .map_err(adjustment_refused)?;
+            let state = self.tenant_state(tenant).await?;
+            let granted = state
+                .adjustment(adjustment_id)
+                .ok_or_else(|| AppError::internal("reading the adjustment back", adjustment_id))?;
+            Ok(view(tenant, granted))
+        }
+        .await;
+        self.audited(
+            who,
+            Action::ChangeAdjustments,
+            &format!("tenant/{tenant}/adjustments"),
+            result,
+        )
         .await
-        .map_err(adjustment_refused)?;
-        let state = self.tenant_state(tenant).await?;
-        let granted = state
-            .adjustment(adjustment_id)
-            .ok_or_else(|| AppError::internal("reading the adjustment back", adjustment_id))?;
-        Ok(view(tenant, granted))
     }
 
     /// Ends an adjustment from now (or a later time); what was billed stays billed.
@@ -362,23 +388,39 @@ impl App {
         id: Uuid,
         request: RevokeRequest,
     ) -> Result<AdjustmentView, AppError> {
-        self.authorize(who, Action::ChangeAdjustments)?;
-        check_tenant_path(tenant)?;
-        let ctx = EventContext::new_chain(tenant.to_string());
-        execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-            TenantCommand::RevokeAdjustment {
-                adjustment_id: id,
-                effective_at: request.at,
-                revoked_by: who.user.clone(),
-                reason: request.reason.clone(),
-            }
-        })
+        self.authorize(who, Action::ChangeAdjustments).await?;
+        let result = async {
+            check_tenant_path(tenant)?;
+            let ctx = EventContext::new_chain(tenant.to_string());
+            execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
+                TenantCommand::RevokeAdjustment {
+                    adjustment_id: id,
+                    effective_at: request.at,
+                    revoked_by: who.user.clone(),
+                    reason: request.reason.clone(),
+                }
+            })
+            .await
+            .map_err(adjustment_refused)?;
+            let state = self.tenant_state(tenant).await?;
+            let revoked = state
+                .adjustment(id)
+                .ok_or_else(|| AppError::internal("reading the adjustment back", id))?;
+            Ok(view(tenant, revoked))
+        }
+        .await;
+        self.audited(
+            who,
+            Action::ChangeAdjustments,
+            &format!("tenant/{tenant}/adjustments/{id}"),
+            result,
+        )
         .await
-        .map_err(adjustment_refused)?;
-        let state = self.tenant_state(tenant).await?;
-        let revoked = state
-            .adjustment(id)
-            .ok_or_else(|| AppError::internal("reading the adjustment back", id))?;
-        Ok(view(tenant, revoked))
     }
+}
+
+/// What a caller that may not see `tenant` is told: what it would be told of a tenant
+/// that does not exist, were there such a thing.
+pub(crate) fn no_tenant(tenant: &str) -> AppError {
+    AppError::NotFound(format!("no tenant {tenant}"))
 }

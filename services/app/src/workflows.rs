@@ -101,7 +101,21 @@ impl App {
         who: &Principal,
         submission: Submission,
     ) -> Result<Submitted, AppError> {
-        self.authorize(who, Action::SubmitWorkflow)?;
+        self.authorize(who, Action::SubmitWorkflow).await?;
+        let result = self.submit_authorized(who, submission).await;
+        let target = match &result {
+            Ok(s) => format!("workflow/{}", s.accepted.id),
+            Err(_) => "workflow".into(),
+        };
+        self.audited(who, Action::SubmitWorkflow, &target, result)
+            .await
+    }
+
+    async fn submit_authorized(
+        &self,
+        who: &Principal,
+        submission: Submission,
+    ) -> Result<Submitted, AppError> {
         let text = submission.document.as_str();
         if submission.declared_json && !text.trim_start().starts_with('{') {
             return Err(AppError::InvalidWorkflow(vec![FieldErrorBody {
@@ -122,6 +136,7 @@ impl App {
             spec,
             user: who.user.clone(),
             key: submission.idempotency_key.clone(),
+            parent: who.workflow,
             ctx,
         };
         let Some(key) = submission.idempotency_key else {
@@ -178,7 +193,8 @@ impl App {
     /// A workflow's status, from the status read model; one accepted moments ago and not
     /// yet projected is answered from the log, with less detail (no runs yet).
     pub async fn status(&self, who: &Principal, id: Uuid) -> Result<WorkflowStatus, AppError> {
-        self.authorize(who, Action::ReadWorkflow)?;
+        self.authorize(who, Action::ReadWorkflow).await?;
+        self.visible_workflow(who, Action::ReadWorkflow, id).await?;
         self.migrate().await?;
         if let Some(status) = read::status(&self.store, id)
             .await
@@ -232,10 +248,31 @@ impl App {
     }
 
     /// Workflows, newest first, a page at a time.
+    /// A caller that sees one tenant sees only its workflows, whatever `query` asks.
     pub async fn list(&self, who: &Principal, query: &ListQuery) -> Result<WorkflowPage, AppError> {
-        self.authorize(who, Action::ReadWorkflow)?;
+        self.authorize(who, Action::ListWorkflows).await?;
         self.migrate().await?;
-        read::list(&self.store, query)
+        let mut query = query.clone();
+        if !who.every_tenant {
+            if let Some(asked) = query.tenant.as_deref().filter(|t| *t != who.tenant) {
+                // Another tenant's list is empty to this caller, as it would be if it had
+                // no workflows.
+                self.audit(
+                    who,
+                    Action::ListWorkflows,
+                    &format!("tenant/{asked}"),
+                    crate::audit::Outcome::Hidden,
+                    None,
+                )
+                .await;
+                return Ok(WorkflowPage {
+                    items: Vec::new(),
+                    next: None,
+                });
+            }
+            query.tenant = Some(who.tenant.clone());
+        }
+        read::list(&self.store, &query)
             .await
             .map_err(|e| read_error("listing workflows", e))
     }
@@ -250,7 +287,26 @@ impl App {
         reason: Option<String>,
         traceparent: Option<String>,
     ) -> Result<CancelAccepted, AppError> {
-        self.authorize(who, Action::CancelWorkflow)?;
+        self.authorize(who, Action::CancelWorkflow).await?;
+        self.visible_workflow(who, Action::CancelWorkflow, id)
+            .await?;
+        let result = self.cancel_visible(who, id, reason, traceparent).await;
+        self.audited(
+            who,
+            Action::CancelWorkflow,
+            &format!("workflow/{id}"),
+            result,
+        )
+        .await
+    }
+
+    async fn cancel_visible(
+        &self,
+        who: &Principal,
+        id: Uuid,
+        reason: Option<String>,
+        traceparent: Option<String>,
+    ) -> Result<CancelAccepted, AppError> {
         let accepted = |state| Ok(CancelAccepted { id, state });
         let loaded = self.load_workflow(id).await?;
         let (Some(state), Some(first)) = (loaded.state.state(), loaded.history.first()) else {
@@ -302,7 +358,8 @@ impl App {
     /// A workflow's events and its jobs': the Workflow aggregate's history merged with
     /// that of every Job it released, by `occurred_at`, then aggregate, then sequence.
     pub async fn events(&self, who: &Principal, id: Uuid) -> Result<EventList, AppError> {
-        self.authorize(who, Action::ReadWorkflow)?;
+        self.authorize(who, Action::ReadWorkflow).await?;
+        self.visible_workflow(who, Action::ReadWorkflow, id).await?;
         let log_error = |e| AppError::from_log("reading the workflow's events", e);
         let mut events = self
             .log
@@ -363,25 +420,13 @@ impl App {
             projection_position,
         })
     }
-
-    /// 404 unless the workflow exists, in the read model or (not yet projected) in the log.
-    pub(crate) async fn must_exist(&self, id: Uuid) -> Result<(), AppError> {
-        self.migrate().await?;
-        let known = read::status(&self.store, id)
-            .await
-            .map(|s| s.is_some())
-            .unwrap_or(false);
-        if known || self.load_workflow(id).await?.sequence > 0 {
-            return Ok(());
-        }
-        Err(AppError::no_workflow(id))
-    }
 }
 
 struct Append {
     spec: meridian_spec::Workflow,
     user: String,
     key: Option<String>,
+    parent: Option<Uuid>,
     ctx: EventContext,
 }
 
@@ -393,6 +438,7 @@ impl Append {
             spec: self.spec.clone(),
             submitted_by: self.user.clone(),
             idempotency_key: self.key.clone(),
+            parent_workflow_id: self.parent,
         })
         .await
         .map_err(

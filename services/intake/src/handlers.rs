@@ -4,16 +4,20 @@
 //! function of the application layer.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{ConnectInfo, Request};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use futures::StreamExt;
 use meridian_app::workflows::Submission;
-use meridian_app::Principal;
+use meridian_app::{Credentials, Principal};
 use uuid::Uuid;
 
 use crate::api::{
@@ -28,9 +32,6 @@ pub const IDEMPOTENT_REPLAY: &str = "idempotent-replay";
 pub const TENANT: &str = "x-meridian-tenant";
 pub const USER: &str = "x-meridian-user";
 const TRACEPARENT: &str = "traceparent";
-
-pub const DEFAULT_TENANT: &str = "default";
-pub const DEFAULT_USER: &str = "anonymous";
 
 /// The content types a workflow document may be sent as.
 pub const WORKFLOW_CONTENT_TYPES: [&str; 4] = [
@@ -79,30 +80,75 @@ fn valid_tenant(value: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-pub(crate) fn tenant(headers: &HeaderMap) -> Result<String, ApiError> {
+/// The tenant the caller says it acts in, if it says.
+fn tenant(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     match header_text(headers, TENANT)? {
-        None => Ok(DEFAULT_TENANT.to_string()),
-        Some(t) if valid_tenant(t) => Ok(t.to_string()),
+        None => Ok(None),
+        Some(t) if valid_tenant(t) => Ok(Some(t.to_string())),
         Some(t) => Err(ApiError::BadRequest(format!(
             "invalid X-Meridian-Tenant {t:?}: expected 1 to 63 of a-z, 0-9, '-' and '_'"
         ))),
     }
 }
 
-pub(crate) fn user(headers: &HeaderMap) -> Result<String, ApiError> {
+fn user(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     match header_text(headers, USER)? {
-        None => Ok(DEFAULT_USER.to_string()),
-        Some(u) if printable(u, MAX_HEADER_TEXT) => Ok(u.to_string()),
+        None => Ok(None),
+        Some(u) if printable(u, MAX_HEADER_TEXT) => Ok(Some(u.to_string())),
         Some(_) => Err(ApiError::BadRequest(format!(
             "invalid X-Meridian-User: expected 1 to {MAX_HEADER_TEXT} printable ASCII characters"
         ))),
     }
 }
 
-/// The caller, from what its headers say of it: the tenant (`X-Meridian-Tenant`) and
-/// the user (`X-Meridian-User`). Until callers authenticate, every caller is trusted.
-pub(crate) fn principal(headers: &HeaderMap) -> Result<Principal, ApiError> {
-    Ok(Principal::trusted(tenant(headers)?, user(headers)?))
+/// The bearer token of `Authorization: Bearer TOKEN`, if there is one.
+fn bearer(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = header_text(headers, header::AUTHORIZATION.as_str())? else {
+        return Ok(None);
+    };
+    let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(ApiError::Unauthenticated(
+            "expected Authorization: Bearer TOKEN".into(),
+        ));
+    }
+    Ok(Some(token.trim().to_string()))
+}
+
+/// What the request says of its caller: its token, the tenant and user it names, its
+/// peer's address.
+fn credentials(request: &Request) -> Result<Credentials, ApiError> {
+    let headers = request.headers();
+    Ok(Credentials {
+        bearer: bearer(headers)?,
+        tenant: tenant(headers)?,
+        user: user(headers)?,
+        source: request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(addr)| addr.ip().to_string()),
+        request: format!("{} {}", request.method(), request.uri().path()),
+    })
+}
+
+/// Every route but health goes through here: the application learns who is calling
+/// (401 without credentials that hold), and the handler gets the [`Principal`].
+pub(crate) async fn authenticate(
+    State(intake): State<Intake>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let found = match credentials(&request) {
+        Ok(credentials) => intake.app.authenticate(&credentials).await,
+        Err(e) => Err(e),
+    };
+    match found {
+        Ok(who) => {
+            request.extensions_mut().insert(who);
+            next.run(request).await
+        }
+        Err(e) => e.into_response(),
+    }
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -243,6 +289,7 @@ fn location(id: Uuid) -> HeaderValue {
 )]
 pub(crate) async fn submit(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -257,7 +304,6 @@ pub(crate) async fn submit(
             )))
         }
     };
-    let who = principal(&headers)?;
     let key = idempotency_key(&headers)?;
     let bytes = read_body(&headers, body, meridian_spec::MAX_DOCUMENT_BYTES).await?;
     let document = String::from_utf8(bytes.to_vec())
@@ -318,11 +364,10 @@ pub(crate) async fn submit(
 )]
 pub(crate) async fn status(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Json<WorkflowStatus>, ApiError> {
     let id = workflow_id(path)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app.status(&who, id).await?))
 }
 
@@ -351,7 +396,7 @@ pub(crate) async fn status(
 )]
 pub(crate) async fn list(
     State(intake): State<Intake>,
-    headers: HeaderMap,
+    Extension(who): Extension<Principal>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Json<WorkflowPage>, ApiError> {
     let Query(pairs) =
@@ -407,7 +452,6 @@ pub(crate) async fn list(
             ))
         })?),
     };
-    let who = principal(&headers)?;
     let q = ListQuery {
         state,
         tenant,
@@ -447,12 +491,12 @@ pub(crate) async fn list(
 )]
 pub(crate) async fn cancel(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<CancelAccepted>), ApiError> {
     let id = workflow_id(path)?;
-    let who = principal(&headers)?;
     let request = cancel_request(&headers, body).await?;
     let accepted = intake
         .app
@@ -523,11 +567,10 @@ async fn cancel_request(headers: &HeaderMap, body: Body) -> Result<CancelRequest
 )]
 pub(crate) async fn events(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Json<EventList>, ApiError> {
     let id = workflow_id(path)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app.events(&who, id).await?))
 }
 

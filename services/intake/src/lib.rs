@@ -21,16 +21,15 @@ use meridian_eventlog::EventLog;
 use meridian_store::Store;
 use tokio::net::TcpListener;
 
+mod access;
 mod handlers;
 mod openapi;
 mod reports;
 mod sites;
 mod tenants;
 
-pub use handlers::{
-    DEFAULT_TENANT, DEFAULT_USER, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, TENANT, USER,
-    WORKFLOW_CONTENT_TYPES,
-};
+pub use handlers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, TENANT, USER, WORKFLOW_CONTENT_TYPES};
+pub use meridian_app::auth::DEFAULT_TENANT;
 pub use meridian_app::{api, read, AppError as ApiError, Principal, MAX_LISTED_RUNS};
 pub use meridian_app::{StatusProjection, PROJECTION_NAME};
 pub use openapi::{openapi, openapi_json, ApiDoc};
@@ -77,11 +76,16 @@ impl Intake {
     }
 
     /// [`Intake::router`] plus `extra` routes from other parts of Meridian. Their paths
-    /// should name the workflow `{id}`, as these do.
+    /// should name the workflow `{id}`, as these do. Every route but health, `extra`'s
+    /// too, answers only a caller that authenticates.
     pub fn router_with(&self, extra: Router) -> Router {
-        routes()
+        let authenticated = routes().with_state(self.clone()).merge(extra).route_layer(
+            axum::middleware::from_fn_with_state(self.clone(), handlers::authenticate),
+        );
+        Router::new()
+            .route("/v1/health", get(handlers::health))
             .with_state(self.clone())
-            .merge(extra)
+            .merge(authenticated)
             .fallback(handlers::not_found)
             .method_not_allowed_fallback(handlers::method_not_allowed)
     }
@@ -91,7 +95,6 @@ impl Intake {
 /// their owners (here, or through [`Intake::router_with`]).
 fn routes() -> Router<Intake> {
     Router::new()
-        .route("/v1/health", get(handlers::health))
         .route("/v1/workflows", post(handlers::submit).get(handlers::list))
         .route("/v1/workflows/{id}", get(handlers::status))
         .route("/v1/workflows/{id}/cancel", post(handlers::cancel))
@@ -116,6 +119,9 @@ fn routes() -> Router<Intake> {
             "/v1/tenants/{tenant}/adjustments/{id}/revoke",
             post(tenants::revoke_adjustment),
         )
+        .route("/v1/tokens", post(access::issue).get(access::list))
+        .route("/v1/tokens/{id}/revoke", post(access::revoke))
+        .route("/v1/audit", get(access::audit))
 }
 
 /// Serves `intake`'s routes on `listener` until `shutdown` completes, then finishes the
@@ -128,7 +134,12 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "intake API listening");
     }
-    axum::serve(listener, intake.router())
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        intake
+            .router()
+            .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }

@@ -36,6 +36,10 @@ use crate::handlers;
         crate::tenants::revoke_adjustment,
         crate::reports::tenant_bill,
         crate::reports::focus_export,
+        crate::access::issue,
+        crate::access::list,
+        crate::access::revoke,
+        crate::access::audit,
     ),
     components(schemas(
         api::Accepted,
@@ -75,16 +79,85 @@ use crate::handlers;
         meridian_app::tenants::AdjustmentView,
         meridian_app::tenants::AdjustmentList,
         meridian_store::job_logs::JobLog,
+        meridian_app::auth::TokenRequest,
+        meridian_app::auth::TokenView,
+        meridian_app::auth::IssuedTokenSecret,
+        meridian_app::auth::TokenList,
+        meridian_app::audit::AuditRecord,
+        meridian_app::audit::AuditList,
+        meridian_app::audit::Outcome,
     )),
+    modifiers(&Authentication),
+    security(("bearer" = [])),
     tags(
         (name = "workflows", description = "Submit, watch and cancel workflows"),
         (name = "billing", description = "Bills from the ledger and FinOps FOCUS exports"),
         (name = "sites", description = "The site catalogue, and quotes against it"),
         (name = "tenants", description = "Where each tenant's work may run"),
+        (name = "access", description = "API tokens and the audit trail (admins)"),
         (name = "service", description = "The service itself"),
     )
 )]
 pub struct ApiDoc;
+
+/// Every route but health takes `Authorization: Bearer TOKEN` and may answer 401 (no
+/// credentials that hold) or 403 (a role that may not); said once here, not per route.
+struct Authentication;
+
+impl utoipa::Modify for Authentication {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An API token (`meridian admin token create`) or a workflow credential",
+                    ))
+                    .build(),
+            ),
+        );
+        let error = |text: &str| {
+            ResponseBuilder::new()
+                .description(text)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build()
+        };
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                if path == "/v1/health" {
+                    // Health answers anyone: load balancers carry no tokens.
+                    operation.security = Some(vec![Default::default()]);
+                    continue;
+                }
+                let responses = &mut operation.responses.responses;
+                responses.insert(
+                    "401".into(),
+                    error("No credentials, or ones that do not hold").into(),
+                );
+                responses.insert(
+                    "403".into(),
+                    error("The caller's role may not do this").into(),
+                );
+            }
+        }
+    }
+}
 
 /// The OpenAPI document.
 pub fn openapi() -> utoipa::openapi::OpenApi {

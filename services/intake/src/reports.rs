@@ -3,8 +3,9 @@
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{header, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use meridian_accounting::focus;
 use meridian_accounting::Period;
@@ -12,8 +13,9 @@ use meridian_app::reports::{check_tenant, LogList};
 use serde::Deserialize;
 
 use crate::api::ErrorBody;
-use crate::handlers::{principal, workflow_id};
+use crate::handlers::workflow_id;
 use crate::{ApiError, Intake};
+use meridian_app::Principal;
 
 /// A workflow's bill: every line (one per priced dimension of each charge, every run,
 /// attempt and site included), exact amounts, and totals per currency, per category
@@ -34,11 +36,10 @@ use crate::{ApiError, Intake};
 )]
 pub(crate) async fn bill(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Json<meridian_accounting::Bill>, ApiError> {
     let id = workflow_id(path)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app().bill(&who, id).await?))
 }
 
@@ -68,15 +69,14 @@ pub(crate) struct LogQuery {
 )]
 pub(crate) async fn logs(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
     query: Result<Query<LogQuery>, QueryRejection>,
 ) -> Result<Json<LogList>, ApiError> {
     let id = workflow_id(path)?;
     let Query(query) = query.map_err(|e| {
         ApiError::BadRequest(format!("invalid query: {}; accepted is job", e.body_text()))
     })?;
-    let who = principal(&headers)?;
     Ok(Json(
         intake.app().logs(&who, id, query.job.as_deref()).await?,
     ))
@@ -121,8 +121,8 @@ pub(crate) struct PeriodQuery {
 )]
 pub(crate) async fn tenant_bill(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
     query: Result<Query<PeriodQuery>, QueryRejection>,
 ) -> Result<Json<meridian_accounting::TenantBill>, ApiError> {
     let Path(tenant) =
@@ -135,7 +135,6 @@ pub(crate) async fn tenant_bill(
         ))
     })?;
     let period = period_of(query.period)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app().tenant_bill(&who, &tenant, period).await?))
 }
 
@@ -182,7 +181,7 @@ pub(crate) struct ExportQuery {
 )]
 pub(crate) async fn focus_export(
     State(intake): State<Intake>,
-    headers: HeaderMap,
+    Extension(who): Extension<Principal>,
     query: Result<Query<ExportQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| {
@@ -204,7 +203,6 @@ pub(crate) async fn focus_export(
             )))
         }
     };
-    let who = principal(&headers)?;
     let export = intake
         .app()
         .export_focus(&who, period, query.tenant.as_deref())

@@ -5,12 +5,14 @@ use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
+use axum::Extension;
 use axum::Json;
 use meridian_app::sites::{AppliedCatalog, DrainRequest, Quote, SiteList, SiteState};
 
 use crate::api::ErrorBody;
-use crate::handlers::{principal, read_body};
+use crate::handlers::read_body;
 use crate::{ApiError, Intake};
+use meridian_app::Principal;
 
 /// The largest catalogue document taken in one request.
 const MAX_CATALOG_BYTES: usize = 4 * 1024 * 1024;
@@ -32,9 +34,8 @@ fn site_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiErr
     responses((status = 200, description = "Every site", body = SiteList)))]
 pub(crate) async fn list(
     State(intake): State<Intake>,
-    headers: HeaderMap,
+    Extension(who): Extension<Principal>,
 ) -> Result<Json<SiteList>, ApiError> {
-    let who = principal(&headers)?;
     Ok(Json(intake.app().sites(&who).await?))
 }
 
@@ -50,10 +51,10 @@ pub(crate) async fn list(
     ))]
 pub(crate) async fn apply(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<AppliedCatalog>, ApiError> {
-    let who = principal(&headers)?;
     let bytes = read_body(&headers, body, MAX_CATALOG_BYTES).await?;
     Ok(Json(
         intake.app().apply_catalog(&who, body_text(&bytes)?).await?,
@@ -73,6 +74,7 @@ pub(crate) async fn apply(
     ))]
 pub(crate) async fn drain(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
@@ -91,7 +93,6 @@ pub(crate) async fn drain(
             .unwrap_or_default()
     };
     let name = site_name(path)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app().drain(&who, &name, request.reason).await?))
 }
 
@@ -105,11 +106,10 @@ pub(crate) async fn drain(
     ))]
 pub(crate) async fn undrain(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Json<SiteState>, ApiError> {
     let name = site_name(path)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app().undrain(&who, &name).await?))
 }
 
@@ -124,11 +124,11 @@ pub(crate) async fn undrain(
     ))]
 pub(crate) async fn quote(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Quote>, ApiError> {
     let bytes = read_body(&headers, body, meridian_spec::MAX_DOCUMENT_BYTES).await?;
     let spec = meridian_spec::parse(body_text(&bytes)?)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app().quote(&who, &spec).await?))
 }

@@ -5,6 +5,7 @@ use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::Extension;
 use axum::Json;
 use meridian_app::tenants::{
     json_body, parse_policy, AdjustmentList, AdjustmentView, GrantRequest, PolicyDocument,
@@ -13,8 +14,9 @@ use meridian_app::tenants::{
 use uuid::Uuid;
 
 use crate::api::ErrorBody;
-use crate::handlers::{principal, read_body};
+use crate::handlers::read_body;
 use crate::{ApiError, Intake};
+use meridian_app::Principal;
 
 const MAX_POLICY_BYTES: usize = 64 * 1024;
 const MAX_ADJUSTMENT_BYTES: usize = 16 * 1024;
@@ -34,11 +36,10 @@ fn tenant_path(path: Result<Path<String>, PathRejection>) -> Result<String, ApiE
     ))]
 pub(crate) async fn get_policy(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Json<TenantPolicy>, ApiError> {
     let tenant = tenant_path(path)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app().policy(&who, &tenant).await?))
 }
 
@@ -55,12 +56,12 @@ pub(crate) async fn get_policy(
     ))]
 pub(crate) async fn set_policy(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<TenantPolicy>, ApiError> {
     let tenant = tenant_path(path)?;
-    let who = principal(&headers)?;
     let bytes = read_body(&headers, body, MAX_POLICY_BYTES).await?;
     let policy = parse_policy(&bytes)?;
     Ok(Json(intake.app().set_policy(&who, &tenant, policy).await?))
@@ -75,11 +76,10 @@ pub(crate) async fn set_policy(
     ))]
 pub(crate) async fn list_adjustments(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Json<AdjustmentList>, ApiError> {
     let tenant = tenant_path(path)?;
-    let who = principal(&headers)?;
     Ok(Json(intake.app().adjustments(&who, &tenant).await?))
 }
 
@@ -95,12 +95,12 @@ pub(crate) async fn list_adjustments(
     ))]
 pub(crate) async fn grant_adjustment(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<AdjustmentView>), ApiError> {
     let tenant = tenant_path(path)?;
-    let who = principal(&headers)?;
     let bytes = read_body(&headers, body, MAX_ADJUSTMENT_BYTES).await?;
     let request: GrantRequest = json_body(&bytes, "adjustment")?;
     let granted = intake
@@ -126,6 +126,7 @@ pub(crate) async fn grant_adjustment(
     ))]
 pub(crate) async fn revoke_adjustment(
     State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
     path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
     body: Body,
@@ -135,7 +136,6 @@ pub(crate) async fn revoke_adjustment(
     let id = Uuid::parse_str(&id).map_err(|_| {
         ApiError::BadRequest(format!("invalid adjustment id {id:?}: expected a UUID"))
     })?;
-    let who = principal(&headers)?;
     let bytes = read_body(&headers, body, MAX_ADJUSTMENT_BYTES).await?;
     let request: RevokeRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         RevokeRequest::default()

@@ -132,9 +132,13 @@ async fn submits_yaml_and_json(b: &mut Bench) {
 
     let events = b.all_events().await;
     assert_eq!(submitted_events(&events).len(), 7);
-    // Defaults for the principal and the tenant.
+    // Defaults for the principal and the tenant: a token with no label or tenant acts
+    // under its id in the default tenant.
     assert_eq!(events[1]["tenant"], "default");
-    assert_eq!(events[1]["payload"]["submitted_by"], "anonymous");
+    assert!(events[1]["payload"]["submitted_by"]
+        .as_str()
+        .unwrap()
+        .starts_with("token "));
 }
 
 async fn refuses_an_invalid_workflow_with_every_error(b: &mut Bench) {
@@ -174,7 +178,7 @@ async fn refuses_an_invalid_workflow_with_every_error(b: &mut Bench) {
         res.body["errors"][0]["path"],
         "jobs.hello.resources.gpus.vendor"
     );
-    assert_eq!(b.head().await, 0, "an invalid workflow appends nothing");
+    assert_eq!(b.appended().await, 0, "an invalid workflow appends nothing");
 }
 
 async fn refuses_other_content_types(b: &mut Bench) {
@@ -195,7 +199,7 @@ async fn refuses_other_content_types(b: &mut Bench) {
             assert!(res.error().contains(accepted), "{}", res.error());
         }
     }
-    assert_eq!(b.head().await, 0);
+    assert_eq!(b.appended().await, 0);
 }
 
 async fn refuses_garbage_bodies(b: &mut Bench) {
@@ -305,7 +309,7 @@ async fn refuses_garbage_bodies(b: &mut Bench) {
         )
         .await;
     assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(b.head().await, 0, "garbage appends nothing");
+    assert_eq!(b.appended().await, 0, "garbage appends nothing");
 
     // Valid, under the document limit, but over what one event may hold: refused
     // whole, and the idempotency key stays free for a smaller document.
@@ -323,7 +327,7 @@ async fn refuses_garbage_bodies(b: &mut Bench) {
         .await;
     assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", res.body);
     assert!(res.error().contains("event log"), "{}", res.error());
-    assert_eq!(b.head().await, 0);
+    assert_eq!(b.appended().await, 0);
     let res = b
         .call(
             Req::post("/v1/workflows")
@@ -381,7 +385,7 @@ async fn refuses_bad_headers(b: &mut Bench) {
         )
         .await;
     assert_eq!(res.status, StatusCode::BAD_REQUEST);
-    assert_eq!(b.head().await, 0);
+    assert_eq!(b.appended().await, 0);
 
     // The edges that are fine.
     let res = b
@@ -444,15 +448,12 @@ async fn replays_an_idempotent_retry(b: &mut Bench) {
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let router = router.clone();
-            tokio::spawn(async move {
-                call(
-                    &router,
-                    Req::post("/v1/workflows")
-                        .yaml(HELLO_YAML)
-                        .header("idempotency-key", "burst"),
-                )
-                .await
-            })
+            let req = b.authed(
+                Req::post("/v1/workflows")
+                    .yaml(HELLO_YAML)
+                    .header("idempotency-key", "burst"),
+            );
+            tokio::spawn(async move { call(&router, req).await })
         })
         .collect();
     let mut ids = Vec::new();
@@ -523,7 +524,7 @@ async fn completes_a_reservation_that_was_never_appended(b: &mut Bench) {
     .execute(b.store.pool())
     .await
     .unwrap();
-    assert_eq!(b.head().await, 0);
+    assert_eq!(b.appended().await, 0);
 
     let req = || {
         Req::post("/v1/workflows")
@@ -604,7 +605,7 @@ async fn reports_unknown_and_malformed_ids(b: &mut Bench) {
             res.error()
         );
     }
-    assert_eq!(b.head().await, 0);
+    assert_eq!(b.appended().await, 0);
 }
 
 async fn lists_newest_first_in_pages(b: &mut Bench) {
@@ -819,8 +820,9 @@ async fn status_follows_a_workflow_to_the_end(b: &mut Bench) {
     let status = |b: &Bench| {
         let uri = format!("/v1/workflows/{id}");
         let router = b.router.clone();
+        let req = b.authed(Req::get(&uri));
         async move {
-            let res = call(&router, Req::get(&uri)).await;
+            let res = call(&router, req).await;
             assert_eq!(res.status, StatusCode::OK, "{}", res.body);
             res.body
         }
@@ -1125,7 +1127,7 @@ async fn reports_health(b: &mut Bench) {
     assert_eq!(res.status, StatusCode::OK);
     assert_eq!(
         res.body,
-        json!({"status": "ok", "log_head": 0, "projection_position": 0})
+        json!({"status": "ok", "log_head": b.base_head, "projection_position": 0})
     );
     b.submit(HELLO_YAML).await;
     b.submit(HELLO_YAML).await;

@@ -16,7 +16,13 @@ async fn raw(bench: &Bench, uri: &str) -> (StatusCode, String, String, Option<St
     let response = bench
         .router
         .clone()
-        .oneshot(Request::builder().uri(uri).body(Body::empty()).unwrap())
+        .oneshot(
+            Request::builder()
+                .uri(uri)
+                .header("authorization", format!("Bearer {}", bench.admin_token))
+                .body(Body::empty())
+                .unwrap(),
+        )
         .await
         .unwrap();
     let status = response.status();

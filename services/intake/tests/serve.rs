@@ -50,7 +50,9 @@ async fn serves_over_tcp_and_shuts_down() {
         addr,
         &format!(
             "POST /v1/workflows HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+             Authorization: Bearer {}\r\n\
              Content-Type: application/yaml\r\nContent-Length: {}\r\n\r\n{doc}",
+            bench.admin_token,
             doc.len()
         ),
     )
@@ -90,18 +92,38 @@ async fn other_parts_add_routes_with_one_line() {
         get(|| async { Json(json!({"total": "0.00"})) }),
     );
     let router = bench.intake.router_with(extra);
-    let res = call(&router, Req::get(&format!("/v1/workflows/{id}/quote"))).await;
+    let res = call(
+        &router,
+        bench.authed(Req::get(&format!("/v1/workflows/{id}/quote"))),
+    )
+    .await;
     assert_eq!(res.status, StatusCode::OK);
     assert_eq!(res.body, json!({"total": "0.00"}));
     // The intake's own routes and fallbacks are still there.
-    let res = call(&router, Req::get(&format!("/v1/workflows/{id}"))).await;
+    let res = call(
+        &router,
+        bench.authed(Req::get(&format!("/v1/workflows/{id}"))),
+    )
+    .await;
     assert_eq!(res.status, StatusCode::OK);
-    let res = call(&router, Req::post(&format!("/v1/workflows/{id}/quote"))).await;
+    let res = call(
+        &router,
+        bench.authed(Req::post(&format!("/v1/workflows/{id}/quote"))),
+    )
+    .await;
     assert_eq!(res.status, StatusCode::METHOD_NOT_ALLOWED);
-    let res = call(&router, Req::get(&format!("/v1/workflows/{id}/logs"))).await;
+    let res = call(
+        &router,
+        bench.authed(Req::get(&format!("/v1/workflows/{id}/logs"))),
+    )
+    .await;
     assert_eq!(res.status, StatusCode::OK);
     assert_eq!(res.body, json!({"logs": []}));
-    let res = call(&router, Req::get(&format!("/v1/workflows/{id}/bill"))).await;
+    let res = call(
+        &router,
+        bench.authed(Req::get(&format!("/v1/workflows/{id}/bill"))),
+    )
+    .await;
     assert_eq!(res.status, StatusCode::OK);
     assert_eq!(res.body["lines"], json!([]));
     bench.finish().await;

@@ -291,30 +291,30 @@ async fn site_reads_catch_up_from_where_the_last_one_stopped() {
     let router = intake.router();
     assert!(log.take_reads().is_empty(), "a new intake reads nothing");
 
-    let res = call(&router, put("/v1/sites").body(CATALOG)).await;
+    let res = call(&router, b.authed(put("/v1/sites").body(CATALOG))).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     connect_all(&*b.log).await;
     let registered = b.head().await;
     log.take_reads();
 
     // The first read after the writes reads them, from where the PUT's catch-up stopped
-    // (an empty log: 0)…
-    let res = call(&router, Req::get("/v1/sites")).await;
+    // (the log held only the bench's token: its position)…
+    let res = call(&router, b.authed(Req::get("/v1/sites"))).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     assert_eq!(states(&res), [pair("cheap", "ok"), pair("gpu", "ok")]);
-    assert_eq!(log.take_reads(), [0, registered]);
+    assert_eq!(log.take_reads(), [b.base_head, registered]);
     // …and the next one only asks for what came after.
-    let res = call(&router, Req::get("/v1/sites")).await;
+    let res = call(&router, b.authed(Req::get("/v1/sites"))).await;
     assert_eq!(states(&res), [pair("cheap", "ok"), pair("gpu", "ok")]);
     assert_eq!(log.take_reads(), [registered]);
 
     // A drain between two reads is in the second, read from the last position on.
-    let res = call(&router, Req::post("/v1/sites/cheap/drain")).await;
+    let res = call(&router, b.authed(Req::post("/v1/sites/cheap/drain"))).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     let drained = b.head().await;
     assert!(drained > registered);
     log.take_reads();
-    let res = call(&router, Req::get("/v1/sites")).await;
+    let res = call(&router, b.authed(Req::get("/v1/sites"))).await;
     assert_eq!(states(&res), [pair("cheap", "drained"), pair("gpu", "ok")]);
     assert_eq!(log.take_reads(), [registered, drained]);
 
@@ -324,7 +324,7 @@ async fn site_reads_catch_up_from_where_the_last_one_stopped() {
     meridian_domain::catalog_file::apply(&*b.log, &specs, "cli")
         .await
         .unwrap();
-    let res = call(&router, Req::get("/v1/sites")).await;
+    let res = call(&router, b.authed(Req::get("/v1/sites"))).await;
     assert_eq!(
         states(&res),
         [
@@ -337,14 +337,14 @@ async fn site_reads_catch_up_from_where_the_last_one_stopped() {
 
     // Quotes read the same way, and see the drain.
     let cpu = "version: v1\nname: q\njobs:\n  a: {image: host, command: [\"true\"], resources: {cpus: 4, walltime: 2h}}\n";
-    let res = call(&router, Req::post("/v1/quotes").body(cpu)).await;
+    let res = call(&router, b.authed(Req::post("/v1/quotes").body(cpu))).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     assert_eq!(res.body["site"], "gpu");
     assert_eq!(log.take_reads(), [b.head().await]);
 
     // A new intake (a restart) starts empty and reads the log once.
     let restarted = Intake::new(log.clone(), b.store.clone()).router();
-    let res = call(&restarted, Req::get("/v1/sites")).await;
+    let res = call(&restarted, b.authed(Req::get("/v1/sites"))).await;
     assert_eq!(states(&res).len(), 3);
     assert_eq!(log.take_reads(), [0, b.head().await]);
     b.finish().await;

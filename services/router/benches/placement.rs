@@ -212,6 +212,7 @@ async fn throughput(quick: bool) {
                         spec: spec.clone(),
                         submitted_by: "bench".into(),
                         idempotency_key: None,
+                        parent_workflow_id: None,
                     }
                 })
                 .await

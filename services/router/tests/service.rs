@@ -85,6 +85,7 @@ impl Bench {
                 spec: spec.clone(),
                 submitted_by: "tester".into(),
                 idempotency_key: None,
+                parent_workflow_id: None,
             }
         })
         .await

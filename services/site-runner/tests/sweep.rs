@@ -148,6 +148,7 @@ async fn a_cancel_the_site_missed_is_passed_on_again() {
         spec: spec.clone(),
         submitted_by: "t".into(),
         idempotency_key: None,
+        parent_workflow_id: None,
     })
     .await
     .unwrap();

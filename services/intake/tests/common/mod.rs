@@ -10,6 +10,8 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode};
 use axum::Router;
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use meridian_app::auth::TokenRequest;
+use meridian_app::{Grant, Role};
 use meridian_eventlog::aggregates::{execute, load};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
@@ -38,6 +40,11 @@ pub struct Bench {
     pub store: Store,
     pub intake: Intake,
     pub router: Router,
+    /// An admin token with no tenant, sent by [`Bench::call`] unless the request brings
+    /// its own credentials or asks to go without ([`Req::anonymous`]).
+    pub admin_token: String,
+    /// The log's head once the bench's token is issued.
+    pub base_head: u64,
     postgres: Option<String>,
 }
 
@@ -64,12 +71,16 @@ impl Bench {
         let store = Store::connect(&url).await.unwrap();
         let intake = Intake::new(log.clone(), store.clone());
         let router = intake.router();
+        let admin_token = issue(&intake, None, Role::Admin, vec![]).await;
+        let base_head = log.head().await.unwrap();
         Bench {
             dir,
             log,
             store,
             intake,
             router,
+            admin_token,
+            base_head,
             postgres,
         }
     }
@@ -91,6 +102,11 @@ impl Bench {
         self.log.head().await.unwrap()
     }
 
+    /// Commits appended since the bench's own token.
+    pub async fn appended(&self) -> u64 {
+        self.head().await - self.base_head
+    }
+
     pub async fn catch_up(&self) -> u64 {
         meridian_store::catch_up(&self.store, &*self.log, &StatusProjection)
             .await
@@ -98,7 +114,26 @@ impl Bench {
     }
 
     pub async fn call(&self, req: Req) -> Res {
-        call(&self.router, req).await
+        call(&self.router, self.authed(req)).await
+    }
+
+    /// `req` with the admin token, unless it has credentials or is anonymous.
+    pub fn authed(&self, req: Req) -> Req {
+        if req.anonymous
+            || req
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("authorization"))
+        {
+            return req;
+        }
+        let token = self.admin_token.clone();
+        req.bearer(&token)
+    }
+
+    /// Issues a token of `role` in `tenant` (none: every tenant).
+    pub async fn token(&self, tenant: Option<&str>, role: Role, grants: Vec<Grant>) -> String {
+        issue(&self.intake, tenant, role, grants).await
     }
 
     /// Submits `doc` as YAML and returns the new workflow's id.
@@ -108,9 +143,9 @@ impl Bench {
         res.id()
     }
 
-    /// Every event of the log, as JSON, in log order.
+    /// Every event of the log but the bench's token's, as JSON, in log order.
     pub async fn all_events(&self) -> Vec<Value> {
-        let commits = self.log.read_from(0, 100_000).await.unwrap();
+        let commits = self.log.read_from(self.base_head, 100_000).await.unwrap();
         commits
             .into_iter()
             .flat_map(|c| c.events)
@@ -159,6 +194,8 @@ pub struct Req {
     pub uri: String,
     pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
+    /// Sent without credentials, even through [`Bench::call`].
+    pub anonymous: bool,
 }
 
 impl Req {
@@ -168,7 +205,17 @@ impl Req {
             uri: uri.to_string(),
             headers: Vec::new(),
             body: Vec::new(),
+            anonymous: false,
         }
+    }
+
+    pub fn anonymous(mut self) -> Req {
+        self.anonymous = true;
+        self
+    }
+
+    pub fn bearer(self, token: &str) -> Req {
+        self.header("authorization", format!("Bearer {token}"))
     }
 
     pub fn get(uri: &str) -> Req {
@@ -225,6 +272,30 @@ impl Res {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(|v| v.to_str().unwrap())
     }
+}
+
+/// Issues a token through the application, as `meridian up` does its first.
+pub async fn issue(
+    intake: &Intake,
+    tenant: Option<&str>,
+    role: Role,
+    grants: Vec<Grant>,
+) -> String {
+    intake
+        .app()
+        .issue_token_unchecked(
+            "test",
+            TokenRequest {
+                tenant: tenant.map(str::to_string),
+                role,
+                grants,
+                expires_at: None,
+                label: None,
+            },
+        )
+        .await
+        .unwrap()
+        .token
 }
 
 /// Calls the router in-process. Every answer must be JSON.
