@@ -141,6 +141,19 @@ impl App {
         outcome: Outcome,
         detail: Option<&str>,
     ) {
+        self.audit_named(who, action.as_str(), target, outcome, detail)
+            .await;
+    }
+
+    /// [`App::audit`] of a request that names no action (`GET /v1/workflows`).
+    pub(crate) async fn audit_named(
+        &self,
+        who: &Principal,
+        action: &str,
+        target: &str,
+        outcome: Outcome,
+        detail: Option<&str>,
+    ) {
         let record = AuditRecord {
             id: Uuid::now_v7(),
             at: Utc::now(),
@@ -148,7 +161,7 @@ impl App {
             tenant: Some(who.tenant.clone()),
             role: Some(who.role.to_string()),
             user: Some(who.user.clone()),
-            action: action.as_str().into(),
+            action: action.into(),
             target: target.into(),
             source: who.source.clone(),
             outcome,

@@ -159,7 +159,7 @@ pub async fn bills(args: BillsArgs) -> anyhow::Result<i32> {
     let Some(tenant) = args.remote.tenant.as_deref() else {
         bail!("--tenant is required: whose bills (or set MERIDIAN_TENANT)");
     };
-    let c = Client::new(&args.remote.server)?.for_tenant(Some(tenant));
+    let c = Client::new(&args.remote.url())?.for_tenant(Some(tenant));
     let bill = c
         .get(&format!(
             "/v1/tenants/{tenant}/bills?period={}",
@@ -221,9 +221,8 @@ pub enum Export {
         /// Write to this file instead of standard output.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// The Meridian API to talk to.
-        #[arg(long, env = "MERIDIAN_SERVER", default_value = "http://127.0.0.1:7373")]
-        server: String,
+        #[command(flatten)]
+        server: ServerArg,
     },
 }
 
@@ -236,9 +235,9 @@ pub async fn export(which: Export) -> anyhow::Result<i32> {
         out,
         server,
     } = which;
-    let base = server.trim_end_matches('/');
+    let client = server.client()?;
     let mut url = format!(
-        "{base}/v1/exports/focus?period={period}&format={}",
+        "/v1/exports/focus?period={period}&format={}",
         match format {
             Format::Csv => "csv",
             Format::Json => "json",
@@ -247,13 +246,14 @@ pub async fn export(which: Export) -> anyhow::Result<i32> {
     if let Some(t) = &tenant {
         url.push_str(&format!("&tenant={t}"));
     }
-    let http = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(300))
-        .build()
-        .context("building the HTTP client")?;
-    let response = http.get(&url).send().await.with_context(|| {
-        format!("cannot reach Meridian at {base} (is it running? set --server or MERIDIAN_SERVER)")
-    })?;
+    let response = client
+        .send_raw(
+            client
+                .http()
+                .get(client.url(&url))
+                .timeout(std::time::Duration::from_secs(300)),
+        )
+        .await?;
     let status = response.status();
     let position = response
         .headers()
@@ -263,11 +263,9 @@ pub async fn export(which: Export) -> anyhow::Result<i32> {
         .to_string();
     let body = response.bytes().await.context("reading the export")?;
     if !status.is_success() {
-        let message = serde_json::from_slice::<Value>(&body)
-            .ok()
-            .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-        bail!("{message} (HTTP {})", status.as_u16());
+        let answer = serde_json::from_slice::<Value>(&body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+        return Err(client.explain(status, &answer));
     }
     match out {
         Some(path) => {
@@ -415,6 +413,9 @@ pub enum Admin {
     /// Set or show where a tenant's work may run (on top of each workflow's hints).
     #[command(subcommand)]
     Policy(PolicyVerb),
+    /// Issue, list and revoke API tokens.
+    #[command(subcommand)]
+    Token(crate::access_cli::TokenVerb),
 }
 
 #[derive(clap::Subcommand)]
@@ -616,6 +617,7 @@ fn meter(text: &str) -> anyhow::Result<Meter> {
 pub async fn admin(which: Admin) -> anyhow::Result<i32> {
     match which {
         Admin::Rebuild(Rebuild::Accounting { target }) => rebuild(target).await,
+        Admin::Token(verb) => crate::access_cli::token(verb).await,
         Admin::Discount {
             scope,
             percent,

@@ -22,20 +22,23 @@ pub struct Client {
     tenant: Option<String>,
     /// Sent as X-Meridian-User, when set: who does it, in the log.
     user: Option<String>,
+    /// Sent as `Authorization: Bearer`, when there is one for this server.
+    token: Option<String>,
 }
 
 /// The API an admin verb changes the federation through.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServerArg {
     /// The Meridian API to talk to: site and admin verbs change the federation through
-    /// it, as `submit` does, never by writing to the log themselves.
-    #[arg(long, env = "MERIDIAN_SERVER", default_value = "http://127.0.0.1:7373")]
-    pub server: String,
+    /// it, as `submit` does, never by writing to the log themselves. Default: the client
+    /// profile's, else http://127.0.0.1:7373.
+    #[arg(long, env = "MERIDIAN_SERVER")]
+    pub server: Option<String>,
 }
 
 impl ServerArg {
     pub fn client(&self) -> anyhow::Result<Client> {
-        Client::new(&self.server)
+        Client::new(&crate::profile::server(self.server.as_deref()))
     }
 }
 
@@ -72,6 +75,7 @@ impl Client {
             http,
             tenant: None,
             user: None,
+            token: crate::profile::token_for(base),
         })
     }
 
@@ -133,6 +137,21 @@ impl Client {
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let response = self.send_raw(request).await?;
+        let status = response.status();
+        let text = response.text().await.context("reading the answer")?;
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if !status.is_success() {
+            return Err(self.explain(status, &body));
+        }
+        Ok(body)
+    }
+
+    /// Sends with the caller's headers and token; the answer as it came.
+    pub async fn send_raw(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> anyhow::Result<reqwest::Response> {
         let request = match &self.tenant {
             Some(tenant) => request.header("x-meridian-tenant", tenant),
             None => request,
@@ -141,19 +160,43 @@ impl Client {
             Some(user) => request.header("x-meridian-user", user),
             None => request,
         };
-        let response = request.send().await.with_context(|| {
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        request.send().await.with_context(|| {
             format!(
                 "cannot reach Meridian at {} (is `meridian up` running? set --server or MERIDIAN_SERVER)",
                 self.base
             )
-        })?;
-        let status = response.status();
-        let text = response.text().await.context("reading the answer")?;
-        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        if !status.is_success() {
-            return Err(api_error(status, &body));
+        })
+    }
+
+    /// An error answer, with what to do about a 401.
+    pub fn explain(&self, status: reqwest::StatusCode, body: &Value) -> anyhow::Error {
+        let error = api_error(status, body);
+        if status != reqwest::StatusCode::UNAUTHORIZED {
+            return error;
         }
-        Ok(body)
+        let hint = match &self.token {
+            None => format!(
+                "no token for {}: set MERIDIAN_TOKEN (or --token), or run `meridian up`, which writes a client profile{}",
+                self.base,
+                crate::profile::path()
+                    .map(|p| format!(" at {}", p.display()))
+                    .unwrap_or_default()
+            ),
+            Some(_) => "the token was refused: it may be revoked or expired; ask an admin for a new one (`meridian admin token create`)".to_string(),
+        };
+        error.context(hint)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
     }
 
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {

@@ -7,10 +7,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod access_cli;
 mod accounting_cli;
 mod adapters;
 mod catalog_cli;
 mod client;
+mod profile;
 mod run;
 mod sites;
 mod validate;
@@ -23,6 +25,10 @@ mod validate;
     after_help = "Start with `meridian up` in one terminal and `meridian submit examples/hello.yaml --wait` in another."
 )]
 struct Cli {
+    /// The API token to send (default: the client profile's, for its server). Prefer
+    /// MERIDIAN_TOKEN: a flag shows in the process list.
+    #[arg(long, env = "MERIDIAN_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -38,14 +44,10 @@ pub enum Output {
 
 #[derive(clap::Args)]
 struct Remote {
-    /// The Meridian API to talk to.
-    #[arg(
-        long,
-        env = "MERIDIAN_SERVER",
-        default_value = "http://127.0.0.1:7373",
-        global = true
-    )]
-    server: String,
+    /// The Meridian API to talk to (default: the client profile's, else
+    /// http://127.0.0.1:7373).
+    #[arg(long, env = "MERIDIAN_SERVER", global = true)]
+    server: Option<String>,
     /// Act for this tenant (sent as X-Meridian-Tenant): its workflows, its placement
     /// policy. Default: the server's default tenant.
     #[arg(long, env = "MERIDIAN_TENANT", global = true)]
@@ -56,7 +58,11 @@ struct Remote {
 
 impl Remote {
     fn client(&self) -> anyhow::Result<client::Client> {
-        Ok(client::Client::new(&self.server)?.for_tenant(self.tenant.as_deref()))
+        Ok(client::Client::new(&self.url())?.for_tenant(self.tenant.as_deref()))
+    }
+
+    fn url(&self) -> String {
+        profile::server(self.server.as_deref())
     }
 }
 
@@ -122,10 +128,13 @@ enum Command {
     },
     /// Print a tenant's bill for a month: totals, and each workflow's share.
     Bills(accounting_cli::BillsArgs),
+    /// The audit trail: every write and every refused request (admins).
+    Audit(access_cli::AuditArgs),
     /// Export charges for finance tools.
     #[command(subcommand)]
     Export(accounting_cli::Export),
-    /// Administration against the log and database directly: rebuilds, tenant prices.
+    /// Administration: tokens, tenant prices and policies (through the API); read-model
+    /// rebuilds (against the database).
     #[command(subcommand)]
     Admin(accounting_cli::Admin),
     /// Price a workflow at every site of a catalogue, without submitting it (offline).
@@ -213,6 +222,7 @@ fn finish(result: anyhow::Result<i32>) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    profile::set_token(cli.token.clone());
     if !matches!(cli.command, Command::Up(_) | Command::Server(_)) {
         quiet_on_closed_pipe();
     }
@@ -316,10 +326,11 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
                 .map(|_| 0)
         }
         Command::Bill { id, remote } => {
-            accounting_cli::bill(&remote.server, &id, remote.output).await
+            accounting_cli::bill(&remote.url(), &id, remote.output).await
         }
         Command::Bills(args) => accounting_cli::bills(args).await,
         Command::Export(which) => accounting_cli::export(which).await,
+        Command::Audit(args) => access_cli::audit(args).await,
         Command::Up(_)
         | Command::Server(_)
         | Command::Admin(_)

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use meridian_adapter_local::{LocalAdapter, LocalConfig};
+use meridian_app::WorkflowCredentials;
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_intake::Intake;
-use meridian_site_runner::SiteRunner;
+use meridian_site_runner::{CallBack, SiteRunner};
 use meridian_store::Store;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -61,12 +62,8 @@ impl Tasks {
         });
     }
 
-    pub fn intake(
-        &mut self,
-        log: Arc<dyn EventLog>,
-        store: Store,
-        listener: tokio::net::TcpListener,
-    ) {
+    pub fn intake(&mut self, app: meridian_app::App, listener: tokio::net::TcpListener) {
+        let (log, store) = (app.log().clone(), app.store().clone());
         let stop = self.shutdown();
         let projection_store = store.clone();
         let projection_log = log.clone();
@@ -81,7 +78,7 @@ impl Tasks {
         });
         let mut stop = self.shutdown();
         self.spawn("intake api", async move {
-            let intake = Intake::new(log, store);
+            let intake = Intake::over(app);
             meridian_intake::serve(intake, listener, async move {
                 let _ = stop.wait_for(|s| *s).await;
             })
@@ -96,9 +93,13 @@ impl Tasks {
         adapter: Arc<dyn meridian_adapter_core::SiteAdapter>,
         log: Arc<dyn EventLog>,
         store: Store,
+        call_back: Option<CallBack>,
     ) {
         let stop = self.shutdown();
-        let runner = SiteRunner::new(name, adapter, log, Some(store));
+        let mut runner = SiteRunner::new(name, adapter, log, Some(store));
+        if let Some(call_back) = call_back {
+            runner = runner.with_call_back(call_back);
+        }
         self.spawn(&format!("site {name}"), async move {
             Ok(runner.run(stop).await?)
         });
@@ -218,9 +219,12 @@ pub struct UpArgs {
     /// Where the embedded log, the read models and the local site's jobs live.
     #[arg(long, env = "MERIDIAN_DATA_DIR", default_value = "meridian-data")]
     pub data_dir: PathBuf,
-    /// Address of the HTTP API.
-    #[arg(long, env = "MERIDIAN_LISTEN", default_value = "127.0.0.1:7373")]
-    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// Issue a new admin token and rewrite the client profile with it (when the profile
+    /// was lost, or is another Meridian's). Earlier tokens keep working.
+    #[arg(long)]
+    pub new_admin_token: bool,
     /// CPUs the local site offers (default: all of this machine's).
     #[arg(long)]
     pub local_cpus: Option<u32>,
@@ -239,11 +243,13 @@ pub struct UpArgs {
 /// `meridian up`: everything in one process, no servers needed.
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let _lock = lock_data_dir(&args.data_dir)?;
+    args.api.check()?;
     let log: Arc<dyn EventLog> = Arc::new(
         SqliteLog::open(&args.data_dir.join("events.sqlite"))
             .await
             .context("opening the event log")?,
     );
+    let first_start = log.head().await.context("reading the event log")? == 0;
     let store = Store::connect(&format!(
         "sqlite://{}",
         args.data_dir.join("meridian.sqlite").display()
@@ -272,22 +278,130 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             )?,
         ));
     }
-    let listener = bind(args.listen).await?;
+    let listener = bind(args.api.listen).await?;
+    let credentials = WorkflowCredentials::load_or_create(&args.data_dir.join("credential.key"))
+        .context("reading the workflow credential key")?;
+    let app = meridian_app::App::new(log.clone(), store.clone())
+        .with_workflow_credentials(credentials.clone());
+    let server = args.api.url();
+    let profile_note = if first_start || args.new_admin_token {
+        Some(write_admin_profile(&app, &server).await?)
+    } else {
+        None
+    };
+    let call_back = call_back(&server, credentials);
 
     let mut tasks = Tasks::new();
     for (site, adapter) in extra {
-        tasks.site(&site, adapter, log.clone(), store.clone());
+        tasks.site(
+            &site,
+            adapter,
+            log.clone(),
+            store.clone(),
+            Some(call_back.clone()),
+        );
     }
-    tasks.intake(log.clone(), store.clone(), listener);
+    tasks.intake(app, listener);
     tasks.router(log.clone());
     tasks.accounting(log.clone(), store.clone());
-    tasks.site("local", adapter, log, store);
+    tasks.site("local", adapter, log, store, Some(call_back));
     eprintln!(
-        "Meridian is up: API on http://{}, data in {}, local site with {cpus} CPUs. Ctrl-C stops it.",
-        args.listen,
+        "Meridian is up: API on {server}, data in {}, local site with {cpus} CPUs. Ctrl-C stops it.",
         args.data_dir.display()
     );
+    match profile_note {
+        Some(note) => eprintln!("{note}"),
+        None => {
+            let profiled = crate::profile::read().is_some_and(|p| p.server == server);
+            if !profiled {
+                eprintln!(
+                    "No client profile points here, so the CLI has no token for {server}: \
+                     restart with --new-admin-token to write one, or set MERIDIAN_TOKEN."
+                );
+            }
+        }
+    }
     tasks.wait().await
+}
+
+/// Issues an admin token and writes the client profile with it; says where, and how to
+/// make tokens for others.
+async fn write_admin_profile(app: &meridian_app::App, server: &str) -> anyhow::Result<String> {
+    let issued = app
+        .issue_token_unchecked(
+            "meridian up",
+            meridian_app::auth::TokenRequest {
+                tenant: None,
+                role: meridian_app::Role::Admin,
+                grants: Vec::new(),
+                expires_at: None,
+                label: Some("meridian up".into()),
+            },
+        )
+        .await
+        .context("issuing the first admin token")?;
+    let path = crate::profile::write(&crate::profile::Profile {
+        server: server.to_string(),
+        token: issued.token,
+    })
+    .context("writing the client profile")?;
+    Ok(format!(
+        "Admin token issued; the CLI reads it from {} (mode 0600). Tokens for others: \
+         `meridian admin token create --tenant TENANT --role researcher`.",
+        path.display()
+    ))
+}
+
+/// What the site runners start every job with: this API's address and the workflow's
+/// credential.
+fn call_back(server: &str, credentials: WorkflowCredentials) -> CallBack {
+    CallBack {
+        server: server.to_string(),
+        credential: Arc::new(move |workflow| credentials.mint(workflow)),
+    }
+}
+
+/// Where and how the API listens.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiArgs {
+    /// Address of the HTTP API. Any address but loopback needs --tls-cert and --tls-key,
+    /// or --behind-tls-proxy.
+    #[arg(long, env = "MERIDIAN_LISTEN", default_value = "127.0.0.1:7373")]
+    pub listen: SocketAddr,
+    /// The API's address as clients and jobs reach it (default: from --listen).
+    #[arg(long, env = "MERIDIAN_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// A TLS proxy in front of the API terminates TLS: allows a non-loopback --listen
+    /// without --tls-cert. Tokens cross the network; never serve them in the clear.
+    #[arg(long)]
+    pub behind_tls_proxy: bool,
+}
+
+impl ApiArgs {
+    /// Refuses to send tokens in the clear beyond this machine.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if !self.listen.ip().is_loopback() && !self.behind_tls_proxy {
+            bail!(
+                "--listen {} is reachable from other machines, and tokens would cross the network \
+                 in the clear: put a TLS proxy in front and pass --behind-tls-proxy, or listen on \
+                 127.0.0.1",
+                self.listen
+            );
+        }
+        Ok(())
+    }
+
+    pub fn url(&self) -> String {
+        if let Some(url) = &self.public_url {
+            return url.trim_end_matches('/').to_string();
+        }
+        let port = self.listen.port();
+        if self.listen.ip().is_unspecified() {
+            format!("http://127.0.0.1:{port}")
+        } else {
+            format!("http://{}", self.listen)
+        }
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -356,8 +470,14 @@ pub enum Server {
         log: Distributed,
         #[command(flatten)]
         db: Database,
-        #[arg(long, env = "MERIDIAN_LISTEN", default_value = "127.0.0.1:7373")]
-        listen: SocketAddr,
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(flatten)]
+        key: CredentialKey,
+        /// When FILE does not exist: issue an admin token and write it there (mode 0600),
+        /// the deployment's first. An existing FILE is left as it is.
+        #[arg(long, env = "MERIDIAN_ADMIN_TOKEN_FILE", value_name = "FILE")]
+        admin_token_file: Option<PathBuf>,
     },
     /// Placement, and the release of each workflow's jobs.
     Router {
@@ -395,16 +515,74 @@ pub enum Server {
         log: Distributed,
         #[command(flatten)]
         db: Database,
+        #[command(flatten)]
+        key: CredentialKey,
+        /// The API's address as this site's jobs reach it, given to them as
+        /// MERIDIAN_SERVER with their workflow credential (needs --credential-key-file).
+        #[arg(long, env = "MERIDIAN_SERVER", requires = "credential_key_file")]
+        server: Option<String>,
     },
+}
+
+/// The key workflow credentials are made and checked with.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CredentialKey {
+    /// The key of the workflow credentials jobs carry (64 hex digits; created, mode 0600,
+    /// when absent). The intake and every adapter of a deployment share one. Without it,
+    /// jobs get no credential and the API refuses workflow credentials.
+    #[arg(long, env = "MERIDIAN_CREDENTIAL_KEY_FILE", value_name = "FILE")]
+    pub credential_key_file: Option<PathBuf>,
+}
+
+impl CredentialKey {
+    fn load(&self) -> anyhow::Result<Option<WorkflowCredentials>> {
+        self.credential_key_file
+            .as_deref()
+            .map(|path| {
+                WorkflowCredentials::load_or_create(path)
+                    .with_context(|| format!("reading the credential key {}", path.display()))
+            })
+            .transpose()
+    }
 }
 
 /// `meridian server NAME`: one service in this process.
 pub async fn server(which: Server) -> anyhow::Result<()> {
     let mut tasks = Tasks::new();
     match which {
-        Server::Intake { log, db, listen } => {
+        Server::Intake {
+            log,
+            db,
+            api,
+            key,
+            admin_token_file,
+        } => {
+            api.check()?;
             let (log, store) = (log.log().await?, db.store().await?);
-            tasks.intake(log, store, bind(listen).await?);
+            let mut app = meridian_app::App::new(log, store);
+            if let Some(credentials) = key.load()? {
+                app = app.with_workflow_credentials(credentials);
+            }
+            if let Some(path) = admin_token_file.filter(|p| !p.exists()) {
+                let issued = app
+                    .issue_token_unchecked(
+                        "meridian server intake",
+                        meridian_app::auth::TokenRequest {
+                            tenant: None,
+                            role: meridian_app::Role::Admin,
+                            grants: Vec::new(),
+                            expires_at: None,
+                            label: Some("first admin".into()),
+                        },
+                    )
+                    .await
+                    .context("issuing the first admin token")?;
+                meridian_app::auth::write_private(&path, &format!("{}\n", issued.token))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                tracing::info!(path = %path.display(), "wrote the first admin token");
+            }
+            let listen = api.listen;
+            tasks.intake(app, bind(listen).await?);
             tracing::info!(%listen, "intake is up");
         }
         Server::Router { log } => tasks.router(log.log().await?),
@@ -420,7 +598,16 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
             prices,
             log,
             db,
+            key,
+            server,
         } => {
+            let call_back = match (key.load()?, server) {
+                (Some(credentials), Some(server)) => Some(call_back(&server, credentials)),
+                (Some(_), None) => bail!(
+                    "--credential-key-file needs --server: the API's address as this site's jobs reach it"
+                ),
+                _ => None,
+            };
             if kind != "local" {
                 let (log, store) = (log.log().await?, db.store().await?);
                 require_site(&*log, &site).await?;
@@ -429,7 +616,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                     adapter_config.as_deref(),
                     root.as_deref().unwrap_or(Path::new(".")),
                 )?;
-                tasks.site(&site, adapter, log, store);
+                tasks.site(&site, adapter, log, store, call_back);
                 return tasks.wait().await;
             }
             let root =
@@ -443,7 +630,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
             let (cpus, memory) = (config.cpus, config.memory_bytes);
             let adapter = Arc::new(LocalAdapter::new(config)?);
             ensure_local_site(&*log, &site, cpus, memory, &prices).await?;
-            tasks.site(&site, adapter, log, store);
+            tasks.site(&site, adapter, log, store, call_back);
             // Keep the lock for as long as the site runs.
             let result = tasks.wait().await;
             drop(_lock);

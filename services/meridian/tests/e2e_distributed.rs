@@ -38,11 +38,23 @@ fn deploy() -> Deployment {
         ("MERIDIAN_DATABASE_URL", database.as_str()),
     ];
     let root = dir.path().join("site");
+    // One credential key for the intake and the adapter, made before either starts.
+    std::fs::write(dir.path().join("credential.key"), "ab".repeat(32)).unwrap();
+    let server = format!("http://127.0.0.1:{port}");
     let procs = vec![
         Proc::spawn(
             "intake",
             dir.path(),
-            &["server", "intake", "--listen", &listen],
+            &[
+                "server",
+                "intake",
+                "--listen",
+                &listen,
+                "--admin-token-file",
+                "admin-token",
+                "--credential-key-file",
+                "credential.key",
+            ],
             &env,
         ),
         Proc::spawn("router", dir.path(), &["server", "router"], &env),
@@ -59,11 +71,14 @@ fn deploy() -> Deployment {
                 "2",
                 "--root",
                 root.to_str().unwrap(),
+                "--credential-key-file",
+                "credential.key",
+                "--server",
+                &server,
             ],
             &env,
         ),
     ];
-    let server = format!("http://127.0.0.1:{port}");
     wait_ready(&server, &procs.iter().collect::<Vec<_>>());
     // The adapter registers its site at start; placement needs it in the catalogue.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

@@ -247,17 +247,17 @@ fn a_drained_site_takes_no_work_and_explain_says_why() {
     assert_eq!(explained["decisions"][0]["payload"]["site"], "local");
 
     // A quote against the live catalogue sees the same site.
-    let out = std::process::Command::new(BIN)
-        .args([
+    let out = cli(
+        &up.server,
+        &[
             "quote",
             file.to_str().unwrap(),
             "--server",
             &up.server,
             "--output",
             "json",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -259,6 +259,8 @@ impl Router {
                 }
                 Ok(None)
             }
+            // Tokens say who may call the API; placement does not care.
+            AggregateKind::Token => Ok(None),
             AggregateKind::Workflow => {
                 self.remember_release(id, envelope);
                 self.note_settlement(id, envelope);

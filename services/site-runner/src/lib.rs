@@ -89,6 +89,19 @@ pub struct SiteRunner {
     sweep_every: Duration,
     jobs: HashMap<Uuid, Tracked>,
     specs: HashMap<Uuid, Arc<meridian_spec::Workflow>>,
+    /// What each job is given to call Meridian with; none: nothing.
+    call_back: Option<CallBack>,
+}
+
+/// How a job calls Meridian back: every job and service is started with
+/// `MERIDIAN_SERVER` and a `MERIDIAN_TOKEN` scoped to its workflow (a workflow credential).
+/// The credential is made when the job starts and never written to the log.
+#[derive(Clone)]
+pub struct CallBack {
+    /// The API's address as the site's jobs reach it.
+    pub server: String,
+    /// Makes the credential of a workflow's jobs.
+    pub credential: Arc<dyn Fn(Uuid) -> String + Send + Sync>,
 }
 
 /// The durable subscription name for a site: consumer names allow only `[A-Za-z0-9_-]`.
@@ -129,7 +142,14 @@ impl SiteRunner {
             sweep_every: Duration::from_secs(300),
             jobs: HashMap::new(),
             specs: HashMap::new(),
+            call_back: None,
         }
+    }
+
+    /// Starts every job with `MERIDIAN_SERVER` and its workflow's credential.
+    pub fn with_call_back(mut self, call_back: CallBack) -> SiteRunner {
+        self.call_back = Some(call_back);
+        self
     }
 
     /// How often the site's capacity and health are reported (30 s by default).
@@ -507,6 +527,14 @@ impl SiteRunner {
                 return Ok(None);
             };
         let r = &dispatch.resources;
+        let mut env = env.clone();
+        if let Some(call_back) = &self.call_back {
+            env.insert("MERIDIAN_SERVER".into(), call_back.server.clone());
+            env.insert(
+                "MERIDIAN_TOKEN".into(),
+                (call_back.credential)(dispatch.workflow_id),
+            );
+        }
         Ok(Some(JobRequest {
             job_id: id,
             workflow_id: dispatch.workflow_id,
@@ -514,7 +542,7 @@ impl SiteRunner {
             array_index: dispatch.task.index,
             image: (!image.is_host()).then(|| image.as_str().to_string()),
             command: command.clone(),
-            env: env.clone(),
+            env,
             cwd: cwd.clone(),
             resources: meridian_adapter_core::Resources {
                 nodes: r.nodes,

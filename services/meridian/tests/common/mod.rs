@@ -28,6 +28,7 @@ impl Proc {
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(BIN)
             .args(args)
+            .env("MERIDIAN_CONFIG_DIR", dir.join("config"))
             .envs(env.iter().copied())
             .env("MERIDIAN_LOG", "info,sqlx=warn")
             .current_dir(dir)
@@ -66,11 +67,55 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Runs the CLI against `server`.
+/// How the CLI authenticates to each deployment under test: the client profile
+/// `meridian up` wrote, or the first admin token `meridian server intake` wrote.
+static CREDENTIALS: std::sync::Mutex<BTreeMap<String, (&'static str, String)>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// Learns how to authenticate to `server` from what `proc` wrote in its directory.
+pub fn learn_credentials(server: &str, proc: &Proc) {
+    let dir = proc.log.parent().unwrap();
+    let credential = if dir.join("config").join("client.json").exists() {
+        (
+            "MERIDIAN_CONFIG_DIR",
+            dir.join("config").display().to_string(),
+        )
+    } else if let Ok(token) = std::fs::read_to_string(dir.join("admin-token")) {
+        ("MERIDIAN_TOKEN", token.trim().to_string())
+    } else {
+        return;
+    };
+    CREDENTIALS
+        .lock()
+        .unwrap()
+        .insert(server.to_string(), credential);
+}
+
+/// The admin credential of `server`, as an environment variable for the CLI.
+pub fn credential(server: &str) -> Option<(&'static str, String)> {
+    CREDENTIALS.lock().unwrap().get(server).cloned()
+}
+
+/// Runs the CLI against `server`, as its admin.
 pub fn cli(server: &str, args: &[&str]) -> Output {
+    let mut command = Command::new(BIN);
+    command.args(args).env("MERIDIAN_SERVER", server);
+    command.env_remove("MERIDIAN_TOKEN");
+    // Never the profile of whoever runs the tests.
+    command.env("MERIDIAN_CONFIG_DIR", "/nonexistent/meridian-tests");
+    if let Some((name, value)) = credential(server) {
+        command.env(name, value);
+    }
+    command.output().expect("run meridian")
+}
+
+/// Runs the CLI against `server` with `token`.
+pub fn cli_as(server: &str, token: &str, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
         .env("MERIDIAN_SERVER", server)
+        .env("MERIDIAN_CONFIG_DIR", "/nonexistent/meridian-tests")
+        .env("MERIDIAN_TOKEN", token)
         .output()
         .expect("run meridian")
 }
@@ -104,6 +149,9 @@ pub fn cli_json(server: &str, args: &[&str]) -> Value {
 pub fn wait_ready(server: &str, procs: &[&Proc]) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
+        if let Some(first) = procs.first() {
+            learn_credentials(server, first);
+        }
         if cli(server, &["list"]).status.success() {
             return;
         }

@@ -1,0 +1,242 @@
+//! `meridian admin token ...` and `meridian audit`: tokens and the audit trail, through
+//! the API (admins only).
+
+use anyhow::{bail, Context};
+use chrono::{DateTime, Duration, NaiveDate, Utc};
+use meridian_app::audit::AuditList;
+use meridian_app::auth::{IssuedTokenSecret, TokenList, TokenView};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::client::{json, table, Client, ServerArg};
+use crate::Output;
+
+#[derive(clap::Subcommand)]
+pub enum TokenVerb {
+    /// Issue a token; prints it once on standard output (Meridian keeps only its hash).
+    ///
+    /// Roles: researcher (its tenant's workflows and bills), finance (bills, exports and
+    /// prices: of its tenant, or of every tenant without --tenant), admin (everything),
+    /// agent (reads like a researcher; writes only what --grant names).
+    Create {
+        /// The tenant it acts in; required for researcher and agent.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// researcher, finance, admin or agent.
+        #[arg(long)]
+        role: String,
+        /// For an agent: a write action it may do (submit, cancel). Repeatable.
+        #[arg(long = "grant", value_name = "ACTION")]
+        grants: Vec<String>,
+        /// When it stops holding: a span from now (90m, 12h, 30d) or a date or time
+        /// (2027-01-01, RFC 3339, UTC). Default: never.
+        #[arg(long)]
+        expires: Option<String>,
+        /// What it is for; the name it acts under in the log.
+        #[arg(long)]
+        label: Option<String>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// List every token issued (never their values).
+    List {
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Revoke a token: it is refused from now on.
+    Revoke {
+        id: Uuid,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct AuditArgs {
+    /// Only this tenant's records.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Only records since then: a span back from now (90m, 12h, 7d) or a date or time.
+    #[arg(long)]
+    since: Option<String>,
+    /// At most this many records.
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+    #[arg(long, short, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(flatten)]
+    server: ServerArg,
+}
+
+/// A span (`30d`, `12h`, `90m`) or a date (`2027-01-01`) or an RFC 3339 time.
+fn when(flag: &str, text: &str, ahead: bool) -> anyhow::Result<DateTime<Utc>> {
+    let span = |n: &str, unit: fn(i64) -> Duration| -> Option<Duration> {
+        n.parse::<i64>().ok().filter(|n| *n > 0).map(unit)
+    };
+    let parsed = if let Some(n) = text.strip_suffix('d') {
+        span(n, Duration::days)
+    } else if let Some(n) = text.strip_suffix('h') {
+        span(n, Duration::hours)
+    } else if let Some(n) = text.strip_suffix('m') {
+        span(n, Duration::minutes)
+    } else {
+        None
+    };
+    if let Some(span) = parsed {
+        return Ok(if ahead {
+            Utc::now() + span
+        } else {
+            Utc::now() - span
+        });
+    }
+    if let Ok(date) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(date.and_hms_opt(0, 0, 0).expect("midnight").and_utc());
+    }
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .with_context(|| {
+            format!("{flag} {text:?}: expected a span (90m, 12h, 30d), a date (2027-01-01) or an RFC 3339 time")
+        })
+}
+
+fn row(t: &TokenView) -> Vec<String> {
+    vec![
+        t.id.to_string(),
+        t.role.to_string(),
+        t.tenant.clone().unwrap_or_else(|| "(every)".into()),
+        t.grants
+            .iter()
+            .map(|g| g.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        t.expires_at
+            .map(|e| e.format("%Y-%m-%d %H:%M").to_string())
+            .unwrap_or_else(|| "never".into()),
+        if t.revoked { "revoked" } else { "active" }.into(),
+        t.label.clone().unwrap_or_default(),
+    ]
+}
+
+pub async fn token(verb: TokenVerb) -> anyhow::Result<i32> {
+    match verb {
+        TokenVerb::Create {
+            tenant,
+            role,
+            grants,
+            expires,
+            label,
+            server,
+        } => {
+            let role: meridian_app::Role =
+                role.parse().map_err(|e| anyhow::anyhow!("--role: {e}"))?;
+            let grants = grants
+                .iter()
+                .map(|g| g.parse::<meridian_app::Grant>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("--grant: {e}"))?;
+            let expires_at = expires
+                .as_deref()
+                .map(|e| when("--expires", e, true))
+                .transpose()?;
+            let answer = server
+                .client()?
+                .post(
+                    "/v1/tokens",
+                    Some(json!({
+                        "tenant": tenant,
+                        "role": role,
+                        "grants": grants,
+                        "expires_at": expires_at,
+                        "label": label,
+                    })),
+                )
+                .await?;
+            let issued: IssuedTokenSecret = Client::decode(answer, "POST /v1/tokens")?;
+            let v = &issued.view;
+            eprintln!(
+                "issued token {} ({} in {}); it is shown once, below: keep it safe",
+                v.id,
+                v.role,
+                v.tenant.as_deref().unwrap_or("every tenant")
+            );
+            println!("{}", issued.token);
+            Ok(0)
+        }
+        TokenVerb::List { output, server } => {
+            let list: TokenList = server.client()?.get_as("/v1/tokens").await?;
+            match output {
+                Output::Json => json(&list),
+                Output::Table => table(
+                    &[
+                        "ID", "ROLE", "TENANT", "GRANTS", "EXPIRES", "STATE", "LABEL",
+                    ],
+                    &list.tokens.iter().map(row).collect::<Vec<_>>(),
+                ),
+            }
+            Ok(0)
+        }
+        TokenVerb::Revoke { id, server } => {
+            server
+                .client()?
+                .post(&format!("/v1/tokens/{id}/revoke"), None)
+                .await?;
+            println!("{id}: revoked");
+            Ok(0)
+        }
+    }
+}
+
+pub async fn audit(args: AuditArgs) -> anyhow::Result<i32> {
+    let mut query = vec![format!("limit={}", args.limit)];
+    if let Some(t) = &args.tenant {
+        query.push(format!("tenant={t}"));
+    }
+    if let Some(s) = &args.since {
+        let since = when("--since", s, false)?;
+        query.push(format!(
+            "since={}",
+            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ));
+    }
+    if args.limit == 0 {
+        bail!("--limit: expected at least 1");
+    }
+    let list: AuditList = args
+        .server
+        .client()?
+        .get_as(&format!("/v1/audit?{}", query.join("&")))
+        .await?;
+    match args.output {
+        Output::Json => json(&list),
+        Output::Table => table(
+            &[
+                "AT", "OUTCOME", "ACTION", "TARGET", "ROLE", "TENANT", "TOKEN", "FROM", "DETAIL",
+            ],
+            &list
+                .records
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                        serde_json::to_value(r.outcome)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default(),
+                        r.action.clone(),
+                        r.target.clone(),
+                        r.role.clone().unwrap_or_else(|| "-".into()),
+                        r.tenant.clone().unwrap_or_else(|| "-".into()),
+                        r.token_id
+                            .map(|t| t.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                        r.source.clone().unwrap_or_else(|| "-".into()),
+                        r.detail.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ),
+    }
+    Ok(0)
+}
