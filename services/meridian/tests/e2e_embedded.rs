@@ -664,3 +664,174 @@ sites:
         );
     }
 }
+
+/// The stdout of a CLI run that must succeed, trimmed.
+fn ok_text(out: std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A job calls Meridian back with the credential it was started with: it submits a
+/// child workflow, which runs and is billed to the same tenant; once the parent ends the
+/// credential is refused. Afterwards, no token of this run is anywhere in the log or the
+/// database.
+#[test]
+fn a_job_submits_a_child_workflow_with_its_credential() {
+    let up = up();
+    let researcher = ok_text(
+        cli(
+            &up.server,
+            &[
+                "admin",
+                "token",
+                "create",
+                "--tenant",
+                "physics",
+                "--role",
+                "researcher",
+                "--label",
+                "ada",
+            ],
+        ),
+        "token create",
+    );
+    assert!(researcher.starts_with("mer_"), "{researcher}");
+    let token_file = up.dir.path().join("job-token");
+    let parent = write(
+        up.dir.path(),
+        "parent.yaml",
+        &format!(
+            r#"version: v1
+name: parent
+jobs:
+  spawn:
+    image: host
+    command:
+      - python3
+      - -c
+      - |
+        import os, urllib.request
+        doc = b"version: v1\nname: child\njobs:\n  c:\n    image: host\n    command: [sh, -c, 'sleep 0.2']\n    resources: {{cpus: 1, memory: 64MiB, walltime: 1m}}\n"
+        req = urllib.request.Request(os.environ["MERIDIAN_SERVER"] + "/v1/workflows", data=doc, method="POST",
+            headers={{"Authorization": "Bearer " + os.environ["MERIDIAN_TOKEN"], "Content-Type": "application/yaml"}})
+        print(urllib.request.urlopen(req).read().decode())
+        open("{}", "w").write(os.environ["MERIDIAN_TOKEN"])
+    resources: {{cpus: 1, memory: 64MiB, walltime: 1m}}
+"#,
+            token_file.display()
+        ),
+    );
+    let out = cli_as(
+        &up.server,
+        &researcher,
+        &[
+            "submit",
+            parent.to_str().unwrap(),
+            "--wait",
+            "--output",
+            "json",
+        ],
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("no status: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(status["state"], "finished", "{status:#}");
+    let parent_id = status["id"].as_str().unwrap().to_string();
+    let job_token = std::fs::read_to_string(&token_file).unwrap();
+    assert!(job_token.starts_with("mer_wf_"), "{job_token}");
+
+    // The child: the researcher's tenant, recorded as the parent's child; it runs.
+    let list: serde_json::Value = serde_json::from_slice(
+        &cli_as(&up.server, &researcher, &["list", "--output", "json"]).stdout,
+    )
+    .unwrap();
+    let child = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "child")
+        .unwrap_or_else(|| panic!("no child in {list:#}"));
+    assert_eq!(child["tenant"], "physics");
+    let child_id = child["id"].as_str().unwrap().to_string();
+    let child_status = wait_state(&up.server, &child_id, &["finished", "failed"]);
+    assert_eq!(child_status["state"], "finished", "{child_status:#}");
+    let events = cli_json(&up.server, &["events", &child_id]);
+    assert_eq!(
+        events["events"][0]["payload"]["parent_workflow_id"], parent_id,
+        "{events:#}"
+    );
+
+    // Billed to the same tenant: the child's charges are in physics' month.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    loop {
+        let out = cli_as(
+            &up.server,
+            &researcher,
+            &[
+                "bills", "--tenant", "physics", "--period", &month, "--output", "json",
+            ],
+        );
+        let bill: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let billed = bill["workflows"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["workflow_id"] == child_id.as_str()));
+        if billed {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child was never billed to physics: {bill:#} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    // The parent ended: its credential is refused, for its own workflow and its child's.
+    for id in [&parent_id, &child_id] {
+        let out = cli_as(&up.server, &job_token, &["status", id]);
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("HTTP 401"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // No token of this run is in the log or the database, whole or as its secret part.
+    let profile: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(up.dir.path().join("config").join("client.json")).unwrap(),
+    )
+    .unwrap();
+    let admin = profile["token"].as_str().unwrap().to_string();
+    let secrets: Vec<String> = [admin, researcher, job_token]
+        .into_iter()
+        .flat_map(|t| {
+            let secret = t.rsplit('_').next().unwrap().to_string();
+            [t, secret]
+        })
+        .collect();
+    let data = up.dir.path().join("data");
+    let mut scanned = 0;
+    for entry in std::fs::read_dir(&data).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !(name.starts_with("events.sqlite") || name.starts_with("meridian.sqlite")) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        scanned += bytes.len();
+        for secret in &secrets {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{} holds a token",
+                path.display()
+            );
+        }
+    }
+    assert!(scanned > 0, "nothing scanned in {}", data.display());
+}

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, Method, Request, StatusCode};
 use axum::Router;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use meridian_app::auth::TokenRequest;
-use meridian_app::{Grant, Role};
+use meridian_app::{App, Grant, Role, WorkflowCredentials};
 use meridian_eventlog::aggregates::{execute, load};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
@@ -45,6 +45,8 @@ pub struct Bench {
     pub admin_token: String,
     /// The log's head once the bench's token is issued.
     pub base_head: u64,
+    /// The key of the workflow credentials the intake accepts.
+    pub credentials: WorkflowCredentials,
     postgres: Option<String>,
 }
 
@@ -69,7 +71,10 @@ impl Bench {
             }
         };
         let store = Store::connect(&url).await.unwrap();
-        let intake = Intake::new(log.clone(), store.clone());
+        let credentials = WorkflowCredentials::generate();
+        let intake = Intake::over(
+            App::new(log.clone(), store.clone()).with_workflow_credentials(credentials.clone()),
+        );
         let router = intake.router();
         let admin_token = issue(&intake, None, Role::Admin, vec![]).await;
         let base_head = log.head().await.unwrap();
@@ -81,13 +86,17 @@ impl Bench {
             router,
             admin_token,
             base_head,
+            credentials,
             postgres,
         }
     }
 
     /// A new Intake over the same log and store, as after a restart.
     pub fn restart(&mut self) {
-        self.intake = Intake::new(self.log.clone(), self.store.clone());
+        self.intake = Intake::over(
+            App::new(self.log.clone(), self.store.clone())
+                .with_workflow_credentials(self.credentials.clone()),
+        );
         self.router = self.intake.router();
     }
 

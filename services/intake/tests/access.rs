@@ -1,0 +1,521 @@
+//! Who may do what, through the API: every endpoint × every kind of caller × its own
+//! tenant's things or another's, each answer checked against the table of rights in
+//! `docs/security.md` (written out again here, apart from the code that enforces it),
+//! and nothing appended to the log by a refused request. Then the audit trail, tokens'
+//! lifecycle, and workflow credentials.
+
+mod common;
+
+use axum::http::{Method, StatusCode};
+use common::*;
+use meridian_app::{Grant, Role};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+const OWN: &str = "physics";
+const OTHER: &str = "chem";
+
+const CATALOG: &str = r#"
+sites:
+  - name: cheap
+    kind: local
+    region: campus-1
+    jurisdiction: eu
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: test
+      compute: [{offer: cpu, per_core_hour: "0.01", per_gib_hour: "0.001"}]
+    shapes: [{name: cpu, offer: cpu, cpus: 64, memory: 256GiB}]
+"#;
+
+/// Who calls, by the name the table of rights uses.
+struct Caller {
+    name: &'static str,
+    /// `None`: no credentials at all.
+    token: Option<String>,
+}
+
+/// The table of rights: which callers each endpoint answers (before tenant checks).
+fn allowed(endpoint: &str, caller: &str) -> bool {
+    let readers = ["researcher", "agent", "agent+grants", "admin"];
+    let callers: &[&str] = match endpoint {
+        "health" => &[
+            "anonymous",
+            "bad-token",
+            "researcher",
+            "agent",
+            "agent+grants",
+            "finance",
+            "finance-all",
+            "admin",
+            "job",
+        ],
+        "submit" => &["researcher", "agent+grants", "admin", "job"],
+        "status" | "events" | "logs" => &["researcher", "agent", "agent+grants", "admin", "job"],
+        "list" | "quote" | "get-policy" => &readers,
+        "cancel" => &["researcher", "agent+grants", "admin", "job"],
+        "bill" | "tenant-bill" => &[
+            "researcher",
+            "agent",
+            "agent+grants",
+            "finance",
+            "finance-all",
+            "admin",
+        ],
+        "export" | "list-adjustments" => &["finance", "finance-all", "admin"],
+        "sites" => &[
+            "researcher",
+            "agent",
+            "agent+grants",
+            "finance",
+            "finance-all",
+            "admin",
+        ],
+        "apply-sites" | "drain" | "undrain" | "set-policy" | "grant-adjustment"
+        | "revoke-adjustment" | "issue-token" | "list-tokens" | "revoke-token" | "audit" => {
+            &["admin"]
+        }
+        other => panic!("no rights for {other}"),
+    };
+    callers.contains(&caller)
+}
+
+/// What an endpoint's things belong to.
+#[derive(Clone, Copy, PartialEq)]
+enum Scope {
+    /// Nobody's: sites, tokens, the audit trail.
+    Global,
+    /// A tenant's (its bills, policy, adjustments) or a workflow's.
+    Owned,
+}
+
+const ENDPOINTS: [(&str, Scope, StatusCode); 24] = [
+    ("health", Scope::Global, StatusCode::OK),
+    ("submit", Scope::Owned, StatusCode::ACCEPTED),
+    ("list", Scope::Owned, StatusCode::OK),
+    ("status", Scope::Owned, StatusCode::OK),
+    ("events", Scope::Owned, StatusCode::OK),
+    ("logs", Scope::Owned, StatusCode::OK),
+    ("cancel", Scope::Owned, StatusCode::ACCEPTED),
+    ("bill", Scope::Owned, StatusCode::OK),
+    ("tenant-bill", Scope::Owned, StatusCode::OK),
+    ("export", Scope::Owned, StatusCode::OK),
+    ("quote", Scope::Global, StatusCode::OK),
+    ("sites", Scope::Global, StatusCode::OK),
+    ("apply-sites", Scope::Global, StatusCode::OK),
+    ("drain", Scope::Global, StatusCode::OK),
+    ("undrain", Scope::Global, StatusCode::OK),
+    ("get-policy", Scope::Owned, StatusCode::OK),
+    ("set-policy", Scope::Owned, StatusCode::OK),
+    ("list-adjustments", Scope::Owned, StatusCode::OK),
+    ("grant-adjustment", Scope::Owned, StatusCode::CREATED),
+    ("revoke-adjustment", Scope::Owned, StatusCode::OK),
+    ("issue-token", Scope::Global, StatusCode::CREATED),
+    ("list-tokens", Scope::Global, StatusCode::OK),
+    ("revoke-token", Scope::Global, StatusCode::OK),
+    ("audit", Scope::Global, StatusCode::OK),
+];
+
+struct World {
+    /// A workflow of each tenant; `own_job` is the one the job credential speaks for.
+    own_job: Uuid,
+    own: Uuid,
+    other: Uuid,
+}
+
+async fn submit_in(b: &Bench, tenant: &str) -> Uuid {
+    let res = b
+        .call(
+            Req::post("/v1/workflows")
+                .yaml(HELLO_YAML)
+                .header("x-meridian-tenant", tenant),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::ACCEPTED, "{}", res.body);
+    res.id()
+}
+
+/// The request for `endpoint` on the caller's own tenant's things, or another's. Writes
+/// that can happen once get a fresh target: a new workflow, adjustment or token.
+async fn request(b: &Bench, w: &World, endpoint: &str, caller: &Caller, own: bool) -> Req {
+    let tenant = if own { OWN } else { OTHER };
+    let workflow = match (own, caller.name) {
+        (true, "job") => w.own_job,
+        (true, _) => w.own,
+        (false, _) => w.other,
+    };
+    let month = chrono::Utc::now().format("%Y-%m");
+    match endpoint {
+        "health" => Req::get("/v1/health"),
+        "submit" => {
+            let req = Req::post("/v1/workflows").yaml(HELLO_YAML);
+            if own {
+                req
+            } else {
+                req.header("x-meridian-tenant", OTHER)
+            }
+        }
+        "list" => Req::get(&format!("/v1/workflows?tenant={tenant}")),
+        "status" => Req::get(&format!("/v1/workflows/{workflow}")),
+        "events" => Req::get(&format!("/v1/workflows/{workflow}/events")),
+        "logs" => Req::get(&format!("/v1/workflows/{workflow}/logs")),
+        "bill" => Req::get(&format!("/v1/workflows/{workflow}/bill")),
+        "cancel" => {
+            // Its own new workflow to cancel (for a job: a child it submitted).
+            let target = if !own {
+                submit_in(b, OTHER).await
+            } else if caller.name == "job" {
+                let res = b
+                    .call(
+                        Req::post("/v1/workflows")
+                            .yaml(HELLO_YAML)
+                            .bearer(caller.token.as_deref().unwrap()),
+                    )
+                    .await;
+                assert_eq!(res.status, StatusCode::ACCEPTED, "{}", res.body);
+                res.id()
+            } else {
+                submit_in(b, OWN).await
+            };
+            Req::post(&format!("/v1/workflows/{target}/cancel"))
+        }
+        "tenant-bill" => Req::get(&format!("/v1/tenants/{tenant}/bills?period={month}")),
+        "export" => Req::get(&format!(
+            "/v1/exports/focus?period={month}&format=json&tenant={tenant}"
+        )),
+        "quote" => Req::post("/v1/quotes").yaml(HELLO_YAML),
+        "sites" => Req::get("/v1/sites"),
+        "apply-sites" => Req::new(Method::PUT, "/v1/sites").yaml(CATALOG),
+        "drain" => Req::post("/v1/sites/cheap/drain"),
+        "undrain" => Req::post("/v1/sites/cheap/undrain"),
+        "get-policy" => Req::get(&format!("/v1/tenants/{tenant}/policy")),
+        "set-policy" => {
+            Req::new(Method::PUT, &format!("/v1/tenants/{tenant}/policy")).json(&json!({}))
+        }
+        "list-adjustments" => Req::get(&format!("/v1/tenants/{tenant}/adjustments")),
+        "grant-adjustment" => Req::post(&format!("/v1/tenants/{tenant}/adjustments"))
+            .json(&json!({"terms": {"kind": "percent_discount", "percent": "10"}})),
+        "revoke-adjustment" => {
+            let res = b
+                .call(
+                    Req::post(&format!("/v1/tenants/{tenant}/adjustments"))
+                        .json(&json!({"terms": {"kind": "percent_discount", "percent": "5"}})),
+                )
+                .await;
+            assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+            let id = res.body["id"].as_str().unwrap().to_string();
+            Req::post(&format!("/v1/tenants/{tenant}/adjustments/{id}/revoke"))
+        }
+        "issue-token" => {
+            Req::post("/v1/tokens").json(&json!({"role": "researcher", "tenant": OWN}))
+        }
+        "list-tokens" => Req::get("/v1/tokens"),
+        "revoke-token" => {
+            let token = b.token(Some(OWN), Role::Researcher, vec![]).await;
+            let id = &token["mer_".len().."mer_".len() + 32];
+            Req::post(&format!(
+                "/v1/tokens/{}/revoke",
+                Uuid::parse_str(id).unwrap()
+            ))
+        }
+        "audit" => Req::get("/v1/audit"),
+        other => panic!("no request for {other}"),
+    }
+}
+
+/// What `caller` must get from `endpoint` on its own or another tenant's things.
+fn expected(endpoint: &str, scope: Scope, ok: StatusCode, caller: &str, own: bool) -> StatusCode {
+    if endpoint == "health" {
+        return ok;
+    }
+    if matches!(caller, "anonymous" | "bad-token") {
+        return StatusCode::UNAUTHORIZED;
+    }
+    let every_tenant = matches!(caller, "admin" | "finance-all");
+    if endpoint == "submit" && !own && !every_tenant {
+        // It asked to act in another tenant (X-Meridian-Tenant).
+        return StatusCode::FORBIDDEN;
+    }
+    if !allowed(endpoint, caller) {
+        return StatusCode::FORBIDDEN;
+    }
+    if scope == Scope::Owned && !own && !every_tenant && endpoint != "list" {
+        return StatusCode::NOT_FOUND;
+    }
+    ok
+}
+
+#[tokio::test]
+async fn every_endpoint_answers_every_caller_as_the_table_says() {
+    let b = Bench::new(Db::Sqlite).await;
+    let res = b
+        .call(Req::new(Method::PUT, "/v1/sites").yaml(CATALOG))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let world = World {
+        own_job: submit_in(&b, OWN).await,
+        own: submit_in(&b, OWN).await,
+        other: submit_in(&b, OTHER).await,
+    };
+    let callers = vec![
+        Caller {
+            name: "anonymous",
+            token: None,
+        },
+        Caller {
+            name: "bad-token",
+            token: Some(format!(
+                "mer_{}_{}",
+                Uuid::now_v7().simple(),
+                "0".repeat(64)
+            )),
+        },
+        Caller {
+            name: "researcher",
+            token: Some(b.token(Some(OWN), Role::Researcher, vec![]).await),
+        },
+        Caller {
+            name: "agent",
+            token: Some(b.token(Some(OWN), Role::Agent, vec![]).await),
+        },
+        Caller {
+            name: "agent+grants",
+            token: Some(
+                b.token(Some(OWN), Role::Agent, vec![Grant::Submit, Grant::Cancel])
+                    .await,
+            ),
+        },
+        Caller {
+            name: "finance",
+            token: Some(b.token(Some(OWN), Role::Finance, vec![]).await),
+        },
+        Caller {
+            name: "finance-all",
+            token: Some(b.token(None, Role::Finance, vec![]).await),
+        },
+        Caller {
+            name: "admin",
+            token: Some(b.token(None, Role::Admin, vec![]).await),
+        },
+        Caller {
+            name: "job",
+            token: Some(b.credentials.mint(world.own_job)),
+        },
+    ];
+
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (endpoint, scope, ok) in ENDPOINTS {
+        for caller in &callers {
+            let sides: &[bool] = if scope == Scope::Global {
+                &[true]
+            } else {
+                &[true, false]
+            };
+            for &own in sides {
+                let req = request(&b, &world, endpoint, caller, own).await;
+                let req = match &caller.token {
+                    Some(token) => req.bearer(token),
+                    None => req.anonymous(),
+                };
+                let head = b.head().await;
+                let res = b.call(req).await;
+                let want = expected(endpoint, scope, ok, caller.name, own);
+                checked += 1;
+                let side = if own { "own" } else { "other" };
+                if res.status != want {
+                    failures.push(format!(
+                        "{endpoint} by {} on its {side} tenant: {} (wanted {want}): {}",
+                        caller.name, res.status, res.body
+                    ));
+                }
+                if !res.status.is_success() && b.head().await != head {
+                    failures.push(format!(
+                        "{endpoint} by {} on its {side} tenant was refused ({}) yet appended to the log",
+                        caller.name, res.status
+                    ));
+                }
+                // Another tenant's list is empty: it says nothing of that tenant.
+                if endpoint == "list" && !own && res.status.is_success() && caller.name != "admin" {
+                    if let Some(items) = res.body["items"].as_array() {
+                        if items.iter().any(|i| i["tenant"] == OTHER) {
+                            failures
+                                .push(format!("list by {} shows {OTHER}'s workflows", caller.name));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 300, "only {checked} checks");
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} answers were wrong:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+
+    // A hidden workflow is answered exactly as one that does not exist.
+    let researcher = callers[2].token.as_deref().unwrap();
+    let hidden = b
+        .call(Req::get(&format!("/v1/workflows/{}", world.other)).bearer(researcher))
+        .await;
+    let missing_id = Uuid::now_v7();
+    let missing = b
+        .call(Req::get(&format!("/v1/workflows/{missing_id}")).bearer(researcher))
+        .await;
+    assert_eq!(hidden.status, missing.status);
+    assert_eq!(
+        hidden.error().replace(&world.other.to_string(), "ID"),
+        missing.error().replace(&missing_id.to_string(), "ID")
+    );
+    b.finish().await;
+}
+
+fn records(res: &Res) -> Vec<Value> {
+    res.body["records"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn writes_and_refusals_are_audited_and_tokens_end() {
+    let b = Bench::new(Db::Sqlite).await;
+    let token = b.token(Some(OWN), Role::Researcher, vec![]).await;
+    let id = {
+        let res = b
+            .call(Req::post("/v1/workflows").yaml(HELLO_YAML).bearer(&token))
+            .await;
+        assert_eq!(res.status, StatusCode::ACCEPTED, "{}", res.body);
+        res.id()
+    };
+    let refused = b
+        .call(Req::post("/v1/sites/cheap/drain").bearer(&token))
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    let anonymous = b.call(Req::get("/v1/workflows").anonymous()).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert!(anonymous.header("www-authenticate").is_some());
+
+    let audit = b.call(Req::get(&format!("/v1/audit?tenant={OWN}"))).await;
+    assert_eq!(audit.status, StatusCode::OK, "{}", audit.body);
+    let own = records(&audit);
+    let token_id = &token["mer_".len().."mer_".len() + 32];
+    let token_id = Uuid::parse_str(token_id).unwrap().to_string();
+    assert!(own.iter().any(|r| r["action"] == "submit_workflow"
+        && r["outcome"] == "ok"
+        && r["target"] == format!("workflow/{id}")
+        && r["token_id"] == token_id.as_str()
+        && r["role"] == "researcher"));
+    assert!(own
+        .iter()
+        .any(|r| r["action"] == "change_sites" && r["outcome"] == "forbidden"));
+    let all = records(&b.call(Req::get("/v1/audit")).await);
+    assert!(all
+        .iter()
+        .any(|r| r["action"] == "GET /v1/workflows" && r["outcome"] == "unauthenticated"));
+    // The trail never holds a token's value.
+    let text = serde_json::to_string(&all).unwrap();
+    assert!(!text.contains(&token) && !text.contains(&b.admin_token));
+
+    // Revoked: refused from then on.
+    let res = b
+        .call(Req::post(&format!("/v1/tokens/{token_id}/revoke")))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.body["revoked"], true);
+    let res = b.call(Req::get("/v1/workflows").bearer(&token)).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED);
+    let res = b
+        .call(Req::post(&format!("/v1/tokens/{token_id}/revoke")))
+        .await;
+    assert_eq!(res.status, StatusCode::CONFLICT);
+
+    // Expiry in the past, a job role, grants for a researcher: refused, with why.
+    for (body, says) in [
+        (
+            json!({"role": "researcher", "tenant": OWN, "expires_at": "2020-01-01T00:00:00Z"}),
+            "not in the future",
+        ),
+        (
+            json!({"role": "job", "tenant": OWN}),
+            "workflow credentials",
+        ),
+        (
+            json!({"role": "researcher", "tenant": OWN, "grants": ["submit"]}),
+            "grants",
+        ),
+        (json!({"role": "researcher"}), "--tenant"),
+        (json!({"role": "owner", "tenant": OWN}), "role"),
+    ] {
+        let head = b.head().await;
+        let res = b.call(Req::post("/v1/tokens").json(&body)).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}: {}", res.body);
+        assert!(res.error().contains(says), "{body}: {}", res.error());
+        assert_eq!(b.head().await, head);
+    }
+
+    // The list shows every token, never a value.
+    let list = b.call(Req::get("/v1/tokens")).await;
+    let text = list.body.to_string();
+    assert!(text.contains(&token_id) && !text.contains(&token) && !text.contains("secret"));
+    b.finish().await;
+}
+
+#[tokio::test]
+async fn a_workflow_credential_acts_for_its_workflow_until_it_ends() {
+    let b = Bench::new(Db::Sqlite).await;
+    let parent = submit_in(&b, OWN).await;
+    let sibling = submit_in(&b, OWN).await;
+    let credential = b.credentials.mint(parent);
+
+    // It submits a child in its workflow's tenant, recorded as the parent's child.
+    let res = b
+        .call(
+            Req::post("/v1/workflows")
+                .yaml(HELLO_YAML)
+                .bearer(&credential),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::ACCEPTED, "{}", res.body);
+    let child = res.id();
+    let events = b.all_events().await;
+    let submitted = events
+        .iter()
+        .find(|e| e["aggregate"]["id"] == child.to_string())
+        .unwrap();
+    assert_eq!(submitted["tenant"], OWN);
+    assert_eq!(
+        submitted["payload"]["parent_workflow_id"],
+        parent.to_string()
+    );
+
+    // It follows its workflow and its child, nothing else of its tenant.
+    for (id, want) in [
+        (parent, StatusCode::OK),
+        (child, StatusCode::OK),
+        (sibling, StatusCode::NOT_FOUND),
+    ] {
+        let res = b
+            .call(Req::get(&format!("/v1/workflows/{id}")).bearer(&credential))
+            .await;
+        assert_eq!(res.status, want, "{id}: {}", res.body);
+    }
+    // A credential made with another key, or altered, is refused.
+    let forged = meridian_app::WorkflowCredentials::generate().mint(parent);
+    let res = b
+        .call(Req::get(&format!("/v1/workflows/{parent}")).bearer(&forged))
+        .await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED);
+
+    // Once its workflow ends, it is refused.
+    let res = b
+        .call(Req::post(&format!("/v1/workflows/{parent}/cancel")).bearer(&credential))
+        .await;
+    assert_eq!(res.status, StatusCode::ACCEPTED, "{}", res.body);
+    assert_eq!(res.body["state"], "cancelled");
+    let res = b
+        .call(Req::get(&format!("/v1/workflows/{child}")).bearer(&credential))
+        .await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
+    b.finish().await;
+}
