@@ -9,7 +9,7 @@ use common::*;
 use meridian_events::money::{ComputeOffer, ComputePricing, EgressTariff, EgressTier, PriceSheet};
 use meridian_events::vocabulary::site::Capacity;
 use meridian_events::vocabulary::tenant::{
-    AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy,
+    AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy, TenantLimits,
 };
 use meridian_events::vocabulary::token::{Grant, Role};
 use meridian_events::vocabulary::workflow::StorageClass;
@@ -25,7 +25,7 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 39] = [
+const TAGS: [&str; 42] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -63,6 +63,9 @@ const TAGS: [&str; 39] = [
     "tenant.adjustment_granted.v1",
     "tenant.adjustment_revoked.v1",
     "tenant.policy_set.v1",
+    "tenant.limits_set.v1",
+    "tenant.budget_reserved.v1",
+    "tenant.budget_released.v1",
     "token.issued.v1",
     "token.revoked.v1",
 ];
@@ -462,6 +465,24 @@ fn every_event() -> Vec<Event> {
                 split_allowed: true,
             },
             set_by: "admin".into(),
+        }
+        .into(),
+        TenantEvent::LimitsSet {
+            tenant: "physics".into(),
+            limits: TenantLimits {
+                money_per_month: Some(Money::new(dec("1000"), Currency::EUR)),
+            },
+            set_by: "admin".into(),
+        }
+        .into(),
+        TenantEvent::BudgetReserved {
+            workflow_id: id(91),
+            month: "2025-03".into(),
+            estimate: Money::new(dec("12.50"), Currency::EUR),
+        }
+        .into(),
+        TenantEvent::BudgetReleased {
+            workflow_id: id(91),
         }
         .into(),
         TokenEvent::Issued {

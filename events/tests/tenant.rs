@@ -343,3 +343,112 @@ fn a_policy_written_without_the_allow_flags_allows_spot_and_splitting() {
         serde_json::from_value(serde_json::json!({"regions": ["eu"]})).unwrap();
     assert!(policy.spot_allowed && policy.split_allowed);
 }
+
+// ---------------------------------------------------------------------------------
+// Budgets: a month's money, billed and in flight together.
+
+fn usd(amount: &str) -> meridian_events::Money {
+    meridian_events::Money::new(dec(amount), Currency::USD)
+}
+
+fn limits_set(budget: &str) -> TenantEvent {
+    TenantEvent::LimitsSet {
+        tenant: "physics".into(),
+        limits: meridian_events::vocabulary::tenant::TenantLimits {
+            money_per_month: Some(usd(budget)),
+        },
+        set_by: "admin".into(),
+    }
+}
+
+fn reserved(n: u128, estimate: &str) -> TenantEvent {
+    TenantEvent::BudgetReserved {
+        workflow_id: id(n),
+        month: "2025-03".into(),
+        estimate: usd(estimate),
+    }
+}
+
+fn reserve(
+    n: u128,
+    estimate: &str,
+    spent: &str,
+    billed: &[(u128, &str)],
+    concluded: &[u128],
+) -> TenantCommand {
+    TenantCommand::ReserveBudget {
+        tenant: "physics".into(),
+        workflow_id: id(n),
+        month: "2025-03".into(),
+        estimate: usd(estimate),
+        spent: usd(spent),
+        billed: billed.iter().map(|(n, a)| (id(*n), dec(a))).collect(),
+        concluded: concluded.iter().map(|n| id(*n)).collect(),
+    }
+}
+
+#[test]
+fn a_submission_within_the_budget_is_reserved_once() {
+    let state = given::<Tenant>([limits_set("100")])
+        .when(reserve(1, "60", "10", &[], &[]), at(9, 0))
+        .then(vec![reserved(1, "60")]);
+    // The same workflow again (a retried submission) reserves nothing more.
+    given::<Tenant>([limits_set("100"), reserved(1, "60")])
+        .when(reserve(1, "60", "10", &[], &[]), at(9, 0))
+        .then(vec![]);
+    assert_eq!(state.reservations_in("2025-03").count(), 1);
+}
+
+#[test]
+fn over_budget_is_refused_with_the_numbers_and_the_second_of_two_racers_sees_the_first() {
+    // The first of two submissions of 60 passes; the second, decided on the state the
+    // first left (as a contended append is retried), does not.
+    let after_first = given::<Tenant>([limits_set("100")])
+        .when(reserve(1, "60", "10", &[], &[]), at(9, 0))
+        .then(vec![reserved(1, "60")]);
+    let err = meridian_events::aggregate::testing::given_state(after_first)
+        .when(reserve(2, "60", "10", &[], &[]), at(9, 0))
+        .then_err(|e| matches!(e, TenantError::OverBudget { .. }));
+    assert_eq!(
+        err.to_string(),
+        "over budget: the tenant's budget for 2025-03 is 100 USD; 10 USD is billed and 60 USD \
+         is in flight, so this estimate of 60 USD would bring it to 130 USD"
+    );
+}
+
+#[test]
+fn what_is_in_flight_shrinks_as_it_is_billed_and_ends_with_its_workflow() {
+    let history = [limits_set("100"), reserved(1, "60")];
+    // Billed 50 of its 60: 10 still in flight, and the 50 is in `spent`.
+    given::<Tenant>(history.clone())
+        .when(reserve(2, "40", "50", &[(1, "50")], &[]), at(9, 0))
+        .then(vec![reserved(2, "40")]);
+    // Ended: its bill is in `spent`, nothing in flight.
+    given::<Tenant>(history.clone())
+        .when(reserve(2, "45", "55", &[(1, "55")], &[1]), at(9, 0))
+        .then(vec![reserved(2, "45")]);
+    // A reservation given back no longer counts.
+    given::<Tenant>([
+        limits_set("100"),
+        reserved(1, "60"),
+        TenantEvent::BudgetReleased { workflow_id: id(1) },
+    ])
+    .when(reserve(2, "90", "0", &[], &[]), at(9, 0))
+    .then(vec![reserved(2, "90")]);
+    // Without a budget nothing is reserved; another currency cannot be compared.
+    given::<Tenant>([])
+        .when(reserve(2, "1000", "0", &[], &[]), at(9, 0))
+        .then(vec![]);
+    let eur = TenantCommand::ReserveBudget {
+        tenant: "physics".into(),
+        workflow_id: id(3),
+        month: "2025-03".into(),
+        estimate: meridian_events::Money::new(dec("1"), Currency::EUR),
+        spent: usd("0"),
+        billed: Default::default(),
+        concluded: Default::default(),
+    };
+    given::<Tenant>(history)
+        .when(eur, at(9, 0))
+        .then_err(|e| matches!(e, TenantError::CurrencyMismatch { .. }));
+}

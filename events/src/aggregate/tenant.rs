@@ -7,7 +7,7 @@
 //! backdated discount would silently miss what was already billed. (A refund for the
 //! past is a credit, which is not modelled yet.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
@@ -16,7 +16,10 @@ use uuid::Uuid;
 
 use super::Aggregate;
 use crate::envelope::AggregateKind;
-use crate::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, PlacementPolicy, TenantEvent};
+use crate::money::Money;
+use crate::vocabulary::tenant::{
+    AdjustmentScope, AdjustmentTerms, PlacementPolicy, TenantEvent, TenantLimits,
+};
 
 /// The id of tenant `name`'s aggregate: a UUIDv8 from the first 16 bytes of
 /// SHA-256("meridian/tenant/" + name). Deterministic, so the log needs no name → id index;
@@ -63,6 +66,31 @@ pub enum TenantCommand {
         policy: PlacementPolicy,
         set_by: String,
     },
+    /// Replaces the tenant's limits.
+    SetLimits {
+        tenant: String,
+        limits: TenantLimits,
+        set_by: String,
+    },
+    /// Counts a submission's estimate against this month's budget, or refuses it with
+    /// the numbers. What the ledger knows comes with the command; what is in flight is
+    /// this aggregate's own reservations, so two racing submissions are decided one
+    /// after the other (the second append sees the first's reservation).
+    ReserveBudget {
+        tenant: String,
+        workflow_id: Uuid,
+        /// `YYYY-MM`.
+        month: String,
+        estimate: Money,
+        /// The tenant's bill for the month so far.
+        spent: Money,
+        /// What each reserved workflow has been billed this month so far.
+        billed: BTreeMap<Uuid, Decimal>,
+        /// Reserved workflows that have ended: their bill is in `spent` instead.
+        concluded: BTreeSet<Uuid>,
+    },
+    /// Gives back a reservation whose submission was never appended.
+    ReleaseBudget { workflow_id: Uuid },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,6 +132,35 @@ pub enum TenantError {
         field: &'static str,
         message: String,
     },
+    #[error("invalid limits: {0}")]
+    InvalidLimits(String),
+    #[error(
+        "over budget: the tenant's budget for {month} is {budget}; {spent} is billed and \
+         {in_flight} is in flight, so this estimate of {estimate} would bring it to {total}"
+    )]
+    OverBudget {
+        month: String,
+        budget: Money,
+        spent: Money,
+        in_flight: Money,
+        estimate: Money,
+        total: Money,
+    },
+    #[error(
+        "the estimate is in {estimate} and the budget in {budget}: Meridian has no exchange \
+         rates, so it cannot hold this workflow to the budget"
+    )]
+    CurrencyMismatch {
+        budget: crate::money::Currency,
+        estimate: crate::money::Currency,
+    },
+}
+
+/// A submission's estimate, counted against a month's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub month: String,
+    pub estimate: Money,
 }
 
 /// One adjustment as the tenant's history has it now.
@@ -133,6 +190,8 @@ pub struct Tenant {
     adjustments: BTreeMap<Uuid, Adjustment>,
     order: Vec<Uuid>,
     policy: Option<PlacementPolicy>,
+    limits: TenantLimits,
+    reservations: BTreeMap<Uuid, Reservation>,
 }
 
 impl Tenant {
@@ -150,6 +209,38 @@ impl Tenant {
     /// The placement policy set for the tenant, if any.
     pub fn policy(&self) -> Option<&PlacementPolicy> {
         self.policy.as_ref()
+    }
+
+    pub fn limits(&self) -> &TenantLimits {
+        &self.limits
+    }
+
+    /// The reservations of `month`, by workflow.
+    pub fn reservations_in<'a>(
+        &'a self,
+        month: &'a str,
+    ) -> impl Iterator<Item = (Uuid, &'a Reservation)> + 'a {
+        self.reservations
+            .iter()
+            .filter(move |(_, r)| r.month == month)
+            .map(|(id, r)| (*id, r))
+    }
+
+    /// What is in flight in `month`: each running reserved workflow's estimate less what
+    /// it has been billed so far (never below zero).
+    pub fn in_flight(
+        &self,
+        month: &str,
+        billed: &BTreeMap<Uuid, Decimal>,
+        concluded: &BTreeSet<Uuid>,
+    ) -> Decimal {
+        self.reservations_in(month)
+            .filter(|(id, _)| !concluded.contains(id))
+            .map(|(id, r)| {
+                (r.estimate.amount - billed.get(&id).copied().unwrap_or_default())
+                    .max(Decimal::ZERO)
+            })
+            .sum()
     }
 
     pub fn adjustment(&self, id: Uuid) -> Option<&Adjustment> {
@@ -346,6 +437,77 @@ impl Aggregate for Tenant {
                     set_by,
                 }])
             }
+            TenantCommand::SetLimits {
+                tenant,
+                limits,
+                set_by,
+            } => {
+                self.check_tenant(&tenant)?;
+                if let Some(m) = &limits.money_per_month {
+                    if m.amount.is_sign_negative() {
+                        return Err(TenantError::InvalidLimits(
+                            "money_per_month: expected an amount of zero or more".into(),
+                        ));
+                    }
+                }
+                if self.limits == limits {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![TenantEvent::LimitsSet {
+                    tenant,
+                    limits,
+                    set_by,
+                }])
+            }
+            TenantCommand::ReserveBudget {
+                tenant,
+                workflow_id,
+                month,
+                estimate,
+                spent,
+                billed,
+                concluded,
+            } => {
+                self.check_tenant(&tenant)?;
+                let Some(budget) = &self.limits.money_per_month else {
+                    return Ok(Vec::new());
+                };
+                if self.reservations.contains_key(&workflow_id) {
+                    return Ok(Vec::new());
+                }
+                for currency in [estimate.currency, spent.currency] {
+                    if currency != budget.currency {
+                        return Err(TenantError::CurrencyMismatch {
+                            budget: budget.currency,
+                            estimate: currency,
+                        });
+                    }
+                }
+                let in_flight = self.in_flight(&month, &billed, &concluded);
+                let total = spent.amount + in_flight + estimate.amount;
+                if total > budget.amount {
+                    let money = |amount| Money::new(amount, budget.currency);
+                    return Err(TenantError::OverBudget {
+                        month,
+                        budget: budget.clone(),
+                        spent,
+                        in_flight: money(in_flight),
+                        estimate,
+                        total: money(total),
+                    });
+                }
+                Ok(vec![TenantEvent::BudgetReserved {
+                    workflow_id,
+                    month,
+                    estimate,
+                }])
+            }
+            TenantCommand::ReleaseBudget { workflow_id } => {
+                if !self.reservations.contains_key(&workflow_id) {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![TenantEvent::BudgetReleased { workflow_id }])
+            }
         }
     }
 
@@ -396,6 +558,26 @@ impl Aggregate for Tenant {
             TenantEvent::PolicySet { tenant, policy, .. } => {
                 self.name.get_or_insert_with(|| tenant.clone());
                 self.policy = Some(policy.clone());
+            }
+            TenantEvent::LimitsSet { tenant, limits, .. } => {
+                self.name.get_or_insert_with(|| tenant.clone());
+                self.limits = limits.clone();
+            }
+            TenantEvent::BudgetReserved {
+                workflow_id,
+                month,
+                estimate,
+            } => {
+                self.reservations.insert(
+                    *workflow_id,
+                    Reservation {
+                        month: month.clone(),
+                        estimate: estimate.clone(),
+                    },
+                );
+            }
+            TenantEvent::BudgetReleased { workflow_id } => {
+                self.reservations.remove(workflow_id);
             }
         }
     }

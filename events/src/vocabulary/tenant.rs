@@ -52,6 +52,38 @@ pub enum TenantEvent {
         policy: PlacementPolicy,
         set_by: String,
     },
+
+    /// From now on the tenant's submissions are held to `limits`. Replaces any earlier
+    /// limits whole.
+    #[serde(rename = "tenant.limits_set.v1")]
+    LimitsSet {
+        tenant: String,
+        limits: TenantLimits,
+        set_by: String,
+    },
+
+    /// A submission's estimate counts against the tenant's monthly budget while the
+    /// workflow runs (in flight); once it ends, its bill counts instead.
+    #[serde(rename = "tenant.budget_reserved.v1")]
+    BudgetReserved {
+        workflow_id: Uuid,
+        /// `YYYY-MM` (UTC): the month it counts in.
+        month: String,
+        estimate: Money,
+    },
+
+    /// A reservation for a submission that was never appended, given back.
+    #[serde(rename = "tenant.budget_released.v1")]
+    BudgetReleased { workflow_id: Uuid },
+}
+
+/// What a tenant may spend. Absent limits do not limit.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TenantLimits {
+    /// The most its workflows may cost in one calendar month (UTC), billed and in
+    /// flight together, in the tenant's currency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub money_per_month: Option<Money>,
 }
 
 /// Where a tenant's work may run, whatever its workflows ask: the stricter of this and
@@ -109,6 +141,9 @@ impl TenantEvent {
             TenantEvent::AdjustmentGranted { .. } => "tenant.adjustment_granted.v1",
             TenantEvent::AdjustmentRevoked { .. } => "tenant.adjustment_revoked.v1",
             TenantEvent::PolicySet { .. } => "tenant.policy_set.v1",
+            TenantEvent::LimitsSet { .. } => "tenant.limits_set.v1",
+            TenantEvent::BudgetReserved { .. } => "tenant.budget_reserved.v1",
+            TenantEvent::BudgetReleased { .. } => "tenant.budget_released.v1",
         }
     }
 }

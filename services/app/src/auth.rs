@@ -577,6 +577,8 @@ fn describe(action: Action) -> &'static str {
         Action::ChangeAdjustments => "change price adjustments",
         Action::ManageTokens => "manage tokens",
         Action::ReadAudit => "read the audit trail",
+        Action::ReadBudget => "read budgets",
+        Action::ChangeBudget => "change budgets",
         Action::ReadHealth => "read health",
     }
 }

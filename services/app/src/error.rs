@@ -31,6 +31,9 @@ pub enum AppError {
     MethodNotAllowed(String),
     #[error("{0}")]
     Conflict(String),
+    /// The tenant's budget does not cover it; the message has the numbers.
+    #[error("{0}")]
+    OverBudget(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -146,6 +149,7 @@ mod http {
                 AppError::NotFound(_) => StatusCode::NOT_FOUND,
                 AppError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
                 AppError::Conflict(_) => StatusCode::CONFLICT,
+                AppError::OverBudget(_) => StatusCode::PAYMENT_REQUIRED,
                 AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
                 AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 AppError::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,

@@ -20,6 +20,7 @@ use tokio::sync::{Mutex, MutexGuard, OnceCell};
 pub mod api;
 pub mod audit;
 pub mod auth;
+pub mod budgets;
 mod error;
 mod idempotency;
 mod principal;

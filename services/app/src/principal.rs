@@ -65,6 +65,7 @@ impl Principal {
                     | Quote
                     | ReadSites
                     | ReadPolicy
+                    | ReadBudget
                     | ReadHealth
             ),
             Role::Finance => matches!(
@@ -74,6 +75,7 @@ impl Principal {
                     | ExportCharges
                     | ReadSites
                     | ReadAdjustments
+                    | ReadBudget
                     | ReadHealth
             ),
             Role::Agent => match action {
@@ -88,6 +90,7 @@ impl Principal {
                         | Quote
                         | ReadSites
                         | ReadPolicy
+                        | ReadBudget
                         | ReadHealth
                 ),
             },
@@ -119,6 +122,8 @@ pub enum Action {
     ChangeAdjustments,
     ManageTokens,
     ReadAudit,
+    ReadBudget,
+    ChangeBudget,
     ReadHealth,
 }
 
@@ -142,6 +147,8 @@ impl Action {
             Action::ChangeAdjustments => "change_adjustments",
             Action::ManageTokens => "manage_tokens",
             Action::ReadAudit => "read_audit",
+            Action::ReadBudget => "read_budget",
+            Action::ChangeBudget => "change_budget",
             Action::ReadHealth => "read_health",
         }
     }
@@ -156,6 +163,7 @@ impl Action {
                 | Action::ChangePolicy
                 | Action::ChangeAdjustments
                 | Action::ManageTokens
+                | Action::ChangeBudget
         )
     }
 }

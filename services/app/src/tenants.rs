@@ -256,7 +256,7 @@ pub(crate) fn check_tenant_named(tenant: &str, place: &str) -> Result<(), AppErr
 }
 
 impl App {
-    async fn tenant_state(&self, tenant: &str) -> Result<Tenant, AppError> {
+    pub(crate) async fn tenant_state(&self, tenant: &str) -> Result<Tenant, AppError> {
         load::<Tenant>(&*self.log, tenant_id(tenant))
             .await
             .map(|loaded| loaded.state)

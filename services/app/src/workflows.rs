@@ -50,7 +50,7 @@ impl Refusal {
     fn is_final(&self) -> bool {
         match self {
             Refusal::Rejected(_) => true,
-            Refusal::App(e) => matches!(e, AppError::PayloadTooLarge(_)),
+            Refusal::App(e) => matches!(e, AppError::PayloadTooLarge(_) | AppError::OverBudget(_)),
         }
     }
 
@@ -433,6 +433,37 @@ struct Append {
 impl Append {
     async fn run(&self, app: &App, id: Uuid) -> Result<Submitted, Refusal> {
         let name = self.spec.name.clone();
+        let tenant = &self.ctx.tenant;
+        // The budget first: a reservation whose submission never lands only holds money
+        // back (until given back below, or for the month after a crash), while a
+        // submission appended first could overrun the budget.
+        app.reserve_budget(tenant, id, &self.spec)
+            .await
+            .map_err(Refusal::App)?;
+        let appended = self.append(app, id).await;
+        if let Err(refusal) = &appended {
+            // Already submitted: by a concurrent retry with the same key, whose
+            // reservation this is.
+            let theirs = matches!(refusal, Refusal::Rejected(WorkflowError::AlreadySubmitted));
+            if refusal.is_final() && !theirs {
+                if let Err(e) = app.release_budget(tenant, id).await {
+                    tracing::warn!(workflow_id = %id, error = %e, "could not give back a budget reservation");
+                }
+            }
+        }
+        appended?;
+        tracing::info!(workflow_id = %id, tenant = %self.ctx.tenant, name, "workflow submitted");
+        Ok(Submitted {
+            accepted: Accepted {
+                id,
+                name,
+                state: WorkflowState::Submitted,
+            },
+            replayed: false,
+        })
+    }
+
+    async fn append(&self, app: &App, id: Uuid) -> Result<(), Refusal> {
         execute::<Workflow, _>(&*app.log, id, &self.ctx, |_| WorkflowCommand::Submit {
             workflow_id: id,
             spec: self.spec.clone(),
@@ -447,15 +478,7 @@ impl Append {
                 Err(app) => Refusal::App(app),
             },
         )?;
-        tracing::info!(workflow_id = %id, tenant = %self.ctx.tenant, name, "workflow submitted");
-        Ok(Submitted {
-            accepted: Accepted {
-                id,
-                name,
-                state: WorkflowState::Submitted,
-            },
-            replayed: false,
-        })
+        Ok(())
     }
 }
 

@@ -281,6 +281,7 @@ fn location(id: Uuid) -> HeaderValue {
                 ("Idempotent-Replay" = String, description = "`true`"),
             )),
         (status = 400, description = "Invalid workflow (every problem in `errors`) or invalid header", body = ErrorBody),
+        (status = 402, description = "Over the tenant's monthly budget: the message has the budget, what is billed and in flight, and the estimate", body = ErrorBody),
         (status = 413, description = "The document is larger than 1 MiB", body = ErrorBody),
         (status = 415, description = "Unsupported Content-Type", body = ErrorBody),
         (status = 422, description = "The idempotency key was used with a different body", body = ErrorBody),

@@ -119,6 +119,10 @@ fn routes() -> Router<Intake> {
             "/v1/tenants/{tenant}/adjustments/{id}/revoke",
             post(tenants::revoke_adjustment),
         )
+        .route(
+            "/v1/tenants/{tenant}/budget",
+            get(tenants::get_budget).put(tenants::set_budget),
+        )
         .route("/v1/tokens", post(access::issue).get(access::list))
         .route("/v1/tokens/{id}/revoke", post(access::revoke))
         .route("/v1/audit", get(access::audit))

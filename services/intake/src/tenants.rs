@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::api::ErrorBody;
 use crate::handlers::read_body;
 use crate::{ApiError, Intake};
+use meridian_app::budgets::{BudgetDocument, BudgetView};
 use meridian_app::Principal;
 
 const MAX_POLICY_BYTES: usize = 64 * 1024;
@@ -148,4 +149,44 @@ pub(crate) async fn revoke_adjustment(
             .revoke_adjustment(&who, &tenant, id, request)
             .await?,
     ))
+}
+
+/// The tenant's budget this month and where it stands: billed, in flight, left.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/budget", tag = "tenants", operation_id = "get_budget",
+    params(("tenant" = String, Path, description = "The tenant's name", pattern = "^[a-z0-9_-]{1,63}$")),
+    responses(
+        (status = 200, description = "The budget and this month's standing", body = BudgetView),
+        (status = 400, description = "The tenant name is invalid", body = ErrorBody),
+        (status = 404, description = "Another tenant's", body = ErrorBody),
+    ))]
+pub(crate) async fn get_budget(
+    State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<BudgetView>, ApiError> {
+    let tenant = tenant_path(path)?;
+    Ok(Json(intake.app().budget(&who, &tenant).await?))
+}
+
+/// Replaces the tenant's limits (JSON). Submissions whose estimate would take the month
+/// past the budget are refused (402) from now on.
+#[utoipa::path(put, path = "/v1/tenants/{tenant}/budget", tag = "tenants", operation_id = "set_budget",
+    params(("tenant" = String, Path, description = "The tenant's name", pattern = "^[a-z0-9_-]{1,63}$")),
+    request_body(content = BudgetDocument, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The budget now in force", body = BudgetView),
+        (status = 400, description = "The budget is invalid; the error names the field", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
+    ))]
+pub(crate) async fn set_budget(
+    State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<BudgetView>, ApiError> {
+    let tenant = tenant_path(path)?;
+    let bytes = read_body(&headers, body, MAX_POLICY_BYTES).await?;
+    let limits = meridian_app::budgets::parse_budget(&bytes)?;
+    Ok(Json(intake.app().set_budget(&who, &tenant, limits).await?))
 }

@@ -64,6 +64,14 @@ fn allowed(endpoint: &str, caller: &str) -> bool {
             "admin",
         ],
         "export" | "list-adjustments" => &["finance", "finance-all", "admin"],
+        "get-budget" => &[
+            "researcher",
+            "agent",
+            "agent+grants",
+            "finance",
+            "finance-all",
+            "admin",
+        ],
         "sites" => &[
             "researcher",
             "agent",
@@ -73,9 +81,8 @@ fn allowed(endpoint: &str, caller: &str) -> bool {
             "admin",
         ],
         "apply-sites" | "drain" | "undrain" | "set-policy" | "grant-adjustment"
-        | "revoke-adjustment" | "issue-token" | "list-tokens" | "revoke-token" | "audit" => {
-            &["admin"]
-        }
+        | "revoke-adjustment" | "issue-token" | "list-tokens" | "revoke-token" | "audit"
+        | "set-budget" => &["admin"],
         other => panic!("no rights for {other}"),
     };
     callers.contains(&caller)
@@ -90,7 +97,7 @@ enum Scope {
     Owned,
 }
 
-const ENDPOINTS: [(&str, Scope, StatusCode); 24] = [
+const ENDPOINTS: [(&str, Scope, StatusCode); 26] = [
     ("health", Scope::Global, StatusCode::OK),
     ("submit", Scope::Owned, StatusCode::ACCEPTED),
     ("list", Scope::Owned, StatusCode::OK),
@@ -111,6 +118,8 @@ const ENDPOINTS: [(&str, Scope, StatusCode); 24] = [
     ("list-adjustments", Scope::Owned, StatusCode::OK),
     ("grant-adjustment", Scope::Owned, StatusCode::CREATED),
     ("revoke-adjustment", Scope::Owned, StatusCode::OK),
+    ("get-budget", Scope::Owned, StatusCode::OK),
+    ("set-budget", Scope::Owned, StatusCode::OK),
     ("issue-token", Scope::Global, StatusCode::CREATED),
     ("list-tokens", Scope::Global, StatusCode::OK),
     ("revoke-token", Scope::Global, StatusCode::OK),
@@ -194,6 +203,10 @@ async fn request(b: &Bench, w: &World, endpoint: &str, caller: &Caller, own: boo
             Req::new(Method::PUT, &format!("/v1/tenants/{tenant}/policy")).json(&json!({}))
         }
         "list-adjustments" => Req::get(&format!("/v1/tenants/{tenant}/adjustments")),
+        "get-budget" => Req::get(&format!("/v1/tenants/{tenant}/budget")),
+        "set-budget" => {
+            Req::new(Method::PUT, &format!("/v1/tenants/{tenant}/budget")).json(&json!({}))
+        }
         "grant-adjustment" => Req::post(&format!("/v1/tenants/{tenant}/adjustments"))
             .json(&json!({"terms": {"kind": "percent_discount", "percent": "10"}})),
         "revoke-adjustment" => {
@@ -517,5 +530,130 @@ async fn a_workflow_credential_acts_for_its_workflow_until_it_ends() {
         .call(Req::get(&format!("/v1/workflows/{child}")).bearer(&credential))
         .await;
     assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
+    b.finish().await;
+}
+
+const PRICED: &str = r#"
+sites:
+  - name: dear
+    kind: slurm
+    region: campus-1
+    jurisdiction: eu
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: test
+      compute: [{offer: cpu, per_core_hour: "10.00", per_gib_hour: "0"}]
+    shapes: [{name: cpu, offer: cpu, cpus: 64, memory: 256GiB}]
+"#;
+
+const HOUR_JOB: &str = "version: v1\nname: hour\njobs:\n  a:\n    image: host\n    command: [\"true\"]\n    resources: {cpus: 1, memory: 1GiB, walltime: 1h}\n";
+
+/// A month's budget holds: a submission whose estimate would pass it is refused with
+/// the numbers, and of several racing submissions only as many pass as it covers.
+#[tokio::test]
+async fn submissions_over_the_monthly_budget_are_refused_even_when_they_race() {
+    let b = Bench::new(Db::Sqlite).await;
+    let res = b
+        .call(Req::new(Method::PUT, "/v1/sites").yaml(PRICED))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    connect_all(&*b.log).await;
+    let quote = b
+        .call(
+            Req::post("/v1/quotes")
+                .yaml(HOUR_JOB)
+                .header("x-meridian-tenant", OWN),
+        )
+        .await;
+    assert_eq!(quote.status, StatusCode::OK, "{}", quote.body);
+    let estimate: rust_decimal::Decimal = quote.body["estimated_cost"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(estimate > rust_decimal::Decimal::ZERO);
+    // Room for two and a half.
+    let budget = estimate * rust_decimal::Decimal::new(25, 1);
+
+    // Bad budgets are refused naming the field, and change nothing.
+    for (body, says) in [
+        (json!({"money_per_month": "lots"}), "money_per_month"),
+        (json!({"gpu_hours": 3}), "gpu_hours"),
+    ] {
+        let head = b.head().await;
+        let res = b
+            .call(Req::new(Method::PUT, &format!("/v1/tenants/{OWN}/budget")).json(&body))
+            .await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{}", res.body);
+        assert!(res.error().contains(says), "{}", res.error());
+        assert_eq!(b.head().await, head);
+    }
+    let res = b
+        .call(
+            Req::new(Method::PUT, &format!("/v1/tenants/{OWN}/budget"))
+                .json(&json!({"money_per_month": format!("{budget} USD")})),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+
+    // Five at once: two pass, three are refused.
+    let researcher = b.token(Some(OWN), Role::Researcher, vec![]).await;
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let router = b.router.clone();
+            let req = Req::post("/v1/workflows")
+                .yaml(HOUR_JOB)
+                .bearer(&researcher);
+            tokio::spawn(async move { call(&router, req).await })
+        })
+        .collect();
+    let mut accepted = 0;
+    let mut refused = Vec::new();
+    for t in tasks {
+        let res = t.await.unwrap();
+        match res.status {
+            StatusCode::ACCEPTED => accepted += 1,
+            StatusCode::PAYMENT_REQUIRED => refused.push(res.error().to_string()),
+            other => panic!("{other}: {}", res.body),
+        }
+    }
+    assert_eq!(accepted, 2, "{refused:?}");
+    assert_eq!(refused.len(), 3);
+    let message = &refused[0];
+    for number in [
+        format!(
+            "budget for {} is {budget} USD",
+            chrono::Utc::now().format("%Y-%m")
+        ),
+        format!("0 USD is billed"),
+        format!("{} USD is in flight", estimate * rust_decimal::Decimal::TWO),
+        format!("estimate of {estimate} USD"),
+    ] {
+        assert!(message.contains(&number), "{message:?} lacks {number:?}");
+    }
+
+    // Where it stands.
+    let view = b
+        .call(Req::get(&format!("/v1/tenants/{OWN}/budget")).bearer(&researcher))
+        .await;
+    assert_eq!(view.status, StatusCode::OK, "{}", view.body);
+    assert_eq!(
+        view.body["in_flight"],
+        format!("{} USD", estimate * rust_decimal::Decimal::TWO)
+    );
+    assert_eq!(
+        view.body["left"],
+        format!("{} USD", budget - estimate * rust_decimal::Decimal::TWO)
+    );
+    // Another tenant has no budget and is not held to this one.
+    let other = b
+        .call(
+            Req::post("/v1/workflows")
+                .yaml(HOUR_JOB)
+                .header("x-meridian-tenant", OTHER),
+        )
+        .await;
+    assert_eq!(other.status, StatusCode::ACCEPTED, "{}", other.body);
     b.finish().await;
 }

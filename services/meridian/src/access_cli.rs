@@ -240,3 +240,62 @@ pub async fn audit(args: AuditArgs) -> anyhow::Result<i32> {
     }
     Ok(0)
 }
+
+#[derive(clap::Args)]
+pub struct BudgetSetArgs {
+    #[arg(long)]
+    tenant: String,
+    /// The most the tenant's workflows may cost in one calendar month (UTC), billed and in
+    /// flight together, e.g. "1000 USD". Leave it out to lift the budget.
+    #[arg(long, value_name = "AMOUNT CURRENCY")]
+    money_per_month: Option<String>,
+    #[command(flatten)]
+    server: ServerArg,
+}
+
+fn print_budget(view: &meridian_app::budgets::BudgetView) {
+    match &view.money_per_month {
+        None => println!("{}: no budget", view.tenant),
+        Some(budget) => {
+            let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+            table(
+                &["TENANT", "MONTH", "BUDGET", "BILLED", "IN FLIGHT", "LEFT"],
+                &[vec![
+                    view.tenant.clone(),
+                    view.month.clone(),
+                    budget.clone(),
+                    dash(&view.spent),
+                    dash(&view.in_flight),
+                    dash(&view.left),
+                ]],
+            );
+        }
+    }
+}
+
+/// `meridian admin budget --tenant T [--money-per-month "1000 USD"]`.
+pub async fn set_budget(args: BudgetSetArgs) -> anyhow::Result<i32> {
+    let answer = args
+        .server
+        .client()?
+        .put(
+            &format!("/v1/tenants/{}/budget", args.tenant),
+            json!({ "money_per_month": args.money_per_month }),
+        )
+        .await?;
+    let view: meridian_app::budgets::BudgetView =
+        Client::decode(answer, "PUT /v1/tenants/{tenant}/budget")?;
+    print_budget(&view);
+    Ok(0)
+}
+
+/// `meridian budget --tenant T`: the month's budget, billed, in flight and left.
+pub async fn show_budget(c: &Client, tenant: &str, output: Output) -> anyhow::Result<i32> {
+    let view: meridian_app::budgets::BudgetView =
+        c.get_as(&format!("/v1/tenants/{tenant}/budget")).await?;
+    match output {
+        Output::Json => json(&view),
+        Output::Table => print_budget(&view),
+    }
+    Ok(0)
+}

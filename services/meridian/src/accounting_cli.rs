@@ -416,6 +416,9 @@ pub enum Admin {
     /// Issue, list and revoke API tokens.
     #[command(subcommand)]
     Token(crate::access_cli::TokenVerb),
+    /// Set a tenant's monthly budget: submissions that would take the month past it are
+    /// refused with the numbers.
+    Budget(crate::access_cli::BudgetSetArgs),
 }
 
 #[derive(clap::Subcommand)]
@@ -618,6 +621,7 @@ pub async fn admin(which: Admin) -> anyhow::Result<i32> {
     match which {
         Admin::Rebuild(Rebuild::Accounting { target }) => rebuild(target).await,
         Admin::Token(verb) => crate::access_cli::token(verb).await,
+        Admin::Budget(args) => crate::access_cli::set_budget(args).await,
         Admin::Discount {
             scope,
             percent,

@@ -128,6 +128,11 @@ enum Command {
     },
     /// Print a tenant's bill for a month: totals, and each workflow's share.
     Bills(accounting_cli::BillsArgs),
+    /// A tenant's budget this month: billed, in flight, left.
+    Budget {
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// The audit trail: every write and every refused request (admins).
     Audit(access_cli::AuditArgs),
     /// Export charges for finance tools.
@@ -331,6 +336,12 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
         Command::Bills(args) => accounting_cli::bills(args).await,
         Command::Export(which) => accounting_cli::export(which).await,
         Command::Audit(args) => access_cli::audit(args).await,
+        Command::Budget { remote } => {
+            let Some(tenant) = remote.tenant.as_deref() else {
+                anyhow::bail!("--tenant is required: whose budget (or set MERIDIAN_TENANT)");
+            };
+            access_cli::show_budget(&remote.client()?, tenant, remote.output).await
+        }
         Command::Up(_)
         | Command::Server(_)
         | Command::Admin(_)

@@ -1,0 +1,244 @@
+//! Budgets: what a tenant may spend in a calendar month (UTC). A submission is refused,
+//! with the numbers, when its estimate and what is billed and in flight would together
+//! pass the budget; the Tenant aggregate decides, so two racing submissions cannot
+//! together overrun it.
+//!
+//! The estimate is the placement's at the cheapest site that fits, connected or not
+//! (work held for a site still runs there). In flight: each running reserved workflow's
+//! estimate less what it has been billed so far.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::Utc;
+use meridian_eventlog::aggregates::{execute, ExecuteError};
+use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand, TenantError};
+use meridian_events::vocabulary::tenant::TenantLimits;
+use meridian_events::{EventContext, Money};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use uuid::Uuid;
+
+use meridian_accounting::Period;
+use meridian_domain::placement::{decide_for, Decision};
+
+use crate::tenants::{check_tenant_path, no_tenant};
+use crate::{Action, App, AppError, Principal};
+
+/// The limits to set for a tenant. Every field is optional; what is left out does not
+/// limit.
+#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetDocument {
+    /// The most its workflows may cost in one calendar month (UTC), such as `"1000 USD"`.
+    #[serde(default)]
+    pub money_per_month: Option<String>,
+}
+
+/// A tenant's budget this month, and where it stands.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BudgetView {
+    pub tenant: String,
+    /// `YYYY-MM` (UTC).
+    pub month: String,
+    /// `None`: no budget; nothing is held to one.
+    pub money_per_month: Option<String>,
+    /// Billed this month so far, in the budget's currency.
+    pub spent: Option<String>,
+    /// The estimates of reserved workflows still running, less what they were billed.
+    pub in_flight: Option<String>,
+    /// What is left for new submissions.
+    pub left: Option<String>,
+}
+
+/// The limits a request body describes, or a 400 that names the field at fault.
+pub fn parse_budget(bytes: &[u8]) -> Result<TenantLimits, AppError> {
+    let doc: BudgetDocument = crate::tenants::json_body(bytes, "budget")?;
+    let money_per_month = doc
+        .money_per_month
+        .map(|m| {
+            m.parse::<Money>()
+                .map_err(|e| AppError::BadRequest(format!("money_per_month: {e}")))
+        })
+        .transpose()?;
+    Ok(TenantLimits { money_per_month })
+}
+
+/// What the ledger and the status read model say of a tenant's month.
+struct Standing {
+    spent: Money,
+    billed: BTreeMap<Uuid, Decimal>,
+    concluded: BTreeSet<Uuid>,
+}
+
+impl App {
+    /// `tenant`'s budget and where this month stands.
+    pub async fn budget(&self, who: &Principal, tenant: &str) -> Result<BudgetView, AppError> {
+        self.authorize(who, Action::ReadBudget).await?;
+        check_tenant_path(tenant)?;
+        self.visible_tenant(who, Action::ReadBudget, tenant, || no_tenant(tenant))
+            .await?;
+        let state = self.tenant_state(tenant).await?;
+        let period = Period::of(Utc::now());
+        let month = period.to_string();
+        let Some(budget) = state.limits().money_per_month.clone() else {
+            return Ok(BudgetView {
+                tenant: tenant.into(),
+                month,
+                money_per_month: None,
+                spent: None,
+                in_flight: None,
+                left: None,
+            });
+        };
+        let standing = self.standing(tenant, period, &budget).await?;
+        let in_flight = state.in_flight(&month, &standing.billed, &standing.concluded);
+        let left = (budget.amount - standing.spent.amount - in_flight).max(Decimal::ZERO);
+        let money = |amount| Money::new(amount, budget.currency).to_string();
+        Ok(BudgetView {
+            tenant: tenant.into(),
+            month,
+            money_per_month: Some(budget.to_string()),
+            spent: Some(standing.spent.to_string()),
+            in_flight: Some(money(in_flight)),
+            left: Some(money(left)),
+        })
+    }
+
+    /// Replaces `tenant`'s limits.
+    pub async fn set_budget(
+        &self,
+        who: &Principal,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<BudgetView, AppError> {
+        self.authorize(who, Action::ChangeBudget).await?;
+        check_tenant_path(tenant)?;
+        let result = async {
+            let ctx = EventContext::new_chain(tenant.to_string());
+            execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
+                TenantCommand::SetLimits {
+                    tenant: tenant.to_string(),
+                    limits: limits.clone(),
+                    set_by: who.user.clone(),
+                }
+            })
+            .await
+            .map_err(|e| budget_error("recording the budget", e))?;
+            self.budget(who, tenant).await
+        }
+        .await;
+        self.audited(
+            who,
+            Action::ChangeBudget,
+            &format!("tenant/{tenant}/budget"),
+            result,
+        )
+        .await
+    }
+
+    /// Counts `spec`'s estimate against `tenant`'s budget for workflow `id`, or refuses
+    /// it (402) with the numbers. Nothing is reserved when the tenant has no budget.
+    pub(crate) async fn reserve_budget(
+        &self,
+        tenant: &str,
+        id: Uuid,
+        spec: &meridian_spec::Workflow,
+    ) -> Result<(), AppError> {
+        let state = self.tenant_state(tenant).await?;
+        let Some(budget) = state.limits().money_per_month.clone() else {
+            return Ok(());
+        };
+        let estimate = {
+            let mut catalog = meridian_domain::Catalog::clone(&*self.catalog().await?);
+            catalog.ignore_connections = true;
+            match decide_for(spec, Some(tenant), &catalog, Utc::now()) {
+                Decision::Placed(p) => p.estimated_cost,
+                // Nowhere to run it: placement will reject it, and it costs nothing.
+                _ => Money::new(Decimal::ZERO, budget.currency),
+            }
+        };
+        let period = Period::of(Utc::now());
+        let standing = self.standing(tenant, period, &budget).await?;
+        let ctx = EventContext::new_chain(tenant.to_string());
+        execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
+            TenantCommand::ReserveBudget {
+                tenant: tenant.to_string(),
+                workflow_id: id,
+                month: period.to_string(),
+                estimate: estimate.clone(),
+                spent: standing.spent.clone(),
+                billed: standing.billed.clone(),
+                concluded: standing.concluded.clone(),
+            }
+        })
+        .await
+        .map_err(|e| budget_error("reserving the budget", e))?;
+        Ok(())
+    }
+
+    /// Gives back the reservation of a submission that was never appended.
+    pub(crate) async fn release_budget(&self, tenant: &str, id: Uuid) -> Result<(), AppError> {
+        let ctx = EventContext::new_chain(tenant.to_string());
+        execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
+            TenantCommand::ReleaseBudget { workflow_id: id }
+        })
+        .await
+        .map_err(|e| budget_error("releasing the budget", e))?;
+        Ok(())
+    }
+
+    async fn standing(
+        &self,
+        tenant: &str,
+        period: Period,
+        budget: &Money,
+    ) -> Result<Standing, AppError> {
+        let bill = meridian_accounting::tenant_bill(&self.store, tenant, period)
+            .await
+            .map_err(|e| AppError::from_store("reading the ledger", e))?;
+        let currency = budget.currency.to_string();
+        let amount = |text: &str| {
+            text.parse::<Decimal>()
+                .map_err(|e| AppError::internal("reading the ledger", e))
+        };
+        let mut spent = Decimal::ZERO;
+        for total in bill.totals.iter().filter(|t| t.currency == currency) {
+            spent += amount(&total.amount)?;
+        }
+        let mut billed = BTreeMap::new();
+        for w in bill.workflows.iter().filter(|w| w.currency == currency) {
+            if let Ok(id) = w.workflow_id.parse::<Uuid>() {
+                *billed.entry(id).or_insert(Decimal::ZERO) += amount(&w.amount)?;
+            }
+        }
+        self.migrate().await?;
+        let rows = sqlx::query(
+            "SELECT id FROM intake_workflows
+             WHERE tenant = $1 AND state IN ('finished', 'failed', 'cancelled', 'rejected')",
+        )
+        .bind(tenant)
+        .fetch_all(self.store.pool())
+        .await
+        .map_err(|e| AppError::from_db("reading the tenant's workflows", e))?;
+        let concluded = rows
+            .iter()
+            .filter_map(|r| r.try_get::<String, _>("id").ok()?.parse().ok())
+            .collect();
+        Ok(Standing {
+            spent: Money::new(spent, budget.currency),
+            billed,
+            concluded,
+        })
+    }
+}
+
+fn budget_error(context: &str, e: ExecuteError<TenantError>) -> AppError {
+    match AppError::from_execute(context, e) {
+        Err(app) => app,
+        Ok(over @ (TenantError::OverBudget { .. } | TenantError::CurrencyMismatch { .. })) => {
+            AppError::OverBudget(over.to_string())
+        }
+        Ok(other) => AppError::BadRequest(other.to_string()),
+    }
+}
