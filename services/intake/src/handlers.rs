@@ -4,7 +4,6 @@
 //! function of the application layer.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -125,8 +124,8 @@ fn credentials(request: &Request) -> Result<Credentials, ApiError> {
         user: user(headers)?,
         source: request
             .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(addr)| addr.ip().to_string()),
+            .get::<ConnectInfo<crate::Peer>>()
+            .map(|ConnectInfo(peer)| peer.0.ip().to_string()),
         request: format!("{} {}", request.method(), request.uri().path()),
     })
 }

@@ -27,6 +27,9 @@ mod openapi;
 mod reports;
 mod sites;
 mod tenants;
+mod tls;
+
+pub use tls::{tls_config, Peer, TlsListener};
 
 pub use handlers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, TENANT, USER, WORKFLOW_CONTENT_TYPES};
 pub use meridian_app::auth::DEFAULT_TENANT;
@@ -128,6 +131,28 @@ fn routes() -> Router<Intake> {
         .route("/v1/audit", get(access::audit))
 }
 
+/// Serves `intake`'s routes over TLS on `listener` until `shutdown` completes, then
+/// finishes the requests in flight.
+pub async fn serve_tls(
+    intake: Intake,
+    listener: TcpListener,
+    config: Arc<tokio_rustls::rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = TlsListener::new(listener, config)?;
+    if let Ok(addr) = axum::serve::Listener::local_addr(&listener) {
+        tracing::info!(%addr, "intake API listening (TLS)");
+    }
+    axum::serve(
+        listener,
+        intake
+            .router()
+            .into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
 /// Serves `intake`'s routes on `listener` until `shutdown` completes, then finishes the
 /// requests in flight.
 pub async fn serve(
@@ -142,7 +167,7 @@ pub async fn serve(
         listener,
         intake
             .router()
-            .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            .into_make_service_with_connect_info::<Peer>(),
     )
     .with_graceful_shutdown(shutdown)
     .await

@@ -66,10 +66,18 @@ fn api_error(status: reqwest::StatusCode, body: &Value) -> anyhow::Error {
 
 impl Client {
     pub fn new(base: &str) -> anyhow::Result<Client> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .context("building the HTTP client")?;
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        // A deployment's own CA (or self-signed certificate), trusted besides the usual.
+        if let Some(path) = std::env::var_os("MERIDIAN_CA_CERT") {
+            let path = PathBuf::from(path);
+            let pem = std::fs::read(&path)
+                .with_context(|| format!("reading MERIDIAN_CA_CERT {}", path.display()))?;
+            let cert = reqwest::Certificate::from_pem(&pem).with_context(|| {
+                format!("MERIDIAN_CA_CERT {}: not a PEM certificate", path.display())
+            })?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder.build().context("building the HTTP client")?;
         Ok(Client {
             base: base.trim_end_matches('/').to_string(),
             http,

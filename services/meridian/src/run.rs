@@ -62,7 +62,12 @@ impl Tasks {
         });
     }
 
-    pub fn intake(&mut self, app: meridian_app::App, listener: tokio::net::TcpListener) {
+    pub fn intake(
+        &mut self,
+        app: meridian_app::App,
+        listener: tokio::net::TcpListener,
+        tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    ) {
         let (log, store) = (app.log().clone(), app.store().clone());
         let stop = self.shutdown();
         let projection_store = store.clone();
@@ -79,10 +84,15 @@ impl Tasks {
         let mut stop = self.shutdown();
         self.spawn("intake api", async move {
             let intake = Intake::over(app);
-            meridian_intake::serve(intake, listener, async move {
+            let stopped = async move {
                 let _ = stop.wait_for(|s| *s).await;
-            })
-            .await?;
+            };
+            match tls {
+                Some(config) => {
+                    meridian_intake::serve_tls(intake, listener, config, stopped).await?
+                }
+                None => meridian_intake::serve(intake, listener, stopped).await?,
+            }
             Ok(())
         });
     }
@@ -301,7 +311,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             Some(call_back.clone()),
         );
     }
-    tasks.intake(app, listener);
+    tasks.intake(app, listener, args.api.tls()?);
     tasks.router(log.clone());
     tasks.accounting(log.clone(), store.clone());
     tasks.site("local", adapter, log, store, Some(call_back));
@@ -368,6 +378,22 @@ pub struct ApiArgs {
     /// or --behind-tls-proxy.
     #[arg(long, env = "MERIDIAN_LISTEN", default_value = "127.0.0.1:7373")]
     pub listen: SocketAddr,
+    /// Serve HTTPS with this certificate chain (PEM).
+    #[arg(
+        long,
+        env = "MERIDIAN_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        env = "MERIDIAN_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
     /// The API's address as clients and jobs reach it (default: from --listen).
     #[arg(long, env = "MERIDIAN_PUBLIC_URL")]
     pub public_url: Option<String>,
@@ -380,26 +406,39 @@ pub struct ApiArgs {
 impl ApiArgs {
     /// Refuses to send tokens in the clear beyond this machine.
     pub fn check(&self) -> anyhow::Result<()> {
-        if !self.listen.ip().is_loopback() && !self.behind_tls_proxy {
+        if !self.listen.ip().is_loopback() && !self.behind_tls_proxy && self.tls_cert.is_none() {
             bail!(
                 "--listen {} is reachable from other machines, and tokens would cross the network \
-                 in the clear: put a TLS proxy in front and pass --behind-tls-proxy, or listen on \
-                 127.0.0.1",
+                 in the clear: give --tls-cert and --tls-key, or put a TLS proxy in front and pass \
+                 --behind-tls-proxy, or listen on 127.0.0.1",
                 self.listen
             );
         }
         Ok(())
     }
 
+    /// The TLS settings, when the API serves HTTPS itself.
+    pub fn tls(&self) -> anyhow::Result<Option<Arc<tokio_rustls::rustls::ServerConfig>>> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(meridian_intake::tls_config(cert, key)?)),
+            _ => Ok(None),
+        }
+    }
+
     pub fn url(&self) -> String {
         if let Some(url) = &self.public_url {
             return url.trim_end_matches('/').to_string();
         }
+        let scheme = if self.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let port = self.listen.port();
         if self.listen.ip().is_unspecified() {
-            format!("http://127.0.0.1:{port}")
+            format!("{scheme}://127.0.0.1:{port}")
         } else {
-            format!("http://{}", self.listen)
+            format!("{scheme}://{}", self.listen)
         }
     }
 }
@@ -582,7 +621,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                 tracing::info!(path = %path.display(), "wrote the first admin token");
             }
             let listen = api.listen;
-            tasks.intake(app, bind(listen).await?);
+            tasks.intake(app, bind(listen).await?, api.tls()?);
             tracing::info!(%listen, "intake is up");
         }
         Server::Router { log } => tasks.router(log.log().await?),

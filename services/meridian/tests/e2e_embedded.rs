@@ -835,3 +835,116 @@ jobs:
     }
     assert!(scanned > 0, "nothing scanned in {}", data.display());
 }
+
+/// Tokens never cross the network in the clear: an API reachable from other machines
+/// needs TLS (or a TLS proxy said to be in front); with a certificate it serves HTTPS,
+/// and the CLI trusts the deployment's own CA through MERIDIAN_CA_CERT.
+#[test]
+fn the_api_serves_https_and_refuses_plain_http_beyond_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &format!("0.0.0.0:{port}"),
+        ])
+        .current_dir(dir.path())
+        .env("MERIDIAN_CONFIG_DIR", dir.path().join("config"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--tls-cert") && said.contains("--behind-tls-proxy"),
+        "{said}"
+    );
+
+    // A self-signed certificate for 127.0.0.1.
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=meridian-test",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .expect("openssl");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let listen = format!("127.0.0.1:{port}");
+    let proc = Proc::spawn(
+        "up",
+        dir.path(),
+        &[
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &listen,
+            "--local-cpus",
+            "2",
+            "--tls-cert",
+            "cert.pem",
+            "--tls-key",
+            "key.pem",
+        ],
+        &[],
+    );
+    let server = format!("https://127.0.0.1:{port}");
+    let ca = dir.path().join("cert.pem");
+    let config = dir.path().join("config");
+    let run = |args: &[&str], ca: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new(BIN);
+        c.args(args)
+            .env("MERIDIAN_SERVER", &server)
+            .env("MERIDIAN_CONFIG_DIR", &config)
+            .env_remove("MERIDIAN_TOKEN");
+        if let Some(ca) = ca {
+            c.env("MERIDIAN_CA_CERT", ca);
+        }
+        c.output().unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !run(&["list"], Some(&ca)).status.success() {
+        assert!(std::time::Instant::now() < deadline, "{}", proc.output());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let hello = write(dir.path(), "hello.yaml", "version: v1\nname: hello\njobs:\n  a:\n    image: host\n    command: [echo, hi]\n    resources: {cpus: 1, memory: 64MiB, walltime: 1m}\n");
+    let out = run(&["submit", hello.to_str().unwrap(), "--wait"], Some(&ca));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Without trusting the certificate the CLI refuses the server.
+    let out = run(&["list"], None);
+    assert!(!out.status.success());
+    // Plain HTTP to the TLS port gets no answer.
+    let out = run(
+        &["list", "--server", &format!("http://127.0.0.1:{port}")],
+        Some(&ca),
+    );
+    assert!(!out.status.success());
+}
