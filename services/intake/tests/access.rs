@@ -626,7 +626,7 @@ async fn submissions_over_the_monthly_budget_are_refused_even_when_they_race() {
             "budget for {} is {budget} USD",
             chrono::Utc::now().format("%Y-%m")
         ),
-        format!("0 USD is billed"),
+        "0 USD is billed".to_string(),
         format!("{} USD is in flight", estimate * rust_decimal::Decimal::TWO),
         format!("estimate of {estimate} USD"),
     ] {
