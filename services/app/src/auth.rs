@@ -450,6 +450,22 @@ impl App {
             .await
     }
 
+    /// Issues an admin token for every tenant, labelled `by`, without asking who may: a
+    /// deployment's first, made by the process that starts it.
+    pub async fn issue_first_admin(&self, by: &str) -> Result<IssuedTokenSecret, AppError> {
+        self.issue_token_unchecked(
+            by,
+            TokenRequest {
+                tenant: None,
+                role: Role::Admin,
+                grants: Vec::new(),
+                expires_at: None,
+                label: Some(by.to_string()),
+            },
+        )
+        .await
+    }
+
     /// Issues a token without asking who may: for Meridian's own first admin token.
     pub async fn issue_token_unchecked(
         &self,

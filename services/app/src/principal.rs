@@ -54,20 +54,9 @@ impl Principal {
         use Action::*;
         match self.role {
             Role::Admin => true,
-            Role::Researcher => matches!(
-                action,
-                SubmitWorkflow
-                    | ReadWorkflow
-                    | ListWorkflows
-                    | CancelWorkflow
-                    | ReadBill
-                    | ReadTenantBill
-                    | Quote
-                    | ReadSites
-                    | ReadPolicy
-                    | ReadBudget
-                    | ReadHealth
-            ),
+            Role::Researcher => {
+                matches!(action, SubmitWorkflow | CancelWorkflow) || tenant_reader(action)
+            }
             Role::Finance => matches!(
                 action,
                 ReadBill
@@ -81,18 +70,7 @@ impl Principal {
             Role::Agent => match action {
                 SubmitWorkflow => self.grants.contains(&Grant::Submit),
                 CancelWorkflow => self.grants.contains(&Grant::Cancel),
-                other => matches!(
-                    other,
-                    ReadWorkflow
-                        | ListWorkflows
-                        | ReadBill
-                        | ReadTenantBill
-                        | Quote
-                        | ReadSites
-                        | ReadPolicy
-                        | ReadBudget
-                        | ReadHealth
-                ),
+                other => tenant_reader(other),
             },
             Role::Job => matches!(
                 action,
@@ -100,6 +78,23 @@ impl Principal {
             ),
         }
     }
+}
+
+/// What a researcher and an agent may read of their tenant.
+fn tenant_reader(action: Action) -> bool {
+    use Action::*;
+    matches!(
+        action,
+        ReadWorkflow
+            | ListWorkflows
+            | ReadBill
+            | ReadTenantBill
+            | Quote
+            | ReadSites
+            | ReadPolicy
+            | ReadBudget
+            | ReadHealth
+    )
 }
 
 /// Everything a caller can ask of Meridian, for [`crate::App::authorize`].

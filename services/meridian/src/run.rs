@@ -338,16 +338,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
 /// make tokens for others.
 async fn write_admin_profile(app: &meridian_app::App, server: &str) -> anyhow::Result<String> {
     let issued = app
-        .issue_token_unchecked(
-            "meridian up",
-            meridian_app::auth::TokenRequest {
-                tenant: None,
-                role: meridian_app::Role::Admin,
-                grants: Vec::new(),
-                expires_at: None,
-                label: Some("meridian up".into()),
-            },
-        )
+        .issue_first_admin("meridian up")
         .await
         .context("issuing the first admin token")?;
     let path = crate::profile::write(&crate::profile::Profile {
@@ -604,16 +595,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
             }
             if let Some(path) = admin_token_file.filter(|p| !p.exists()) {
                 let issued = app
-                    .issue_token_unchecked(
-                        "meridian server intake",
-                        meridian_app::auth::TokenRequest {
-                            tenant: None,
-                            role: meridian_app::Role::Admin,
-                            grants: Vec::new(),
-                            expires_at: None,
-                            label: Some("first admin".into()),
-                        },
-                    )
+                    .issue_first_admin("meridian server intake")
                     .await
                     .context("issuing the first admin token")?;
                 meridian_app::auth::write_private(&path, &format!("{}\n", issued.token))
