@@ -1,11 +1,11 @@
-//! What placement knows per tenant, folded from the log: the placement policy an admin
-//! set, and how many GB of billable egress left each source for it this month (where
+//! What placement knows per tenant, folded from the log: the placement policy and the
+//! limits an admin set, and how many GB of billable egress left each source for it this month (where
 //! its next copies fall in the source's volume tiers).
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Datelike, Utc};
-use meridian_events::vocabulary::tenant::{PlacementPolicy, TenantEvent};
+use meridian_events::vocabulary::tenant::{PlacementPolicy, TenantEvent, TenantLimits};
 use meridian_events::vocabulary::{Location, TransferEvent};
 use meridian_events::{Envelope, Event};
 use rust_decimal::Decimal;
@@ -13,6 +13,7 @@ use rust_decimal::Decimal;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TenantView {
     policies: BTreeMap<String, PlacementPolicy>,
+    limits: BTreeMap<String, TenantLimits>,
     /// (tenant, source site or region) → (year, month, GB moved that month). Only the
     /// latest month is kept: tiers restart each calendar month (UTC).
     egress: BTreeMap<(String, String), (i32, u32, Decimal)>,
@@ -22,6 +23,11 @@ impl TenantView {
     /// The policy set for `tenant`, if any.
     pub fn policy(&self, tenant: &str) -> Option<&PlacementPolicy> {
         self.policies.get(tenant)
+    }
+
+    /// The limits set for `tenant`, if any.
+    pub fn limits(&self, tenant: &str) -> Option<&TenantLimits> {
+        self.limits.get(tenant)
     }
 
     /// GB of billable egress out of `source` for `tenant` in the month of `now`.
@@ -37,6 +43,9 @@ impl TenantView {
         match &envelope.payload {
             Event::Tenant(TenantEvent::PolicySet { tenant, policy, .. }) => {
                 self.policies.insert(tenant.clone(), policy.clone());
+            }
+            Event::Tenant(TenantEvent::LimitsSet { tenant, limits, .. }) => {
+                self.limits.insert(tenant.clone(), limits.clone());
             }
             Event::Transfer(TransferEvent::Completed {
                 bytes,

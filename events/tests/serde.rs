@@ -471,6 +471,7 @@ fn every_event() -> Vec<Event> {
             tenant: "physics".into(),
             limits: TenantLimits {
                 money_per_month: Some(Money::new(dec("1000"), Currency::EUR)),
+                concurrent_workflows: Some(4),
             },
             set_by: "admin".into(),
         }

@@ -356,6 +356,7 @@ fn limits_set(budget: &str) -> TenantEvent {
         tenant: "physics".into(),
         limits: meridian_events::vocabulary::tenant::TenantLimits {
             money_per_month: Some(usd(budget)),
+            concurrent_workflows: None,
         },
         set_by: "admin".into(),
     }

@@ -450,6 +450,12 @@ impl Aggregate for Tenant {
                         ));
                     }
                 }
+                if limits.concurrent_workflows == Some(0) {
+                    return Err(TenantError::InvalidLimits(
+                        "concurrent_workflows: expected 1 or more (leave it out for no limit)"
+                            .into(),
+                    ));
+                }
                 if self.limits == limits {
                     return Ok(Vec::new());
                 }

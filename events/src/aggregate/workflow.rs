@@ -102,8 +102,10 @@ pub enum WorkflowCommand {
     RejectPlacement {
         rejections: Vec<SiteRejection>,
     },
-    /// No connected site fits now; the workflow waits for one of `sites` to connect.
-    /// Repeating the reason it already waits for records nothing.
+    /// The workflow cannot be placed yet and waits, for `reason`: no connected site fits
+    /// (it waits for one of `sites` to connect), or its tenant is at its limit of
+    /// concurrent workflows (`sites` empty). Repeating the reason it already waits for
+    /// records nothing.
     WaitForSite {
         reason: String,
         sites: Vec<String>,

@@ -84,6 +84,10 @@ pub struct TenantLimits {
     /// flight together, in the tenant's currency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub money_per_month: Option<Money>,
+    /// The most of its workflows placed and not yet ended at once; more wait, queued in
+    /// submission order, and are placed as others end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_workflows: Option<u32>,
 }
 
 /// Where a tenant's work may run, whatever its workflows ask: the stricter of this and

@@ -63,8 +63,9 @@ pub enum WorkflowEvent {
     },
 
     /// The DAG made a job (or array task) runnable and gave it a Job aggregate.
-    /// No connected site fits now, though some site would: the workflow waits for one
-    /// to connect. `sites` are the fitting sites that no adapter serves.
+    /// The workflow cannot be placed yet and waits for `reason`: no connected site fits
+    /// though some would (`sites`: the fitting sites no adapter serves), or its tenant
+    /// is at its limit of concurrent workflows (`sites` empty).
     #[serde(rename = "workflow.placement_waiting.v1")]
     PlacementWaiting {
         reason: String,

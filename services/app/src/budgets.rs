@@ -33,6 +33,10 @@ pub struct BudgetDocument {
     /// The most its workflows may cost in one calendar month (UTC), such as `"1000 USD"`.
     #[serde(default)]
     pub money_per_month: Option<String>,
+    /// The most of its workflows placed and not yet ended at once; more wait, in
+    /// submission order, with the reason in their status.
+    #[serde(default)]
+    pub concurrent_workflows: Option<u32>,
 }
 
 /// A tenant's budget this month, and where it stands.
@@ -49,6 +53,8 @@ pub struct BudgetView {
     pub in_flight: Option<String>,
     /// What is left for new submissions.
     pub left: Option<String>,
+    /// The most of its workflows placed at once; `None`: no limit.
+    pub concurrent_workflows: Option<u32>,
 }
 
 /// The limits a request body describes, or a 400 that names the field at fault.
@@ -61,7 +67,10 @@ pub fn parse_budget(bytes: &[u8]) -> Result<TenantLimits, AppError> {
                 .map_err(|e| AppError::BadRequest(format!("money_per_month: {e}")))
         })
         .transpose()?;
-    Ok(TenantLimits { money_per_month })
+    Ok(TenantLimits {
+        money_per_month,
+        concurrent_workflows: doc.concurrent_workflows,
+    })
 }
 
 /// What the ledger and the status read model say of a tenant's month.
@@ -81,6 +90,7 @@ impl App {
         let state = self.tenant_state(tenant).await?;
         let period = Period::of(Utc::now());
         let month = period.to_string();
+        let concurrent_workflows = state.limits().concurrent_workflows;
         let Some(budget) = state.limits().money_per_month.clone() else {
             return Ok(BudgetView {
                 tenant: tenant.into(),
@@ -89,6 +99,7 @@ impl App {
                 spent: None,
                 in_flight: None,
                 left: None,
+                concurrent_workflows,
             });
         };
         let standing = self.standing(tenant, period, &budget).await?;
@@ -102,6 +113,7 @@ impl App {
             spent: Some(standing.spent.to_string()),
             in_flight: Some(money(in_flight)),
             left: Some(money(left)),
+            concurrent_workflows,
         })
     }
 

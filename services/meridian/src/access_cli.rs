@@ -249,13 +249,20 @@ pub struct BudgetSetArgs {
     /// flight together, e.g. "1000 USD". Leave it out to lift the budget.
     #[arg(long, value_name = "AMOUNT CURRENCY")]
     money_per_month: Option<String>,
+    /// The most of the tenant's workflows placed at once; more wait in submission order,
+    /// with the reason in `meridian status`. Leave it out for no limit.
+    #[arg(long, value_name = "N")]
+    concurrent_workflows: Option<u32>,
     #[command(flatten)]
     server: ServerArg,
 }
 
 fn print_budget(view: &meridian_app::budgets::BudgetView) {
+    if let Some(n) = view.concurrent_workflows {
+        println!("{}: at most {n} workflows placed at once", view.tenant);
+    }
     match &view.money_per_month {
-        None => println!("{}: no budget", view.tenant),
+        None => println!("{}: no monthly budget", view.tenant),
         Some(budget) => {
             let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
             table(
@@ -273,14 +280,17 @@ fn print_budget(view: &meridian_app::budgets::BudgetView) {
     }
 }
 
-/// `meridian admin budget --tenant T [--money-per-month "1000 USD"]`.
+/// `meridian admin budget --tenant T [--money-per-month "1000 USD"] [--concurrent-workflows N]`.
 pub async fn set_budget(args: BudgetSetArgs) -> anyhow::Result<i32> {
     let answer = args
         .server
         .client()?
         .put(
             &format!("/v1/tenants/{}/budget", args.tenant),
-            json!({ "money_per_month": args.money_per_month }),
+            json!({
+                "money_per_month": args.money_per_month,
+                "concurrent_workflows": args.concurrent_workflows,
+            }),
         )
         .await?;
     let view: meridian_app::budgets::BudgetView =

@@ -416,8 +416,8 @@ pub enum Admin {
     /// Issue, list and revoke API tokens.
     #[command(subcommand)]
     Token(crate::access_cli::TokenVerb),
-    /// Set a tenant's monthly budget: submissions that would take the month past it are
-    /// refused with the numbers.
+    /// Set a tenant's limits: a monthly budget (submissions that would take the month
+    /// past it are refused with the numbers) and concurrent workflows (more wait).
     Budget(crate::access_cli::BudgetSetArgs),
 }
 

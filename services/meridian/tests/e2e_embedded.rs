@@ -948,3 +948,64 @@ fn the_api_serves_https_and_refuses_plain_http_beyond_loopback() {
     );
     assert!(!out.status.success());
 }
+
+/// A tenant's concurrency limit holds work queued rather than refusing it: the second
+/// workflow waits, says why in its status, and is placed once the first ends.
+#[test]
+fn a_tenants_concurrency_limit_holds_work_queued_and_says_why() {
+    let up = up();
+    cli_ok(
+        &up.server,
+        &[
+            "admin",
+            "budget",
+            "--tenant",
+            "physics",
+            "--concurrent-workflows",
+            "1",
+        ],
+    );
+    let slow = write(
+        up.dir.path(),
+        "slow.yaml",
+        "version: v1\nname: slow\njobs:\n  a:\n    image: host\n    command: [sh, -c, 'sleep 1.5']\n    resources: {cpus: 1, memory: 64MiB, walltime: 1m}\n",
+    );
+    let path = slow.to_str().unwrap();
+    let first = cli_json(&up.server, &["submit", path, "--tenant", "physics"]);
+    let first = first["id"].as_str().unwrap().to_string();
+    wait_state(&up.server, &first, &["running"]);
+    let second = cli_json(&up.server, &["submit", path, "--tenant", "physics"]);
+    let second = second["id"].as_str().unwrap().to_string();
+    let held = wait_state(&up.server, &second, &["waiting"]);
+    let reason = held["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("1 of its 1 concurrent workflows"),
+        "{held:#}"
+    );
+    // Killed and started again, it still knows what is placed: the second stays held.
+    let port: u16 = up.server.rsplit(':').next().unwrap().parse().unwrap();
+    let Up { dir, mut proc, .. } = up;
+    proc.kill();
+    let up = up_in(dir, port);
+    let held = cli_json(&up.server, &["status", &second]);
+    assert!(
+        held["state"] == "waiting" || runs(&up.server, &first).len() == 1,
+        "placed beside the first after a restart: {held:#}"
+    );
+    // Another tenant is not held by physics' limit.
+    let other = cli_json(&up.server, &["submit", path, "--tenant", "chem"]);
+    wait_state(
+        &up.server,
+        other["id"].as_str().unwrap(),
+        &["running", "finished"],
+    );
+
+    let done = wait_state(&up.server, &second, &["finished", "failed"]);
+    assert_eq!(done["state"], "finished", "{done:#}");
+    let first_runs = runs(&up.server, &first);
+    let second_runs = runs(&up.server, &second);
+    assert!(
+        first_runs[0].2 <= second_runs[0].1,
+        "the second started before the first ended: {first_runs:?} {second_runs:?}"
+    );
+}

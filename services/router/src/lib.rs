@@ -83,6 +83,8 @@ pub struct Router {
     unplaced: BTreeSet<Uuid>,
     /// Whether a site changed since the unplaced workflows were last tried.
     sites_changed: bool,
+    /// Per tenant: its workflows placed and not ended, for its concurrency limit.
+    active: HashMap<String, BTreeSet<Uuid>>,
     /// The last refusal of a command by an aggregate, logged at WARN.
     last_refusal: Option<String>,
 }
@@ -123,21 +125,25 @@ impl Router {
         // Workflows submitted and never placed are tried again at start: their
         // submissions may have been acknowledged long ago (one waits for a site).
         let mut unplaced = BTreeSet::new();
+        let mut active: HashMap<String, BTreeSet<Uuid>> = HashMap::new();
         let catalog = Catalog::load_with(&*log, |raw| {
             if raw.aggregate.kind != AggregateKind::Workflow {
                 return;
             }
+            let id = raw.aggregate.id;
             match raw.payload.get("type").and_then(|t| t.as_str()) {
                 Some("workflow.submitted.v1") => {
-                    unplaced.insert(raw.aggregate.id);
+                    unplaced.insert(id);
                 }
-                Some(
-                    "workflow.placement_decided.v1"
-                    | "workflow.finished.v1"
-                    | "workflow.failed.v1"
-                    | "workflow.cancelled.v1",
-                ) => {
-                    unplaced.remove(&raw.aggregate.id);
+                Some("workflow.placement_decided.v1") => {
+                    unplaced.remove(&id);
+                    active.entry(raw.tenant.clone()).or_default().insert(id);
+                }
+                Some("workflow.finished.v1" | "workflow.failed.v1" | "workflow.cancelled.v1") => {
+                    unplaced.remove(&id);
+                    if let Some(placed) = active.get_mut(&raw.tenant) {
+                        placed.remove(&id);
+                    }
                 }
                 _ => {}
             }
@@ -156,6 +162,7 @@ impl Router {
             faulted_jobs: std::collections::HashSet::new(),
             sites_changed: !unplaced.is_empty(),
             unplaced,
+            active,
             last_refusal: None,
         })
     }
@@ -264,6 +271,7 @@ impl Router {
             AggregateKind::Workflow => {
                 self.remember_release(id, envelope);
                 self.note_settlement(id, envelope);
+                self.count_active(id, envelope);
                 self.observe_into_workflow(envelope).await?;
                 Ok(Some(id))
             }
@@ -286,6 +294,47 @@ impl Router {
                 Ok(workflow)
             }
         }
+    }
+
+    /// Keeps the tenant's count of placed workflows; one ending frees a slot, so held
+    /// workflows are tried again.
+    fn count_active(&mut self, id: Uuid, envelope: &Envelope<Event>) {
+        match &envelope.payload {
+            Event::Workflow(WorkflowEvent::PlacementDecided { .. }) => {
+                self.active
+                    .entry(envelope.tenant.clone())
+                    .or_default()
+                    .insert(id);
+            }
+            Event::Workflow(
+                WorkflowEvent::Finished { .. }
+                | WorkflowEvent::Failed { .. }
+                | WorkflowEvent::Cancelled { .. },
+            ) => {
+                let freed = self
+                    .active
+                    .get_mut(&envelope.tenant)
+                    .is_some_and(|placed| placed.remove(&id));
+                if freed && !self.unplaced.is_empty() {
+                    self.sites_changed = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the tenant is at its limit of concurrent workflows: the reason to hold
+    /// another, if so.
+    fn held_by_limit(&self, tenant: Option<&str>) -> Option<String> {
+        let tenant = tenant?;
+        let limit = self.catalog.tenants.limits(tenant)?.concurrent_workflows?;
+        let placed = self.active.get(tenant).map_or(0, BTreeSet::len);
+        (placed as u64 >= u64::from(limit)).then(|| {
+            format!(
+                "held: tenant {tenant} has {placed} of its {limit} concurrent workflows placed; \
+                 this one is placed when one ends"
+            )
+        })
     }
 
     /// Whether the site a Site event is about is connected now.
@@ -689,6 +738,19 @@ impl Router {
             return Ok(());
         };
         let tenant = self.workflow(id).await?.tenant.clone();
+        if let Some(reason) = self.held_by_limit(tenant.as_deref()) {
+            self.unplaced.insert(id);
+            let events = self
+                .on_workflow(id, |_| WorkflowCommand::WaitForSite {
+                    reason: reason.clone(),
+                    sites: Vec::new(),
+                })
+                .await?;
+            if !events.is_empty() {
+                tracing::info!(workflow = %id, %reason, "placement waits");
+            }
+            return Ok(());
+        }
         match placement::decide_for(&spec, tenant.as_deref(), &self.catalog, Utc::now()) {
             placement::Decision::Waiting { sites, .. } => {
                 self.unplaced.insert(id);
@@ -725,6 +787,11 @@ impl Router {
                     return Ok(());
                 }
                 self.unplaced.remove(&id);
+                // Counted now, not when the event comes back: the next held workflow of
+                // this scan must see the slot taken.
+                if let Some(t) = tenant {
+                    self.active.entry(t).or_default().insert(id);
+                }
                 self.hold_volumes(id).await?;
                 // A workflow with nothing to run may already be finished; else release.
                 self.reconcile_after_placement(id).await
