@@ -25,11 +25,12 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 42] = [
+const TAGS: [&str; 43] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
     "workflow.placement_waiting.v1",
+    "workflow.release_held.v1",
     "workflow.service_ready.v1",
     "workflow.job_released.v1",
     "workflow.job_settled.v1",
@@ -182,6 +183,12 @@ fn every_event() -> Vec<Event> {
             reason: "waiting for a site to connect: gpu-a".into(),
             sites: vec!["gpu-a".into()],
             since: at(0, 5),
+        }
+        .into(),
+        WorkflowEvent::ReleaseHeld {
+            job: "train".into(),
+            reason: "held: tenant physics has 8 of its 8 GPUs in use".into(),
+            since: at(0, 6),
         }
         .into(),
         WorkflowEvent::ServiceReady {
@@ -472,6 +479,7 @@ fn every_event() -> Vec<Event> {
             limits: TenantLimits {
                 money_per_month: Some(Money::new(dec("1000"), Currency::EUR)),
                 concurrent_workflows: Some(4),
+                concurrent_gpus: Some(16),
             },
             set_by: "admin".into(),
         }

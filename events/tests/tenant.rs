@@ -357,6 +357,7 @@ fn limits_set(budget: &str) -> TenantEvent {
         limits: meridian_events::vocabulary::tenant::TenantLimits {
             money_per_month: Some(usd(budget)),
             concurrent_workflows: None,
+            concurrent_gpus: None,
         },
         set_by: "admin".into(),
     }

@@ -509,6 +509,11 @@ impl Resources {
     pub fn gpus_per_node(&self) -> u32 {
         self.gpus.as_ref().map_or(0, |g| g.count)
     }
+
+    /// GPUs over all its nodes.
+    pub fn gpus_total(&self) -> u32 {
+        self.nodes.saturating_mul(self.gpus_per_node())
+    }
 }
 
 impl GpuVendor {

@@ -450,11 +450,15 @@ impl Aggregate for Tenant {
                         ));
                     }
                 }
-                if limits.concurrent_workflows == Some(0) {
-                    return Err(TenantError::InvalidLimits(
-                        "concurrent_workflows: expected 1 or more (leave it out for no limit)"
-                            .into(),
-                    ));
+                for (field, value) in [
+                    ("concurrent_workflows", limits.concurrent_workflows),
+                    ("concurrent_gpus", limits.concurrent_gpus),
+                ] {
+                    if value == Some(0) {
+                        return Err(TenantError::InvalidLimits(format!(
+                            "{field}: expected 1 or more (leave it out for no limit)"
+                        )));
+                    }
                 }
                 if self.limits == limits {
                     return Ok(Vec::new());

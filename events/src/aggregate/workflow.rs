@@ -110,6 +110,12 @@ pub enum WorkflowCommand {
         reason: String,
         sites: Vec<String>,
     },
+    /// A runnable task is held back for `reason`; repeating the reason it is already held
+    /// for records nothing.
+    HoldRelease {
+        job: String,
+        reason: String,
+    },
     /// A service's run answers at `address`; repeating it records nothing.
     RecordServiceReady {
         job_id: Uuid,
@@ -424,6 +430,8 @@ pub struct Workflow {
     volumes: BTreeMap<(String, String), VolumeAllocation>,
     /// Why placement waits, while it waits for a site to connect.
     waiting: Option<String>,
+    /// Why a runnable task is held back, until the next release.
+    held: Option<String>,
 }
 
 impl Workflow {
@@ -1173,6 +1181,18 @@ impl Aggregate for Workflow {
                 }])
             }
 
+            WorkflowCommand::HoldRelease { job, reason } => {
+                self.live_state()?;
+                if self.held.as_deref() == Some(reason.as_str()) {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![WorkflowEvent::ReleaseHeld {
+                    job,
+                    reason,
+                    since: now,
+                }])
+            }
+
             WorkflowCommand::RecordServiceReady { job_id, address } => {
                 self.live_state()?;
                 let task = self
@@ -1345,6 +1365,9 @@ impl Aggregate for Workflow {
             WorkflowEvent::PlacementWaiting { reason, .. } => {
                 self.waiting = Some(reason.clone());
             }
+            WorkflowEvent::ReleaseHeld { reason, .. } => {
+                self.held = Some(reason.clone());
+            }
             WorkflowEvent::ServiceReady {
                 service, job_id, ..
             } => {
@@ -1361,6 +1384,7 @@ impl Aggregate for Workflow {
                 attempt,
                 ..
             } => {
+                self.held = None;
                 if let Some(node) = self.nodes.get_mut(job) {
                     let was_pending = node.is_pending(*index);
                     node.tasks.insert(

@@ -88,6 +88,10 @@ pub struct TenantLimits {
     /// submission order, and are placed as others end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrent_workflows: Option<u32>,
+    /// The most GPUs its running jobs and services may hold at once; a task that would
+    /// pass it is held back, and released as others end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_gpus: Option<u32>,
 }
 
 /// Where a tenant's work may run, whatever its workflows ask: the stricter of this and

@@ -73,6 +73,15 @@ pub enum WorkflowEvent {
         since: DateTime<Utc>,
     },
 
+    /// A runnable task is not released yet, for `reason` (its tenant is at its limit of
+    /// concurrent GPUs); it is released when the reason goes. The next release clears it.
+    #[serde(rename = "workflow.release_held.v1")]
+    ReleaseHeld {
+        job: String,
+        reason: String,
+        since: DateTime<Utc>,
+    },
+
     /// A service's run answers at `address` (host:port): jobs that require it may start.
     #[serde(rename = "workflow.service_ready.v1")]
     ServiceReady {
@@ -213,6 +222,7 @@ impl WorkflowEvent {
             WorkflowEvent::PlacementDecided { .. } => "workflow.placement_decided.v1",
             WorkflowEvent::PlacementRejected { .. } => "workflow.placement_rejected.v1",
             WorkflowEvent::PlacementWaiting { .. } => "workflow.placement_waiting.v1",
+            WorkflowEvent::ReleaseHeld { .. } => "workflow.release_held.v1",
             WorkflowEvent::ServiceReady { .. } => "workflow.service_ready.v1",
             WorkflowEvent::JobReleased { .. } => "workflow.job_released.v1",
             WorkflowEvent::JobSettled { .. } => "workflow.job_settled.v1",

@@ -37,6 +37,10 @@ pub struct BudgetDocument {
     /// submission order, with the reason in their status.
     #[serde(default)]
     pub concurrent_workflows: Option<u32>,
+    /// The most GPUs its running jobs and services may hold at once; a task that would
+    /// pass it waits, with the reason in its workflow's status.
+    #[serde(default)]
+    pub concurrent_gpus: Option<u32>,
 }
 
 /// A tenant's budget this month, and where it stands.
@@ -55,6 +59,8 @@ pub struct BudgetView {
     pub left: Option<String>,
     /// The most of its workflows placed at once; `None`: no limit.
     pub concurrent_workflows: Option<u32>,
+    /// The most GPUs its running work may hold at once; `None`: no limit.
+    pub concurrent_gpus: Option<u32>,
 }
 
 /// The limits a request body describes, or a 400 that names the field at fault.
@@ -70,6 +76,7 @@ pub fn parse_budget(bytes: &[u8]) -> Result<TenantLimits, AppError> {
     Ok(TenantLimits {
         money_per_month,
         concurrent_workflows: doc.concurrent_workflows,
+        concurrent_gpus: doc.concurrent_gpus,
     })
 }
 
@@ -91,6 +98,7 @@ impl App {
         let period = Period::of(Utc::now());
         let month = period.to_string();
         let concurrent_workflows = state.limits().concurrent_workflows;
+        let concurrent_gpus = state.limits().concurrent_gpus;
         let Some(budget) = state.limits().money_per_month.clone() else {
             return Ok(BudgetView {
                 tenant: tenant.into(),
@@ -100,6 +108,7 @@ impl App {
                 in_flight: None,
                 left: None,
                 concurrent_workflows,
+                concurrent_gpus,
             });
         };
         let standing = self.standing(tenant, period, &budget).await?;
@@ -114,6 +123,7 @@ impl App {
             in_flight: Some(money(in_flight)),
             left: Some(money(left)),
             concurrent_workflows,
+            concurrent_gpus,
         })
     }
 

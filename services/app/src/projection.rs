@@ -69,6 +69,10 @@ pub struct StatusProjection;
 
 /// Times as the read model stores and the API shows them: RFC 3339, UTC, fixed width,
 /// so that text order is time order.
+/// How a reason for holding a release starts (`workflow.release_held.v1`), so that the
+/// next release can clear it.
+pub const HELD: &str = "held: ";
+
 pub(crate) fn timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
@@ -236,6 +240,16 @@ async fn apply_workflow(
             .execute(&mut **tx)
             .await?;
         }
+        WorkflowEvent::ReleaseHeld { reason, .. } => {
+            sqlx::query(
+                "UPDATE intake_workflows SET reason = $1
+                 WHERE id = $2 AND state IN ('placed', 'running')",
+            )
+            .bind(reason)
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
         // The run's own `job.service_ready.v1` gives the address.
         WorkflowEvent::ServiceReady { .. } => return Ok(()),
         WorkflowEvent::JobReleased {
@@ -256,6 +270,14 @@ async fn apply_workflow(
                 position,
             };
             ensure_task(tx, &task).await?;
+            // A release ends the hold it was under.
+            sqlx::query(
+                "UPDATE intake_workflows SET reason = NULL WHERE id = $1 AND reason LIKE $2",
+            )
+            .bind(&id)
+            .bind(format!("{HELD}%"))
+            .execute(&mut **tx)
+            .await?;
         }
         WorkflowEvent::JobSettled {
             job_id,

@@ -253,6 +253,10 @@ pub struct BudgetSetArgs {
     /// with the reason in `meridian status`. Leave it out for no limit.
     #[arg(long, value_name = "N")]
     concurrent_workflows: Option<u32>,
+    /// The most GPUs the tenant's running jobs and services may hold at once; a task that
+    /// would pass it waits. Leave it out for no limit.
+    #[arg(long, value_name = "N")]
+    concurrent_gpus: Option<u32>,
     #[command(flatten)]
     server: ServerArg,
 }
@@ -260,6 +264,9 @@ pub struct BudgetSetArgs {
 fn print_budget(view: &meridian_app::budgets::BudgetView) {
     if let Some(n) = view.concurrent_workflows {
         println!("{}: at most {n} workflows placed at once", view.tenant);
+    }
+    if let Some(n) = view.concurrent_gpus {
+        println!("{}: at most {n} GPUs in use at once", view.tenant);
     }
     match &view.money_per_month {
         None => println!("{}: no monthly budget", view.tenant),
@@ -290,6 +297,7 @@ pub async fn set_budget(args: BudgetSetArgs) -> anyhow::Result<i32> {
             json!({
                 "money_per_month": args.money_per_month,
                 "concurrent_workflows": args.concurrent_workflows,
+                "concurrent_gpus": args.concurrent_gpus,
             }),
         )
         .await?;

@@ -85,6 +85,12 @@ pub struct Router {
     sites_changed: bool,
     /// Per tenant: its workflows placed and not ended, for its concurrency limit.
     active: HashMap<String, BTreeSet<Uuid>>,
+    /// Per tenant: the GPUs of each of its jobs released and not ended.
+    gpus: HashMap<String, BTreeMap<Uuid, u32>>,
+    /// Workflows with a task held back for their tenant's GPU limit.
+    gpu_held: BTreeSet<Uuid>,
+    /// Whether GPUs were freed since the held workflows were last tried.
+    gpus_freed: bool,
     /// The last refusal of a command by an aggregate, logged at WARN.
     last_refusal: Option<String>,
 }
@@ -126,7 +132,12 @@ impl Router {
         // submissions may have been acknowledged long ago (one waits for a site).
         let mut unplaced = BTreeSet::new();
         let mut active: HashMap<String, BTreeSet<Uuid>> = HashMap::new();
+        let mut gpus: HashMap<String, BTreeMap<Uuid, u32>> = HashMap::new();
         let catalog = Catalog::load_with(&*log, |raw| {
+            if raw.aggregate.kind == AggregateKind::Job {
+                count_gpus_raw(&mut gpus, raw);
+                return;
+            }
             if raw.aggregate.kind != AggregateKind::Workflow {
                 return;
             }
@@ -163,6 +174,9 @@ impl Router {
             sites_changed: !unplaced.is_empty(),
             unplaced,
             active,
+            gpus,
+            gpu_held: BTreeSet::new(),
+            gpus_freed: false,
             last_refusal: None,
         })
     }
@@ -213,6 +227,12 @@ impl Router {
             for id in due {
                 self.not_before.remove(&id);
                 self.reconcile(id).await?;
+            }
+            // GPUs were freed: held tasks may be released.
+            if std::mem::take(&mut self.gpus_freed) {
+                for id in std::mem::take(&mut self.gpu_held) {
+                    self.reconcile(id).await?;
+                }
             }
             // A site connected, changed its prices or came back: waiting work may fit.
             if std::mem::take(&mut self.sites_changed) {
@@ -276,6 +296,7 @@ impl Router {
                 Ok(Some(id))
             }
             AggregateKind::Job => {
+                self.count_gpus(id, envelope);
                 // The catalogue was loaded up to the head; the subscription may resume
                 // from an older ack and deliver those commits again.
                 self.catalog.observe_at(position, envelope);
@@ -321,6 +342,60 @@ impl Router {
             }
             _ => {}
         }
+    }
+
+    /// Keeps the tenant's count of GPUs in use: a job holds its GPUs from dispatch until
+    /// it ends.
+    fn count_gpus(&mut self, id: Uuid, envelope: &Envelope<Event>) {
+        match &envelope.payload {
+            Event::Job(JobEvent::Dispatched { resources, .. }) => {
+                let n = resources.gpus_total();
+                if n > 0 {
+                    self.gpus
+                        .entry(envelope.tenant.clone())
+                        .or_default()
+                        .insert(id, n);
+                }
+            }
+            Event::Job(
+                JobEvent::Finished { .. } | JobEvent::Failed { .. } | JobEvent::Cancelled { .. },
+            ) => {
+                let freed = self
+                    .gpus
+                    .get_mut(&envelope.tenant)
+                    .is_some_and(|jobs| jobs.remove(&id).is_some());
+                if freed && !self.gpu_held.is_empty() {
+                    self.gpus_freed = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Why a task needing `needed` GPUs may not be released now, if its tenant's GPU
+    /// limit says so.
+    fn held_by_gpus(&self, tenant: Option<&str>, needed: u32) -> Option<String> {
+        let tenant = tenant?;
+        let limit = self.catalog.tenants.limits(tenant)?.concurrent_gpus?;
+        if needed == 0 {
+            return None;
+        }
+        let in_use: u64 = self
+            .gpus
+            .get(tenant)
+            .map_or(0, |jobs| jobs.values().map(|n| u64::from(*n)).sum());
+        if needed > limit {
+            return Some(format!(
+                "held: it needs {needed} GPUs at once, more than tenant {tenant}'s limit of \
+                 {limit}; it starts only if the limit is raised"
+            ));
+        }
+        (in_use + u64::from(needed) > u64::from(limit)).then(|| {
+            format!(
+                "held: tenant {tenant} has {in_use} of its {limit} GPUs in use and the next \
+                 task needs {needed}; it starts as others end"
+            )
+        })
     }
 
     /// Whether the tenant is at its limit of concurrent workflows: the reason to hold
@@ -933,18 +1008,54 @@ impl Router {
 
     async fn release_runnable(&mut self, id: Uuid) -> Result<(), RouterError> {
         let mut released = std::collections::HashSet::new();
+        // Tasks held back for the GPU limit: the others may still go.
+        let mut held = BTreeSet::new();
         loop {
-            let (task, site) = {
-                let wf = &self.workflow(id).await?.state;
-                let Some(task) = wf.runnable_jobs().into_iter().next() else {
+            let (task, site, needed, tenant) = {
+                let wf = self.workflow(id).await?;
+                let tenant = wf.tenant.clone();
+                let wf = &wf.state;
+                let Some(task) = wf.runnable_jobs().into_iter().find(|t| !held.contains(t)) else {
                     return Ok(());
                 };
                 let Some(placement) = wf.placement() else {
                     return Ok(());
                 };
+                let needed = wf
+                    .spec()
+                    .and_then(|spec| {
+                        spec.jobs
+                            .get(&task.job)
+                            .map(|j| j.resources.gpus_total())
+                            .or_else(|| {
+                                spec.services
+                                    .get(&task.job)
+                                    .map(|s| s.resources.gpus_total())
+                            })
+                    })
+                    .unwrap_or(0);
                 let site = placement.site_for(&task.job).to_string();
-                (task, site)
+                (task, site, needed, tenant)
             };
+            if let Some(reason) = self.held_by_gpus(tenant.as_deref(), needed) {
+                self.gpu_held.insert(id);
+                // The first task held says why; recording each would make every pass
+                // append as the reasons take turns.
+                if held.is_empty() {
+                    let job = task.job.clone();
+                    let events = self
+                        .on_workflow(id, |_| WorkflowCommand::HoldRelease {
+                            job: job.clone(),
+                            reason: reason.clone(),
+                        })
+                        .await?;
+                    if !events.is_empty() {
+                        tracing::info!(workflow = %id, %reason, "release held");
+                    }
+                }
+                held.insert(task);
+                continue;
+            }
             if !released.insert(task.clone()) {
                 // The aggregate still calls it runnable after releasing it: a bug, and
                 // looping would fill the log. Stop and say so.
@@ -963,6 +1074,10 @@ impl Router {
                 .await?;
             for e in &events {
                 self.remember_release(id, e);
+            }
+            // Counted now, not when the dispatch comes back: the next task must see them.
+            if let (Some(t), true) = (tenant, needed > 0) {
+                self.gpus.entry(t).or_default().insert(job_id, needed);
             }
             self.dispatch(id, job_id).await?;
         }
@@ -1021,5 +1136,31 @@ impl Router {
             Ok(_) | Err(ExecuteError::Rejected(JobError::AlreadyDispatched)) => Ok(()),
             Err(source) => Err(RouterError::Job { id: job_id, source }),
         }
+    }
+}
+
+/// [`Router::count_gpus`] on a raw event, while the log is read at start.
+fn count_gpus_raw(
+    gpus: &mut HashMap<String, BTreeMap<Uuid, u32>>,
+    raw: &meridian_events::RawEnvelope,
+) {
+    let id = raw.aggregate.id;
+    match raw.payload.get("type").and_then(|t| t.as_str()) {
+        Some("job.dispatched.v1") => {
+            let resources = raw
+                .payload
+                .get("resources")
+                .and_then(|r| serde_json::from_value::<meridian_spec::Resources>(r.clone()).ok());
+            let n = resources.map_or(0, |r| r.gpus_total());
+            if n > 0 {
+                gpus.entry(raw.tenant.clone()).or_default().insert(id, n);
+            }
+        }
+        Some("job.finished.v1" | "job.failed.v1" | "job.cancelled.v1") => {
+            if let Some(jobs) = gpus.get_mut(&raw.tenant) {
+                jobs.remove(&id);
+            }
+        }
+        _ => {}
     }
 }

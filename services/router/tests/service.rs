@@ -857,3 +857,116 @@ async fn a_refusal_for_capacity_re_places_the_work() {
 async fn register_unconnected_site(log: &dyn EventLog, name: &str) -> Uuid {
     register(log, name, "1", 8).await
 }
+
+/// A tenant's GPU limit holds tasks back rather than refusing them: with room for two
+/// tasks of two GPUs, the third waits, its workflow says why, and it is released when one
+/// ends. A restarted router still counts what is in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
+    use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
+    use meridian_events::vocabulary::tenant::TenantLimits;
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let prices = PriceSheet {
+        currency: Currency::USD,
+        effective_from: Utc::now() - chrono::Duration::days(1),
+        source: "test".into(),
+        compute: vec![ComputeOffer {
+            offer: "node".into(),
+            pricing: ComputePricing::Resource {
+                per_core_hour: Decimal::ONE,
+                per_gib_memory_hour: Decimal::ZERO,
+                per_gpu_hour: Decimal::ONE,
+            },
+        }],
+        storage_per_gib_hour: Decimal::ZERO,
+        egress_per_gb: Decimal::ZERO,
+        egress_by_destination: None,
+        egress_tiers: Vec::new(),
+    };
+    let site = Uuid::now_v7();
+    execute::<Site, _>(&*log, site, &EventContext::new_chain("system"), |_| {
+        SiteCommand::Register {
+            name: "gpu".into(),
+            kind: SiteKind::Local,
+            region: "here".into(),
+            jurisdiction: "eu".into(),
+            credentials_secret: None,
+            labels: BTreeMap::from([
+                ("max_cpus".into(), "64".into()),
+                ("gpus".into(), "8".into()),
+            ]),
+            prices: Some(prices.clone()),
+        }
+    })
+    .await
+    .unwrap();
+    connect(&*log, site, 86_400).await;
+    execute::<Tenant, _>(&*log, tenant_id("t"), &EventContext::new_chain("t"), |_| {
+        TenantCommand::SetLimits {
+            tenant: "t".into(),
+            limits: TenantLimits {
+                concurrent_gpus: Some(4),
+                ..TenantLimits::default()
+            },
+            set_by: "admin".into(),
+        }
+    })
+    .await
+    .unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let router = Bench::spawn(log.clone(), stopped);
+    let mut b = Bench {
+        log,
+        stop,
+        router,
+        _dir: dir,
+    };
+    let id = b
+        .submit(
+            "version: v1\nname: g\njobs:\n  train:\n    image: host\n    command: [\"true\"]\n    array: {start: 1, end: 3, parallelism: 3}\n    resources: {gpus: {count: 2, vendor: any}}\n",
+        )
+        .await;
+    let two = b
+        .wait_for("two tasks dispatched", async || {
+            let d = b.dispatched(id).await;
+            (d.len() >= 2).then_some(d)
+        })
+        .await;
+    let held = b
+        .wait_for("the third held", async || {
+            let history = load::<Workflow>(&*b.log, id).await.unwrap().history;
+            history.iter().find_map(|e| match &e.payload {
+                Event::Workflow(WorkflowEvent::ReleaseHeld { reason, .. }) => Some(reason.clone()),
+                _ => None,
+            })
+        })
+        .await;
+    assert_eq!(
+        held,
+        "held: tenant t has 4 of its 4 GPUs in use and the next task needs 2; it starts as others end"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.dispatched(id).await.len(), 2, "only 4 GPUs at once");
+
+    // Restarted, the router still counts the four GPUs in use.
+    b.restart().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(b.dispatched(id).await.len(), 2, "still 4 GPUs at once");
+
+    b.run_job(two[0].0, 0).await;
+    let three = b
+        .wait_for("the third released", async || {
+            let d = b.dispatched(id).await;
+            (d.len() == 3).then_some(d)
+        })
+        .await;
+    b.run_job(two[1].0, 0).await;
+    b.run_job(three[2].0, 0).await;
+    b.wait_for("the workflow finishes", async || {
+        (b.workflow(id).await.state() == Some(WorkflowState::Finished)).then_some(())
+    })
+    .await;
+    b.stop.send(true).unwrap();
+}
