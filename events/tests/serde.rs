@@ -480,6 +480,7 @@ fn every_event() -> Vec<Event> {
                 money_per_month: Some(Money::new(dec("1000"), Currency::EUR)),
                 concurrent_workflows: Some(4),
                 concurrent_gpus: Some(16),
+                gpu_hours_per_month: Some(dec("500")),
             },
             set_by: "admin".into(),
         }
@@ -488,6 +489,7 @@ fn every_event() -> Vec<Event> {
             workflow_id: id(91),
             month: "2025-03".into(),
             estimate: Money::new(dec("12.50"), Currency::EUR),
+            gpu_hours: dec("16"),
         }
         .into(),
         TenantEvent::BudgetReleased {

@@ -358,6 +358,7 @@ fn limits_set(budget: &str) -> TenantEvent {
             money_per_month: Some(usd(budget)),
             concurrent_workflows: None,
             concurrent_gpus: None,
+            gpu_hours_per_month: None,
         },
         set_by: "admin".into(),
     }
@@ -368,6 +369,7 @@ fn reserved(n: u128, estimate: &str) -> TenantEvent {
         workflow_id: id(n),
         month: "2025-03".into(),
         estimate: usd(estimate),
+        gpu_hours: Default::default(),
     }
 }
 
@@ -386,6 +388,9 @@ fn reserve(
         spent: usd(spent),
         billed: billed.iter().map(|(n, a)| (id(*n), dec(a))).collect(),
         concluded: concluded.iter().map(|n| id(*n)).collect(),
+        gpu_hours: Default::default(),
+        gpu_hours_used: Default::default(),
+        gpu_hours_by_workflow: Default::default(),
     }
 }
 
@@ -449,8 +454,58 @@ fn what_is_in_flight_shrinks_as_it_is_billed_and_ends_with_its_workflow() {
         spent: usd("0"),
         billed: Default::default(),
         concluded: Default::default(),
+        gpu_hours: Default::default(),
+        gpu_hours_used: Default::default(),
+        gpu_hours_by_workflow: Default::default(),
     };
     given::<Tenant>(history)
         .when(eur, at(9, 0))
         .then_err(|e| matches!(e, TenantError::CurrencyMismatch { .. }));
+}
+
+#[test]
+fn gpu_hours_are_held_to_their_own_monthly_budget() {
+    let limits = TenantEvent::LimitsSet {
+        tenant: "physics".into(),
+        limits: meridian_events::vocabulary::tenant::TenantLimits {
+            gpu_hours_per_month: Some(dec("10")),
+            ..Default::default()
+        },
+        set_by: "admin".into(),
+    };
+    let reserve_gpu = |n: u128, hours: &str, used: &str, by: &[(u128, &str)], done: &[u128]| {
+        TenantCommand::ReserveBudget {
+            tenant: "physics".into(),
+            workflow_id: id(n),
+            month: "2025-03".into(),
+            estimate: usd("0"),
+            spent: usd("0"),
+            billed: Default::default(),
+            concluded: done.iter().map(|n| id(*n)).collect(),
+            gpu_hours: dec(hours),
+            gpu_hours_used: dec(used),
+            gpu_hours_by_workflow: by.iter().map(|(n, h)| (id(*n), dec(h))).collect(),
+        }
+    };
+    let first = TenantEvent::BudgetReserved {
+        workflow_id: id(1),
+        month: "2025-03".into(),
+        estimate: usd("0"),
+        gpu_hours: dec("6"),
+    };
+    given::<Tenant>([limits.clone()])
+        .when(reserve_gpu(1, "6", "0", &[], &[]), at(9, 0))
+        .then(vec![first.clone()]);
+    let err = given::<Tenant>([limits.clone(), first.clone()])
+        .when(reserve_gpu(2, "6", "0", &[], &[]), at(9, 0))
+        .then_err(|e| matches!(e, TenantError::OverGpuHours { .. }));
+    assert_eq!(
+        err.to_string(),
+        "over the GPU-hour budget: the tenant may hold 10 GPU-hours in 2025-03; 0 were used \
+         and 6 are in flight, so this workflow's 6 would bring it to 12"
+    );
+    // The first ended having used 2: 2 used, nothing in flight, 6 more fit.
+    given::<Tenant>([limits, first])
+        .when(reserve_gpu(2, "6", "2", &[(1, "2")], &[1]), at(9, 0))
+        .then_ok();
 }

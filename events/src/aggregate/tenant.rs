@@ -88,6 +88,12 @@ pub enum TenantCommand {
         billed: BTreeMap<Uuid, Decimal>,
         /// Reserved workflows that have ended: their bill is in `spent` instead.
         concluded: BTreeSet<Uuid>,
+        /// The most GPU-hours it can hold.
+        gpu_hours: Decimal,
+        /// GPU-hours the tenant's runs held this month so far.
+        gpu_hours_used: Decimal,
+        /// What each reserved workflow's runs held this month so far.
+        gpu_hours_by_workflow: BTreeMap<Uuid, Decimal>,
     },
     /// Gives back a reservation whose submission was never appended.
     ReleaseBudget { workflow_id: Uuid },
@@ -147,6 +153,19 @@ pub enum TenantError {
         total: Money,
     },
     #[error(
+        "over the GPU-hour budget: the tenant may hold {budget} GPU-hours in {month}; {used} \
+         were used and {in_flight} are in flight, so this workflow's {estimate} would bring it \
+         to {total}"
+    )]
+    OverGpuHours {
+        month: String,
+        budget: Decimal,
+        used: Decimal,
+        in_flight: Decimal,
+        estimate: Decimal,
+        total: Decimal,
+    },
+    #[error(
         "the estimate is in {estimate} and the budget in {budget}: Meridian has no exchange \
          rates, so it cannot hold this workflow to the budget"
     )]
@@ -161,6 +180,7 @@ pub enum TenantError {
 pub struct Reservation {
     pub month: String,
     pub estimate: Money,
+    pub gpu_hours: Decimal,
 }
 
 /// One adjustment as the tenant's history has it now.
@@ -239,6 +259,21 @@ impl Tenant {
             .map(|(id, r)| {
                 (r.estimate.amount - billed.get(&id).copied().unwrap_or_default())
                     .max(Decimal::ZERO)
+            })
+            .sum()
+    }
+
+    /// GPU-hours in flight in `month`, as [`Tenant::in_flight`] counts money.
+    pub fn gpu_hours_in_flight(
+        &self,
+        month: &str,
+        used: &BTreeMap<Uuid, Decimal>,
+        concluded: &BTreeSet<Uuid>,
+    ) -> Decimal {
+        self.reservations_in(month)
+            .filter(|(id, _)| !concluded.contains(id))
+            .map(|(id, r)| {
+                (r.gpu_hours - used.get(&id).copied().unwrap_or_default()).max(Decimal::ZERO)
             })
             .sum()
     }
@@ -450,6 +485,14 @@ impl Aggregate for Tenant {
                         ));
                     }
                 }
+                if limits
+                    .gpu_hours_per_month
+                    .is_some_and(|h| h.is_sign_negative())
+                {
+                    return Err(TenantError::InvalidLimits(
+                        "gpu_hours_per_month: expected zero or more".into(),
+                    ));
+                }
                 for (field, value) in [
                     ("concurrent_workflows", limits.concurrent_workflows),
                     ("concurrent_gpus", limits.concurrent_gpus),
@@ -477,39 +520,63 @@ impl Aggregate for Tenant {
                 spent,
                 billed,
                 concluded,
+                gpu_hours,
+                gpu_hours_used,
+                gpu_hours_by_workflow,
             } => {
                 self.check_tenant(&tenant)?;
-                let Some(budget) = &self.limits.money_per_month else {
-                    return Ok(Vec::new());
-                };
-                if self.reservations.contains_key(&workflow_id) {
+                let (money, gpu_budget) = (
+                    self.limits.money_per_month.clone(),
+                    self.limits.gpu_hours_per_month,
+                );
+                if (money.is_none() && gpu_budget.is_none())
+                    || self.reservations.contains_key(&workflow_id)
+                {
                     return Ok(Vec::new());
                 }
-                for currency in [estimate.currency, spent.currency] {
-                    if currency != budget.currency {
-                        return Err(TenantError::CurrencyMismatch {
-                            budget: budget.currency,
-                            estimate: currency,
+                if let Some(budget) = &money {
+                    for currency in [estimate.currency, spent.currency] {
+                        if currency != budget.currency {
+                            return Err(TenantError::CurrencyMismatch {
+                                budget: budget.currency,
+                                estimate: currency,
+                            });
+                        }
+                    }
+                    let in_flight = self.in_flight(&month, &billed, &concluded);
+                    let total = spent.amount + in_flight + estimate.amount;
+                    if total > budget.amount {
+                        let money = |amount| Money::new(amount, budget.currency);
+                        return Err(TenantError::OverBudget {
+                            month,
+                            budget: budget.clone(),
+                            spent,
+                            in_flight: money(in_flight),
+                            estimate,
+                            total: money(total),
                         });
                     }
                 }
-                let in_flight = self.in_flight(&month, &billed, &concluded);
-                let total = spent.amount + in_flight + estimate.amount;
-                if total > budget.amount {
-                    let money = |amount| Money::new(amount, budget.currency);
-                    return Err(TenantError::OverBudget {
-                        month,
-                        budget: budget.clone(),
-                        spent,
-                        in_flight: money(in_flight),
-                        estimate,
-                        total: money(total),
-                    });
+                if let Some(budget) = gpu_budget {
+                    let in_flight =
+                        self.gpu_hours_in_flight(&month, &gpu_hours_by_workflow, &concluded);
+                    let total = gpu_hours_used + in_flight + gpu_hours;
+                    if gpu_hours > Decimal::ZERO && total > budget {
+                        return Err(TenantError::OverGpuHours {
+                            month,
+                            budget,
+                            used: gpu_hours_used,
+                            in_flight,
+                            estimate: gpu_hours,
+                            total,
+                        });
+                    }
                 }
                 Ok(vec![TenantEvent::BudgetReserved {
                     workflow_id,
                     month,
                     estimate,
+                    gpu_hours,
                 }])
             }
             TenantCommand::ReleaseBudget { workflow_id } => {
@@ -577,12 +644,14 @@ impl Aggregate for Tenant {
                 workflow_id,
                 month,
                 estimate,
+                gpu_hours,
             } => {
                 self.reservations.insert(
                     *workflow_id,
                     Reservation {
                         month: month.clone(),
                         estimate: estimate.clone(),
+                        gpu_hours: *gpu_hours,
                     },
                 );
             }

@@ -70,6 +70,9 @@ pub enum TenantEvent {
         /// `YYYY-MM` (UTC): the month it counts in.
         month: String,
         estimate: Money,
+        /// The most GPU-hours it can hold: each task's GPUs over its walltime.
+        #[serde(default, skip_serializing_if = "Decimal::is_zero")]
+        gpu_hours: Decimal,
     },
 
     /// A reservation for a submission that was never appended, given back.
@@ -92,6 +95,10 @@ pub struct TenantLimits {
     /// pass it is held back, and released as others end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrent_gpus: Option<u32>,
+    /// The most GPU-hours its workflows may hold in one calendar month (UTC), used and
+    /// in flight together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_hours_per_month: Option<Decimal>,
 }
 
 /// Where a tenant's work may run, whatever its workflows ask: the stricter of this and

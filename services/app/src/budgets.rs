@@ -41,6 +41,12 @@ pub struct BudgetDocument {
     /// pass it waits, with the reason in its workflow's status.
     #[serde(default)]
     pub concurrent_gpus: Option<u32>,
+    /// The most GPU-hours its workflows may hold in one calendar month (UTC), used and in
+    /// flight together, such as `"500"`. A workflow counts each task's GPUs over its
+    /// walltime until it ends, then what its runs held.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub gpu_hours_per_month: Option<serde_json::Value>,
 }
 
 /// A tenant's budget this month, and where it stands.
@@ -61,6 +67,11 @@ pub struct BudgetView {
     pub concurrent_workflows: Option<u32>,
     /// The most GPUs its running work may hold at once; `None`: no limit.
     pub concurrent_gpus: Option<u32>,
+    /// The month's GPU-hour budget, and what was used, is in flight and is left.
+    pub gpu_hours_per_month: Option<String>,
+    pub gpu_hours_used: Option<String>,
+    pub gpu_hours_in_flight: Option<String>,
+    pub gpu_hours_left: Option<String>,
 }
 
 /// The limits a request body describes, or a 400 that names the field at fault.
@@ -73,7 +84,23 @@ pub fn parse_budget(bytes: &[u8]) -> Result<TenantLimits, AppError> {
                 .map_err(|e| AppError::BadRequest(format!("money_per_month: {e}")))
         })
         .transpose()?;
+    let gpu_hours_per_month = match doc.gpu_hours_per_month {
+        None | Some(serde_json::Value::Null) => None,
+        Some(value) => {
+            let text = match &value {
+                serde_json::Value::String(t) => t.clone(),
+                serde_json::Value::Number(n) => n.to_string(),
+                _ => String::new(),
+            };
+            Some(text.parse::<Decimal>().map_err(|_| {
+                AppError::BadRequest(format!(
+                    "gpu_hours_per_month: expected a number of GPU-hours such as \"500\", got {value}"
+                ))
+            })?)
+        }
+    };
     Ok(TenantLimits {
+        gpu_hours_per_month,
         money_per_month,
         concurrent_workflows: doc.concurrent_workflows,
         concurrent_gpus: doc.concurrent_gpus,
@@ -85,6 +112,28 @@ struct Standing {
     spent: Money,
     billed: BTreeMap<Uuid, Decimal>,
     concluded: BTreeSet<Uuid>,
+    gpu_hours_used: Decimal,
+    gpu_hours_by_workflow: BTreeMap<Uuid, Decimal>,
+}
+
+/// The most GPU-hours `spec` can hold: each task's GPUs over its walltime (a service's
+/// walltime bounds it too).
+pub fn gpu_hours_of(spec: &meridian_spec::Workflow) -> Decimal {
+    let hours = |r: &meridian_spec::Resources, tasks: u32| {
+        Decimal::from(r.gpus_total()) * Decimal::from(r.walltime.secs()) / Decimal::from(3600)
+            * Decimal::from(tasks)
+    };
+    let jobs: Decimal = spec
+        .jobs
+        .values()
+        .map(|j| hours(&j.resources, j.array.map_or(1, |a| a.len())))
+        .sum();
+    let services: Decimal = spec
+        .services
+        .values()
+        .map(|s| hours(&s.resources, s.replicas.max.max(1)))
+        .sum();
+    jobs + services
 }
 
 impl App {
@@ -97,34 +146,48 @@ impl App {
         let state = self.tenant_state(tenant).await?;
         let period = Period::of(Utc::now());
         let month = period.to_string();
-        let concurrent_workflows = state.limits().concurrent_workflows;
-        let concurrent_gpus = state.limits().concurrent_gpus;
-        let Some(budget) = state.limits().money_per_month.clone() else {
-            return Ok(BudgetView {
-                tenant: tenant.into(),
-                month,
-                money_per_month: None,
-                spent: None,
-                in_flight: None,
-                left: None,
-                concurrent_workflows,
-                concurrent_gpus,
-            });
-        };
-        let standing = self.standing(tenant, period, &budget).await?;
-        let in_flight = state.in_flight(&month, &standing.billed, &standing.concluded);
-        let left = (budget.amount - standing.spent.amount - in_flight).max(Decimal::ZERO);
-        let money = |amount| Money::new(amount, budget.currency).to_string();
-        Ok(BudgetView {
+        let limits = state.limits().clone();
+        let currency = limits
+            .money_per_month
+            .as_ref()
+            .map_or(meridian_events::Currency::USD, |m| m.currency);
+        let standing = self.standing(tenant, period, currency).await?;
+        let mut view = BudgetView {
             tenant: tenant.into(),
-            month,
-            money_per_month: Some(budget.to_string()),
-            spent: Some(standing.spent.to_string()),
-            in_flight: Some(money(in_flight)),
-            left: Some(money(left)),
-            concurrent_workflows,
-            concurrent_gpus,
-        })
+            month: month.clone(),
+            money_per_month: None,
+            spent: None,
+            in_flight: None,
+            left: None,
+            concurrent_workflows: limits.concurrent_workflows,
+            concurrent_gpus: limits.concurrent_gpus,
+            gpu_hours_per_month: None,
+            gpu_hours_used: None,
+            gpu_hours_in_flight: None,
+            gpu_hours_left: None,
+        };
+        if let Some(budget) = &limits.money_per_month {
+            let in_flight = state.in_flight(&month, &standing.billed, &standing.concluded);
+            let left = (budget.amount - standing.spent.amount - in_flight).max(Decimal::ZERO);
+            let money = |amount| Money::new(amount, budget.currency).to_string();
+            view.money_per_month = Some(budget.to_string());
+            view.spent = Some(standing.spent.to_string());
+            view.in_flight = Some(money(in_flight));
+            view.left = Some(money(left));
+        }
+        if let Some(budget) = limits.gpu_hours_per_month {
+            let in_flight = state.gpu_hours_in_flight(
+                &month,
+                &standing.gpu_hours_by_workflow,
+                &standing.concluded,
+            );
+            let left = (budget - standing.gpu_hours_used - in_flight).max(Decimal::ZERO);
+            view.gpu_hours_per_month = Some(budget.to_string());
+            view.gpu_hours_used = Some(standing.gpu_hours_used.to_string());
+            view.gpu_hours_in_flight = Some(in_flight.to_string());
+            view.gpu_hours_left = Some(left.to_string());
+        }
+        Ok(view)
     }
 
     /// Replaces `tenant`'s limits.
@@ -168,20 +231,26 @@ impl App {
         spec: &meridian_spec::Workflow,
     ) -> Result<(), AppError> {
         let state = self.tenant_state(tenant).await?;
-        let Some(budget) = state.limits().money_per_month.clone() else {
+        let limits = state.limits();
+        if limits.money_per_month.is_none() && limits.gpu_hours_per_month.is_none() {
             return Ok(());
-        };
+        }
+        let currency = limits
+            .money_per_month
+            .as_ref()
+            .map_or(meridian_events::Currency::USD, |m| m.currency);
         let estimate = {
             let mut catalog = meridian_domain::Catalog::clone(&*self.catalog().await?);
             catalog.ignore_connections = true;
             match decide_for(spec, Some(tenant), &catalog, Utc::now()) {
                 Decision::Placed(p) => p.estimated_cost,
                 // Nowhere to run it: placement will reject it, and it costs nothing.
-                _ => Money::new(Decimal::ZERO, budget.currency),
+                _ => Money::new(Decimal::ZERO, currency),
             }
         };
+        let gpu_hours = gpu_hours_of(spec);
         let period = Period::of(Utc::now());
-        let standing = self.standing(tenant, period, &budget).await?;
+        let standing = self.standing(tenant, period, currency).await?;
         let ctx = EventContext::new_chain(tenant.to_string());
         execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
             TenantCommand::ReserveBudget {
@@ -192,6 +261,9 @@ impl App {
                 spent: standing.spent.clone(),
                 billed: standing.billed.clone(),
                 concluded: standing.concluded.clone(),
+                gpu_hours,
+                gpu_hours_used: standing.gpu_hours_used,
+                gpu_hours_by_workflow: standing.gpu_hours_by_workflow.clone(),
             }
         })
         .await
@@ -214,22 +286,26 @@ impl App {
         &self,
         tenant: &str,
         period: Period,
-        budget: &Money,
+        currency: meridian_events::Currency,
     ) -> Result<Standing, AppError> {
         let bill = meridian_accounting::tenant_bill(&self.store, tenant, period)
             .await
             .map_err(|e| AppError::from_store("reading the ledger", e))?;
-        let currency = budget.currency.to_string();
+        let currency_code = currency.to_string();
         let amount = |text: &str| {
             text.parse::<Decimal>()
                 .map_err(|e| AppError::internal("reading the ledger", e))
         };
         let mut spent = Decimal::ZERO;
-        for total in bill.totals.iter().filter(|t| t.currency == currency) {
+        for total in bill.totals.iter().filter(|t| t.currency == currency_code) {
             spent += amount(&total.amount)?;
         }
         let mut billed = BTreeMap::new();
-        for w in bill.workflows.iter().filter(|w| w.currency == currency) {
+        for w in bill
+            .workflows
+            .iter()
+            .filter(|w| w.currency == currency_code)
+        {
             if let Ok(id) = w.workflow_id.parse::<Uuid>() {
                 *billed.entry(id).or_insert(Decimal::ZERO) += amount(&w.amount)?;
             }
@@ -247,10 +323,31 @@ impl App {
             .iter()
             .filter_map(|r| r.try_get::<String, _>("id").ok()?.parse().ok())
             .collect();
+        let rows = sqlx::query(
+            "SELECT workflow_id, gpu_hours FROM intake_gpu_hours WHERE tenant = $1 AND period = $2",
+        )
+        .bind(tenant)
+        .bind(period.to_string())
+        .fetch_all(self.store.pool())
+        .await
+        .map_err(|e| AppError::from_db("reading the tenant's GPU-hours", e))?;
+        let mut gpu_hours_used = Decimal::ZERO;
+        let mut gpu_hours_by_workflow = BTreeMap::new();
+        for row in rows {
+            let workflow: String = row.try_get("workflow_id").unwrap_or_default();
+            let hours: String = row.try_get("gpu_hours").unwrap_or_default();
+            let hours = amount(&hours)?;
+            gpu_hours_used += hours;
+            if let Ok(id) = workflow.parse::<Uuid>() {
+                *gpu_hours_by_workflow.entry(id).or_insert(Decimal::ZERO) += hours;
+            }
+        }
         Ok(Standing {
-            spent: Money::new(spent, budget.currency),
+            spent: Money::new(spent, currency),
             billed,
             concluded,
+            gpu_hours_used,
+            gpu_hours_by_workflow,
         })
     }
 }
@@ -258,9 +355,11 @@ impl App {
 fn budget_error(context: &str, e: ExecuteError<TenantError>) -> AppError {
     match AppError::from_execute(context, e) {
         Err(app) => app,
-        Ok(over @ (TenantError::OverBudget { .. } | TenantError::CurrencyMismatch { .. })) => {
-            AppError::OverBudget(over.to_string())
-        }
+        Ok(
+            over @ (TenantError::OverBudget { .. }
+            | TenantError::OverGpuHours { .. }
+            | TenantError::CurrencyMismatch { .. }),
+        ) => AppError::OverBudget(over.to_string()),
         Ok(other) => AppError::BadRequest(other.to_string()),
     }
 }

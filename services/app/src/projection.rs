@@ -61,6 +61,17 @@ const SCHEMA: &[&str] = &[
     )",
     "CREATE INDEX IF NOT EXISTS intake_tasks_task ON intake_tasks (workflow_id, job, task_index)",
     "CREATE INDEX IF NOT EXISTS intake_tasks_release ON intake_tasks (workflow_id, released_position, job_id)",
+    // GPU-hours each ended run held, per calendar month: what a tenant's GPU-hour budget
+    // counts as used.
+    "CREATE TABLE IF NOT EXISTS intake_gpu_hours (
+        job_id TEXT NOT NULL,
+        period TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        workflow_id TEXT NOT NULL,
+        gpu_hours TEXT NOT NULL,
+        PRIMARY KEY (job_id, period)
+    )",
+    "CREATE INDEX IF NOT EXISTS intake_gpu_hours_tenant ON intake_gpu_hours (tenant, period)",
 ];
 
 /// The status read model; run it with `meridian_store::run` or `catch_up`.
@@ -88,7 +99,12 @@ impl Projection for StatusProjection {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &["intake_workflows", "intake_tasks", "intake_services"]
+        &[
+            "intake_workflows",
+            "intake_tasks",
+            "intake_services",
+            "intake_gpu_hours",
+        ]
     }
 
     async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError> {
@@ -420,6 +436,72 @@ async fn ensure_task(tx: &mut Tx, t: &NewTask<'_>) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The GPU-hours an ended run held (its allocated GPUs over its run), split by month.
+async fn record_gpu_hours(
+    tx: &mut Tx,
+    envelope: &RawEnvelope,
+    event: &JobEvent,
+) -> Result<(), StoreError> {
+    let (workflow_id, started, ended, allocated) = match event {
+        JobEvent::Finished {
+            workflow_id,
+            started_at,
+            ended_at,
+            allocated,
+            ..
+        } => (workflow_id, Some(*started_at), *ended_at, Some(allocated)),
+        JobEvent::Failed {
+            workflow_id,
+            started_at,
+            ended_at,
+            allocated,
+            ..
+        }
+        | JobEvent::Cancelled {
+            workflow_id,
+            started_at,
+            ended_at,
+            allocated,
+            ..
+        } => (workflow_id, *started_at, *ended_at, allocated.as_ref()),
+        _ => return Ok(()),
+    };
+    let gpus = allocated
+        .and_then(|a| a.gpus.as_ref())
+        .map_or(0, |g| g.count);
+    let Some(started) = started.filter(|s| gpus > 0 && *s < ended) else {
+        return Ok(());
+    };
+    let hours = rust_decimal::Decimal::from((ended - started).num_milliseconds())
+        / rust_decimal::Decimal::from(3_600_000)
+        * rust_decimal::Decimal::from(gpus);
+    let Ok(shares) = meridian_domain::period::share_by_time(started, ended, hours) else {
+        return Ok(());
+    };
+    // The workflow's tenant, as its row has it: the one its budget is kept for.
+    let tenant: Option<String> = sqlx::query("SELECT tenant FROM intake_workflows WHERE id = $1")
+        .bind(workflow_id.to_string())
+        .fetch_optional(&mut **tx)
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?;
+    let tenant = tenant.unwrap_or_else(|| envelope.tenant.clone());
+    for (piece, share) in shares {
+        sqlx::query(
+            "INSERT INTO intake_gpu_hours (job_id, period, tenant, workflow_id, gpu_hours)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id, period) DO NOTHING",
+        )
+        .bind(envelope.aggregate.id.to_string())
+        .bind(piece.period.to_string())
+        .bind(&tenant)
+        .bind(workflow_id.to_string())
+        .bind(share.to_string())
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
 /// The workflow a run belongs to, from its row.
 async fn workflow_of(tx: &mut Tx, job_id: &str) -> Result<Option<String>, StoreError> {
     let row = sqlx::query("SELECT workflow_id FROM intake_tasks WHERE job_id = $1")
@@ -440,6 +522,7 @@ async fn apply_job(
 ) -> Result<(), StoreError> {
     let job_id = envelope.aggregate.id.to_string();
     let at = timestamp(envelope.occurred_at);
+    record_gpu_hours(tx, envelope, event).await?;
     match event {
         JobEvent::Dispatched {
             workflow_id,

@@ -579,7 +579,7 @@ async fn submissions_over_the_monthly_budget_are_refused_even_when_they_race() {
     // Bad budgets are refused naming the field, and change nothing.
     for (body, says) in [
         (json!({"money_per_month": "lots"}), "money_per_month"),
-        (json!({"gpu_hours": 3}), "gpu_hours"),
+        (json!({"gpus_per_month": 3}), "gpus_per_month"),
     ] {
         let head = b.head().await;
         let res = b
@@ -655,5 +655,125 @@ async fn submissions_over_the_monthly_budget_are_refused_even_when_they_race() {
         )
         .await;
     assert_eq!(other.status, StatusCode::ACCEPTED, "{}", other.body);
+    b.finish().await;
+}
+
+/// GPU-hours have their own monthly budget: each workflow counts each task's GPUs over
+/// its walltime until it ends; one that would pass the budget is refused with the numbers.
+#[tokio::test]
+async fn submissions_over_the_monthly_gpu_hours_are_refused() {
+    let b = Bench::new(Db::Sqlite).await;
+    let res = b
+        .call(
+            Req::new(Method::PUT, &format!("/v1/tenants/{OWN}/budget"))
+                .json(&json!({"gpu_hours_per_month": 10})),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.body["gpu_hours_per_month"], "10");
+    let six = "version: v1\nname: six\njobs:\n  a:\n    image: host\n    command: [\"true\"]\n    resources: {gpus: {count: 2, vendor: any}, walltime: 3h}\n";
+    let first = b
+        .call(
+            Req::post("/v1/workflows")
+                .yaml(six)
+                .header("x-meridian-tenant", OWN),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.body);
+    let head = b.head().await;
+    let second = b
+        .call(
+            Req::post("/v1/workflows")
+                .yaml(six)
+                .header("x-meridian-tenant", OWN),
+        )
+        .await;
+    assert_eq!(
+        second.status,
+        StatusCode::PAYMENT_REQUIRED,
+        "{}",
+        second.body
+    );
+    assert_eq!(
+        second.error(),
+        format!(
+            "over the GPU-hour budget: the tenant may hold 10 GPU-hours in {}; 0 were used and 6 are in flight, so this workflow's 6 would bring it to 12",
+            chrono::Utc::now().format("%Y-%m")
+        )
+    );
+    assert_eq!(b.head().await, head, "a refused submission appends nothing");
+    let view = b.call(Req::get(&format!("/v1/tenants/{OWN}/budget"))).await;
+    assert_eq!(view.body["gpu_hours_in_flight"], "6");
+    assert_eq!(view.body["gpu_hours_left"], "4");
+    // The first runs an hour on 2 GPUs and ends: 2 GPU-hours used, none in flight, so a
+    // second workflow of 6 fits now.
+    let id = first.id();
+    place(&*b.log, id, "local").await;
+    let job_id = release(&*b.log, id, "a", None).await;
+    let now = chrono::Utc::now();
+    job(
+        &*b.log,
+        job_id,
+        meridian_events::aggregate::JobCommand::Start {
+            started_at: now - chrono::Duration::hours(1),
+            allocated: meridian_events::vocabulary::Allocation {
+                nodes: 1,
+                cpus: 1,
+                memory_bytes: 1 << 30,
+                gpus: Some(meridian_events::vocabulary::AllocatedGpus {
+                    count: 2,
+                    vendor: meridian_events::vocabulary::AcceleratorVendor::Nvidia,
+                    model: None,
+                }),
+            },
+            hosts: vec!["node1".into()],
+        },
+    )
+    .await;
+    job(
+        &*b.log,
+        job_id,
+        meridian_events::aggregate::JobCommand::Finish {
+            ended_at: now,
+            exit_code: 0,
+            usage: Default::default(),
+        },
+    )
+    .await;
+    settle(&*b.log, id, job_id).await;
+    b.catch_up().await;
+    let view = b.call(Req::get(&format!("/v1/tenants/{OWN}/budget"))).await;
+    assert_eq!(view.body["gpu_hours_used"], "2", "{}", view.body);
+    assert_eq!(view.body["gpu_hours_in_flight"], "0", "{}", view.body);
+    let again = b
+        .call(
+            Req::post("/v1/workflows")
+                .yaml(six)
+                .header("x-meridian-tenant", OWN),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.body);
+
+    // CPU-only work needs no GPU-hours and is not held to them.
+    let cpu = b
+        .call(
+            Req::post("/v1/workflows")
+                .yaml(HELLO_YAML)
+                .header("x-meridian-tenant", OWN),
+        )
+        .await;
+    assert_eq!(cpu.status, StatusCode::ACCEPTED, "{}", cpu.body);
+    let bad = b
+        .call(
+            Req::new(Method::PUT, &format!("/v1/tenants/{OWN}/budget"))
+                .json(&json!({"gpu_hours_per_month": "many"})),
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(
+        bad.error().starts_with("gpu_hours_per_month:"),
+        "{}",
+        bad.error()
+    );
     b.finish().await;
 }

@@ -257,6 +257,10 @@ pub struct BudgetSetArgs {
     /// would pass it waits. Leave it out for no limit.
     #[arg(long, value_name = "N")]
     concurrent_gpus: Option<u32>,
+    /// The most GPU-hours the tenant's workflows may hold in one calendar month (UTC),
+    /// used and in flight together; a submission that would pass it is refused.
+    #[arg(long, value_name = "HOURS")]
+    gpu_hours_per_month: Option<String>,
     #[command(flatten)]
     server: ServerArg,
 }
@@ -267,6 +271,17 @@ fn print_budget(view: &meridian_app::budgets::BudgetView) {
     }
     if let Some(n) = view.concurrent_gpus {
         println!("{}: at most {n} GPUs in use at once", view.tenant);
+    }
+    if let Some(budget) = &view.gpu_hours_per_month {
+        let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        println!(
+            "{}: {budget} GPU-hours in {}: {} used, {} in flight, {} left",
+            view.tenant,
+            view.month,
+            dash(&view.gpu_hours_used),
+            dash(&view.gpu_hours_in_flight),
+            dash(&view.gpu_hours_left)
+        );
     }
     match &view.money_per_month {
         None => println!("{}: no monthly budget", view.tenant),
@@ -298,6 +313,7 @@ pub async fn set_budget(args: BudgetSetArgs) -> anyhow::Result<i32> {
                 "money_per_month": args.money_per_month,
                 "concurrent_workflows": args.concurrent_workflows,
                 "concurrent_gpus": args.concurrent_gpus,
+                "gpu_hours_per_month": args.gpu_hours_per_month,
             }),
         )
         .await?;
