@@ -239,7 +239,8 @@ impl SiteAdapter for PbsAdapter {
             return Ok(id);
         }
         tokio::fs::create_dir_all(&self.config.work_dir).await?;
-        tokio::fs::write(&plan.script_path, &plan.script).await?;
+        // Owner-only: the script carries the job's workflow credential.
+        write_owner_only(&plan.script_path, &plan.script).await?;
         let args: Vec<&str> = plan.args.iter().map(String::as_str).collect();
         let out = self.run("qsub", &args).await?;
         if !out.success() {
@@ -345,4 +346,19 @@ mod tests {
         ));
         assert!(PbsAdapter::new(PbsConfig::new("relative")).is_err());
     }
+}
+
+/// Writes `text` to `path`, readable by its owner only.
+async fn write_owner_only(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut options = tokio::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options.open(path).await?;
+    #[cfg(unix)]
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .await?;
+    file.write_all(text.as_bytes()).await?;
+    file.flush().await
 }

@@ -42,6 +42,8 @@ pub enum TokenError {
     JobRole,
     #[error("role {0} acts in one tenant: give --tenant")]
     TenantRequired(Role),
+    #[error("an admin acts in every tenant: leave out --tenant (a tenant's own administration is not a role yet)")]
+    AdminIsGlobal,
     #[error("invalid tenant name {0:?}: expected 1 to 63 of a-z, 0-9, '-', '_'")]
     InvalidTenant(String),
     #[error("grants add write actions to an agent token; role {0} has its own rights")]
@@ -112,6 +114,7 @@ impl Aggregate for Token {
                     return Err(TokenError::JobRole);
                 }
                 match &tenant {
+                    Some(_) if role == Role::Admin => return Err(TokenError::AdminIsGlobal),
                     Some(t) if !valid_tenant_name(t) => {
                         return Err(TokenError::InvalidTenant(t.clone()))
                     }
@@ -254,6 +257,10 @@ mod tests {
         refused(
             issue(Role::Researcher, None, vec![]),
             TokenError::TenantRequired(Role::Researcher),
+        );
+        refused(
+            issue(Role::Admin, Some("lab"), vec![]),
+            TokenError::AdminIsGlobal,
         );
         refused(
             issue(Role::Finance, Some("Bad Name"), vec![]),

@@ -170,6 +170,17 @@ impl App {
         self.insert_audit(record).await;
     }
 
+    /// Records a request a transport refused before asking who it was (an `Authorization`
+    /// header it cannot read).
+    pub async fn refused_unknown(&self, request: &str, detail: &str) {
+        let caller = Unknown {
+            request: request.to_string(),
+            ..Unknown::default()
+        };
+        self.audit_unknown(&caller, Outcome::Unauthenticated, detail)
+            .await;
+    }
+
     /// Records a request refused before its caller was known.
     pub(crate) async fn audit_unknown(&self, caller: &Unknown, outcome: Outcome, detail: &str) {
         let record = AuditRecord {

@@ -284,9 +284,9 @@ impl App {
                         "this credential acts in tenant {} only, not {tenant}",
                         who.tenant
                     );
-                    self.audit(
+                    self.audit_named(
                         &who,
-                        Action::ReadHealth,
+                        &credentials.request,
                         &format!("tenant/{tenant}"),
                         Outcome::Forbidden,
                         Some(&message),

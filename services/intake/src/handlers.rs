@@ -139,7 +139,18 @@ pub(crate) async fn authenticate(
 ) -> Response {
     let found = match credentials(&request) {
         Ok(credentials) => intake.app.authenticate(&credentials).await,
-        Err(e) => Err(e),
+        Err(e) => {
+            if matches!(e, ApiError::Unauthenticated(_)) {
+                intake
+                    .app
+                    .refused_unknown(
+                        &format!("{} {}", request.method(), request.uri().path()),
+                        &e.to_string(),
+                    )
+                    .await;
+            }
+            Err(e)
+        }
     };
     match found {
         Ok(who) => {

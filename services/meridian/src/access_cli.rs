@@ -241,6 +241,7 @@ pub async fn audit(args: AuditArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Sets all of a tenant's limits at once: a limit left out is lifted.
 #[derive(clap::Args)]
 pub struct BudgetSetArgs {
     #[arg(long)]

@@ -416,8 +416,9 @@ pub enum Admin {
     /// Issue, list and revoke API tokens.
     #[command(subcommand)]
     Token(crate::access_cli::TokenVerb),
-    /// Set a tenant's limits: a monthly budget (submissions that would take the month
-    /// past it are refused with the numbers) and concurrent workflows (more wait).
+    /// Set a tenant's limits, all at once (a limit left out is lifted): monthly money and
+    /// GPU-hour budgets (submissions that would pass them are refused with the numbers),
+    /// concurrent workflows and GPUs (more wait).
     Budget(crate::access_cli::BudgetSetArgs),
 }
 

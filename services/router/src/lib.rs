@@ -26,7 +26,7 @@ use meridian_events::aggregate::{
 use meridian_events::vocabulary::workflow::StorageClass;
 use meridian_events::{
     AggregateKind, Envelope, Event, EventContext, JobEvent, JobOutcome, SiteEvent, TaskRef,
-    WorkflowEvent,
+    TenantEvent, WorkflowEvent,
 };
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -85,6 +85,8 @@ pub struct Router {
     sites_changed: bool,
     /// Per tenant: its workflows placed and not ended, for its concurrency limit.
     active: HashMap<String, BTreeSet<Uuid>>,
+    /// Per tenant: its workflows held for that limit, placed oldest first.
+    limit_held: HashMap<String, BTreeSet<Uuid>>,
     /// Per tenant: the GPUs of each of its jobs released and not ended.
     gpus: HashMap<String, BTreeMap<Uuid, u32>>,
     /// Workflows with a task held back for their tenant's GPU limit.
@@ -133,6 +135,7 @@ impl Router {
         let mut unplaced = BTreeSet::new();
         let mut active: HashMap<String, BTreeSet<Uuid>> = HashMap::new();
         let mut gpus: HashMap<String, BTreeMap<Uuid, u32>> = HashMap::new();
+        let mut gpu_held = BTreeSet::new();
         let catalog = Catalog::load_with(&*log, |raw| {
             if raw.aggregate.kind == AggregateKind::Job {
                 count_gpus_raw(&mut gpus, raw);
@@ -150,8 +153,16 @@ impl Router {
                     unplaced.remove(&id);
                     active.entry(raw.tenant.clone()).or_default().insert(id);
                 }
+                // A hold lasts until the next release; held work is tried again at start.
+                Some("workflow.release_held.v1") => {
+                    gpu_held.insert(id);
+                }
+                Some("workflow.job_released.v1") => {
+                    gpu_held.remove(&id);
+                }
                 Some("workflow.finished.v1" | "workflow.failed.v1" | "workflow.cancelled.v1") => {
                     unplaced.remove(&id);
+                    gpu_held.remove(&id);
                     if let Some(placed) = active.get_mut(&raw.tenant) {
                         placed.remove(&id);
                     }
@@ -174,9 +185,10 @@ impl Router {
             sites_changed: !unplaced.is_empty(),
             unplaced,
             active,
+            limit_held: HashMap::new(),
             gpus,
-            gpu_held: BTreeSet::new(),
-            gpus_freed: false,
+            gpus_freed: !gpu_held.is_empty(),
+            gpu_held,
             last_refusal: None,
         })
     }
@@ -278,7 +290,17 @@ impl Router {
                         e,
                         SiteEvent::Heartbeat { .. } | SiteEvent::HealthReported { .. }
                     ),
-                    Event::Tenant(_) => true,
+                    // Budget reservations change nothing placement sees.
+                    Event::Tenant(
+                        TenantEvent::BudgetReserved { .. } | TenantEvent::BudgetReleased { .. },
+                    ) => false,
+                    Event::Tenant(e) => {
+                        // New limits may free held tasks.
+                        if matches!(e, TenantEvent::LimitsSet { .. }) && !self.gpu_held.is_empty() {
+                            self.gpus_freed = true;
+                        }
+                        true
+                    }
                     _ => false,
                 };
                 if newly_connected || changes_placement {
@@ -332,6 +354,10 @@ impl Router {
                 | WorkflowEvent::Failed { .. }
                 | WorkflowEvent::Cancelled { .. },
             ) => {
+                // Ended while held (cancelled, say): it no longer queues before others.
+                if let Some(held) = self.limit_held.get_mut(&envelope.tenant) {
+                    held.remove(&id);
+                }
                 let freed = self
                     .active
                     .get_mut(&envelope.tenant)
@@ -390,9 +416,11 @@ impl Router {
                  {limit}; it starts only if the limit is raised"
             ));
         }
+        // The reason leaves out how many are in use: it changes with every run that
+        // starts or ends, and a new reason is a new event.
         (in_use + u64::from(needed) > u64::from(limit)).then(|| {
             format!(
-                "held: tenant {tenant} has {in_use} of its {limit} GPUs in use and the next \
+                "held: tenant {tenant}'s GPUs in use are at its limit of {limit}, and the next \
                  task needs {needed}; it starts as others end"
             )
         })
@@ -400,11 +428,16 @@ impl Router {
 
     /// Whether the tenant is at its limit of concurrent workflows: the reason to hold
     /// another, if so.
-    fn held_by_limit(&self, tenant: Option<&str>) -> Option<String> {
+    fn held_by_limit(&self, id: Uuid, tenant: Option<&str>) -> Option<String> {
         let tenant = tenant?;
         let limit = self.catalog.tenants.limits(tenant)?.concurrent_workflows?;
         let placed = self.active.get(tenant).map_or(0, BTreeSet::len);
-        (placed as u64 >= u64::from(limit)).then(|| {
+        // Held in submission order: an older held workflow of the tenant goes first.
+        let queued_before = self
+            .limit_held
+            .get(tenant)
+            .is_some_and(|held| held.range(..id).next().is_some());
+        (queued_before || placed as u64 >= u64::from(limit)).then(|| {
             format!(
                 "held: tenant {tenant} has {placed} of its {limit} concurrent workflows placed; \
                  this one is placed when one ends"
@@ -813,8 +846,11 @@ impl Router {
             return Ok(());
         };
         let tenant = self.workflow(id).await?.tenant.clone();
-        if let Some(reason) = self.held_by_limit(tenant.as_deref()) {
+        if let Some(reason) = self.held_by_limit(id, tenant.as_deref()) {
             self.unplaced.insert(id);
+            if let Some(t) = &tenant {
+                self.limit_held.entry(t.clone()).or_default().insert(id);
+            }
             let events = self
                 .on_workflow(id, |_| WorkflowCommand::WaitForSite {
                     reason: reason.clone(),
@@ -865,6 +901,9 @@ impl Router {
                 // Counted now, not when the event comes back: the next held workflow of
                 // this scan must see the slot taken.
                 if let Some(t) = tenant {
+                    if let Some(held) = self.limit_held.get_mut(&t) {
+                        held.remove(&id);
+                    }
                     self.active.entry(t).or_default().insert(id);
                 }
                 self.hold_volumes(id).await?;

@@ -945,7 +945,7 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
         .await;
     assert_eq!(
         held,
-        "held: tenant t has 4 of its 4 GPUs in use and the next task needs 2; it starts as others end"
+        "held: tenant t's GPUs in use are at its limit of 4, and the next task needs 2; it starts as others end"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(b.dispatched(id).await.len(), 2, "only 4 GPUs at once");
@@ -955,13 +955,29 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(b.dispatched(id).await.len(), 2, "still 4 GPUs at once");
 
-    b.run_job(two[0].0, 0).await;
+    // Raising the limit frees the held task without any run ending.
+    execute::<Tenant, _>(
+        &*b.log,
+        tenant_id("t"),
+        &EventContext::new_chain("t"),
+        |_| TenantCommand::SetLimits {
+            tenant: "t".into(),
+            limits: TenantLimits {
+                concurrent_gpus: Some(6),
+                ..TenantLimits::default()
+            },
+            set_by: "admin".into(),
+        },
+    )
+    .await
+    .unwrap();
     let three = b
         .wait_for("the third released", async || {
             let d = b.dispatched(id).await;
             (d.len() == 3).then_some(d)
         })
         .await;
+    b.run_job(two[0].0, 0).await;
     b.run_job(two[1].0, 0).await;
     b.run_job(three[2].0, 0).await;
     b.wait_for("the workflow finishes", async || {
