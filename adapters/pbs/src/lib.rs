@@ -330,6 +330,21 @@ impl SiteAdapter for PbsAdapter {
     }
 }
 
+/// Writes `text` to `path`, readable by its owner only.
+async fn write_owner_only(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut options = tokio::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options.open(path).await?;
+    #[cfg(unix)]
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .await?;
+    file.write_all(text.as_bytes()).await?;
+    file.flush().await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,19 +361,4 @@ mod tests {
         ));
         assert!(PbsAdapter::new(PbsConfig::new("relative")).is_err());
     }
-}
-
-/// Writes `text` to `path`, readable by its owner only.
-async fn write_owner_only(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use tokio::io::AsyncWriteExt;
-    let mut options = tokio::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    options.mode(0o600);
-    let mut file = options.open(path).await?;
-    #[cfg(unix)]
-    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .await?;
-    file.write_all(text.as_bytes()).await?;
-    file.flush().await
 }
