@@ -139,18 +139,7 @@ pub async fn serve_tls(
     config: Arc<tokio_rustls::rustls::ServerConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = TlsListener::new(listener, config)?;
-    if let Ok(addr) = axum::serve::Listener::local_addr(&listener) {
-        tracing::info!(%addr, "intake API listening (TLS)");
-    }
-    axum::serve(
-        listener,
-        intake
-            .router()
-            .into_make_service_with_connect_info::<Peer>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    serve_on(intake, TlsListener::new(listener, config)?, "TLS", shutdown).await
 }
 
 /// Serves `intake`'s routes on `listener` until `shutdown` completes, then finishes the
@@ -160,8 +149,21 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_on(intake, listener, "plain HTTP", shutdown).await
+}
+
+async fn serve_on<L>(
+    intake: Intake,
+    listener: L,
+    how: &str,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    Peer: for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
+{
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "intake API listening");
+        tracing::info!(%addr, how, "intake API listening");
     }
     axum::serve(
         listener,
