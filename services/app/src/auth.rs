@@ -16,6 +16,7 @@ use meridian_events::aggregate::{Token, TokenCommand, TokenError};
 use meridian_events::{AggregateKind, EventContext};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use sqlx::Row;
 use uuid::Uuid;
 
 use crate::audit::{Outcome, Unknown};
@@ -155,6 +156,12 @@ pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
         file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     }
     file.write_all(text.as_bytes())
+}
+
+/// Whose a workflow is, and whether it has ended.
+struct Owner {
+    tenant: String,
+    ended: bool,
 }
 
 /// What a transport knows of a request before the caller is known.
@@ -345,15 +352,14 @@ impl App {
         else {
             return Ok(None);
         };
-        let loaded = self.load_workflow(workflow).await?;
-        let (Some(state), Some(first)) = (loaded.state.state(), loaded.history.first()) else {
+        let Some(owner) = self.workflow_owner(workflow).await? else {
             return Ok(None);
         };
-        if state.is_terminal() {
+        if owner.ended {
             return Ok(None);
         }
         Ok(Some(Principal {
-            tenant: first.tenant.clone(),
+            tenant: owner.tenant,
             every_tenant: false,
             user: format!("workflow {workflow}"),
             role: Role::Job,
@@ -408,30 +414,62 @@ impl App {
         action: Action,
         id: Uuid,
     ) -> Result<(), AppError> {
-        let loaded = self.load_workflow(id).await?;
-        let visible = match loaded.history.first() {
+        let visible = match self.workflow_owner(id).await? {
             None => false,
-            Some(first) => {
-                who.sees_tenant(&first.tenant)
-                    && who
-                        .workflow
-                        .is_none_or(|own| own == id || loaded.state.parent() == Some(own))
-            }
+            Some(owner) if !who.sees_tenant(&owner.tenant) => false,
+            Some(_) => match who.workflow {
+                None => true,
+                Some(own) if own == id => true,
+                // Only a workflow credential asks whose child it is: the log knows.
+                Some(own) => self.load_workflow(id).await?.state.parent() == Some(own),
+            },
         };
         if visible {
             return Ok(());
         }
-        if !loaded.history.is_empty() {
-            self.audit(
-                who,
-                action,
-                &format!("workflow/{id}"),
-                Outcome::Hidden,
-                None,
-            )
-            .await;
-        }
+        // Audited whether it exists or not, so that the answer's timing says nothing of
+        // which ids are another tenant's.
+        self.audit(
+            who,
+            action,
+            &format!("workflow/{id}"),
+            Outcome::Hidden,
+            None,
+        )
+        .await;
         Err(AppError::no_workflow(id))
+    }
+
+    /// Whose workflow `id` is and whether it has ended: one row of the status read model,
+    /// or, for a workflow accepted moments ago and not projected yet, its history.
+    async fn workflow_owner(&self, id: Uuid) -> Result<Option<Owner>, AppError> {
+        self.migrate().await?;
+        let row = sqlx::query("SELECT tenant, state FROM intake_workflows WHERE id = $1")
+            .bind(id.to_string())
+            .fetch_optional(self.store.pool())
+            .await
+            .map_err(|e| AppError::from_db("reading the workflow's owner", e))?;
+        if let Some(row) = row {
+            let tenant: String = row
+                .try_get("tenant")
+                .map_err(|e| AppError::internal("reading the workflow's owner", e))?;
+            let state: String = row
+                .try_get("state")
+                .map_err(|e| AppError::internal("reading the workflow's owner", e))?;
+            let ended = matches!(
+                state.as_str(),
+                "finished" | "failed" | "cancelled" | "rejected"
+            );
+            return Ok(Some(Owner { tenant, ended }));
+        }
+        let loaded = self.load_workflow(id).await?;
+        Ok(match (loaded.state.state(), loaded.history.first()) {
+            (Some(state), Some(first)) => Some(Owner {
+                tenant: first.tenant.clone(),
+                ended: state.is_terminal(),
+            }),
+            _ => None,
+        })
     }
 
     /// Issues an API token; its value is in the answer and nowhere else.

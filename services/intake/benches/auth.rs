@@ -2,7 +2,8 @@
 //! embedded default (SQLite log and store), in-process through the API's router.
 //! Measures `GET /v1/health` (no credentials: the baseline) against `GET
 //! /v1/workflows/{id}` with an API token, with a workflow credential, and with a token
-//! of another tenant (404), and `App::authenticate` alone.
+//! of another tenant (404), and `App::authenticate` alone. The workflow is in the status
+//! read model, as it is a moment after its submission.
 //!
 //! ```text
 //! cargo bench -p meridian-intake --bench auth -- [--requests 2000]
@@ -108,6 +109,10 @@ async fn main() {
         .unwrap()
         .to_string();
     let job = credentials.mint(id.parse().unwrap());
+    // The status read model has the workflow, as it has within a moment in a deployment.
+    meridian_store::catch_up(app.store(), &*log, &meridian_intake::StatusProjection)
+        .await
+        .unwrap();
 
     let time = |bearer: Option<String>, path: String, want: u16| {
         let router = router.clone();
