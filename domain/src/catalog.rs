@@ -52,6 +52,9 @@ pub struct SiteEntry {
     /// The adapter process serving it and until when its last heartbeat holds; `None`
     /// when no adapter ever said it serves the site, or the last one disconnected.
     pub connection: Option<(Uuid, chrono::DateTime<chrono::Utc>)>,
+    /// The most tasks of an array its adapter takes as one submission, as its last
+    /// heartbeat said; `None`: one task at a time.
+    pub arrays: Option<u32>,
 }
 
 impl SiteEntry {
@@ -292,6 +295,7 @@ impl Catalog {
                 shapes: Vec::new(),
                 datasets: Vec::new(),
                 connection: None,
+                arrays: None,
             });
             return;
         }
@@ -333,15 +337,18 @@ impl Catalog {
                 instance,
                 ttl_secs,
                 observed_at,
+                arrays,
                 ..
             } => {
                 let until =
                     meridian_events::aggregate::site::connected_until(*observed_at, *ttl_secs);
                 site.connection = Some((*instance, until));
+                site.arrays = *arrays;
             }
             SiteEvent::Disconnected { instance, .. } => {
                 if site.connection.is_some_and(|(i, _)| i == *instance) {
                     site.connection = None;
+                    site.arrays = None;
                 }
             }
         }

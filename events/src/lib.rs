@@ -15,6 +15,6 @@ pub use money::{
     MoneyError, PriceSheet, StorageRate,
 };
 pub use vocabulary::{
-    Allocation, Event, FailureReason, JobEvent, JobOutcome, SiteEvent, SiteKind, TaskRef,
-    TenantEvent, TokenEvent, TransferEvent, WorkflowEvent,
+    Allocation, ArrayBatch, Event, FailureReason, JobEvent, JobOutcome, SiteEvent, SiteKind,
+    TaskRef, TenantEvent, TokenEvent, TransferEvent, WorkflowEvent,
 };

@@ -44,6 +44,25 @@ impl TaskRef {
     }
 }
 
+/// Tasks of one array released together, to go to their site as one submission (a Slurm
+/// `--array`, a PBS `-J`): the site holds them in its queue and runs at most `cap` at
+/// once. Every task of the batch carries it, in its release and its dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayBatch {
+    /// The same for every task of the batch; the site's submission is tagged with it.
+    pub id: uuid::Uuid,
+    /// This task's place in the batch, from 0, in index order.
+    pub position: u32,
+    /// How many tasks the batch holds.
+    pub size: u32,
+    /// At most this many of them run at once; the site enforces it.
+    pub cap: u32,
+}
+
+/// The most tasks one batch may hold: each is an event in one commit, and a site's
+/// script maps each to its job.
+pub const MAX_ARRAY_BATCH: u32 = 1000;
+
 impl fmt::Display for TaskRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.index {

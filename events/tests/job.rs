@@ -21,6 +21,7 @@ fn dispatched() -> JobEvent {
         site: "hpc-eu".into(),
         rate: hpc_rate(),
         resources: resources(),
+        batch: None,
     }
 }
 
@@ -81,6 +82,7 @@ fn dispatch_submit_start_finish() {
                 site: "hpc-eu".into(),
                 rate: hpc_rate(),
                 resources: resources(),
+                batch: None,
             },
             at(0, 59),
         )
@@ -229,6 +231,7 @@ fn commands_before_dispatch_are_refused() {
                 site: "hpc-eu".into(),
                 rate: hpc_rate(),
                 resources: resources(),
+                batch: None,
             },
             at(1, 0),
         )

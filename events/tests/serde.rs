@@ -203,6 +203,7 @@ fn every_event() -> Vec<Event> {
             job_id: id(27),
             site: site(),
             attempt: 2,
+            batch: None,
         }
         .into(),
         WorkflowEvent::JobSettled {
@@ -267,6 +268,7 @@ fn every_event() -> Vec<Event> {
             site: site(),
             rate: hpc_rate(),
             resources,
+            batch: None,
         }
         .into(),
         JobEvent::SubmittedToSite {
@@ -388,6 +390,7 @@ fn every_event() -> Vec<Event> {
             instance: id(40),
             ttl_secs: 90,
             observed_at: at(5, 1),
+            arrays: None,
         }
         .into(),
         SiteEvent::Disconnected {

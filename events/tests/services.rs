@@ -48,6 +48,7 @@ fn released(job: &str, job_id: u128) -> WorkflowEvent {
         job_id: id(job_id),
         site: "hpc-eu".into(),
         attempt: 1,
+        batch: None,
     }
 }
 

@@ -35,6 +35,7 @@ fn released(job: &str, index: Option<u32>, job_id: u128, attempt: u32) -> Workfl
         job_id: id(job_id),
         site: "hpc-eu".into(),
         attempt,
+        batch: None,
     }
 }
 
@@ -760,6 +761,7 @@ fn a_retried_task_goes_first_again() {
             job_id: id(11),
             site: "hpc-eu".into(),
             attempt: 1,
+            batch: None,
         },
         WorkflowEvent::JobReleased {
             job: "cells".into(),
@@ -767,6 +769,7 @@ fn a_retried_task_goes_first_again() {
             job_id: id(12),
             site: "hpc-eu".into(),
             attempt: 1,
+            batch: None,
         },
         settled("cells", Some(2), 12, JobOutcome::Succeeded),
     ])
@@ -797,6 +800,7 @@ fn a_retried_task_goes_first_again() {
             job_id: id(21),
             site: "hpc-eu".into(),
             attempt: 2,
+            batch: None,
         }]);
 }
 
@@ -969,4 +973,257 @@ fn an_inconsistent_split_placement_is_refused() {
         fields(c).3.split = None;
     });
     assert!(e.contains("without a chosen split plan"), "{e}");
+}
+
+// --- Arrays released as one batch ------------------------------------------------------
+
+fn release_array(job: &str, tasks: &[(u32, u128)], batch: u128, cap: u32) -> WorkflowCommand {
+    WorkflowCommand::ReleaseArray {
+        job: job.into(),
+        tasks: tasks.iter().map(|(i, j)| (*i, id(*j))).collect(),
+        site: "hpc-eu".into(),
+        batch_id: id(batch),
+        cap,
+    }
+}
+
+fn released_in(
+    job: &str,
+    (index, job_id): (u32, u128),
+    attempt: u32,
+    (batch, position, size, cap): (u128, u32, u32, u32),
+) -> WorkflowEvent {
+    WorkflowEvent::JobReleased {
+        job: job.into(),
+        index: Some(index),
+        job_id: id(job_id),
+        site: "hpc-eu".into(),
+        attempt,
+        batch: Some(meridian_events::ArrayBatch {
+            id: id(batch),
+            position,
+            size,
+            cap,
+        }),
+    }
+}
+
+#[test]
+fn a_whole_array_goes_as_one_batch_held_to_its_cap_by_the_site() {
+    let wf = given::<Workflow>([submitted(), placed(1)]).state().clone();
+    let wf = run_ok(wf, "prep", None, 10);
+    // sweep is 1..=5 with a parallelism of 2: all five go, capped at 2.
+    assert_eq!(
+        wf.next_array_batch("sweep", 1000),
+        Some((vec![1, 2, 3, 4, 5], 2))
+    );
+    assert_eq!(wf.next_array_batch("sweep", 3), Some((vec![1, 2, 3], 2)));
+    assert_eq!(wf.next_array_batch("train", 1000), None, "not an array");
+    let all = [(1, 21), (2, 22), (3, 23), (4, 24), (5, 25)];
+    let wf = given_state(wf)
+        .when(release_array("sweep", &all, 99, 2), at(1, 10))
+        .then(
+            all.iter()
+                .enumerate()
+                .map(|(p, t)| released_in("sweep", *t, 1, (99, p as u32, 5, 2)))
+                .collect(),
+        );
+    assert_eq!(wf.running_jobs().len(), 5, "the whole batch is in flight");
+    assert_eq!(wf.runnable_jobs(), tasks(&[("train", None)]));
+    assert_eq!(wf.next_array_batch("sweep", 1000), None, "nothing left");
+
+    // Settled task by task, the workflow goes on as before.
+    let mut wf = wf;
+    for (i, job_id) in all {
+        wf = given_state(wf)
+            .when(settle(job_id, JobOutcome::Succeeded), at(2, i))
+            .then(vec![settled(
+                "sweep",
+                Some(i),
+                job_id,
+                JobOutcome::Succeeded,
+            )]);
+    }
+    let wf = run_ok(wf, "train", None, 30);
+    assert_eq!(wf.runnable_jobs(), tasks(&[("eval", None)]));
+}
+
+#[test]
+fn a_retry_goes_as_a_batch_of_one_within_the_free_slots() {
+    let wf = given::<Workflow>([submitted(), placed(1)]).state().clone();
+    let wf = run_ok(wf, "prep", None, 10);
+    let all = [(1, 21), (2, 22), (3, 23), (4, 24), (5, 25)];
+    let wf = given_state(wf)
+        .when(release_array("sweep", &all, 99, 2), at(1, 10))
+        .then_ok()
+        .1;
+    // Task 2 is preempted: back to pending, but four are still in flight (cap 2).
+    let wf = given_state(wf)
+        .when(
+            settle(
+                22,
+                JobOutcome::Failed {
+                    reason: FailureReason::Preempted,
+                },
+            ),
+            at(2, 0),
+        )
+        .then_ok()
+        .1;
+    assert_eq!(wf.next_array_batch("sweep", 1000), None, "no free slot");
+    let err = given_state(wf.clone())
+        .when(release_array("sweep", &[(2, 32)], 98, 1), at(2, 1))
+        .then_err(|e| matches!(e, WorkflowError::InvalidArrayBatch { .. }));
+    assert!(err.to_string().contains("free slots"), "{err}");
+    // Three settle: one slot frees and the retry goes, as attempt 2, capped at 1.
+    let mut wf = wf;
+    for (i, job_id) in [(1, 21), (3, 23), (4, 24)] {
+        wf = given_state(wf)
+            .when(settle(job_id, JobOutcome::Succeeded), at(3, i))
+            .then_ok()
+            .1;
+    }
+    assert_eq!(wf.next_array_batch("sweep", 1000), Some((vec![2], 1)));
+    given_state(wf)
+        .when(release_array("sweep", &[(2, 32)], 98, 1), at(3, 10))
+        .then(vec![released_in("sweep", (2, 32), 2, (98, 0, 1, 1))]);
+}
+
+#[test]
+fn a_batch_that_breaks_the_rules_is_refused_and_changes_nothing() {
+    let wf = given::<Workflow>([submitted(), placed(1)]).state().clone();
+    let before = given_state(wf.clone())
+        .when(release_array("sweep", &[(1, 21)], 99, 1), at(1, 0))
+        .then_err(|e| matches!(e, WorkflowError::JobNotRunnable { .. }));
+    assert!(before.to_string().contains("requires"), "{before}");
+    let wf = run_ok(wf, "prep", None, 10);
+    let refused = |cmd: WorkflowCommand, what: &str| {
+        let err = given_state(wf.clone())
+            .when(cmd, at(1, 0))
+            .then_err(|_| true);
+        assert!(err.to_string().contains(what), "{what}: {err}");
+    };
+    refused(release_array("train", &[(1, 21)], 99, 1), "not an array");
+    refused(release_array("sweep", &[], 99, 1), "1 to 1000 tasks");
+    refused(release_array("sweep", &[(2, 21), (1, 22)], 99, 1), "ascend");
+    refused(release_array("sweep", &[(1, 21), (1, 22)], 99, 1), "ascend");
+    refused(release_array("sweep", &[(6, 21)], 99, 1), "1..=5");
+    refused(
+        release_array("sweep", &[(1, 21), (2, 21)], 99, 1),
+        "already released",
+    );
+    refused(
+        release_array("sweep", &[(1, 10)], 99, 1),
+        "already released",
+    );
+    refused(
+        release_array("sweep", &[(1, 21), (2, 22)], 99, 3),
+        "cap must be",
+    );
+    refused(
+        release_array("sweep", &[(1, 21), (2, 22)], 99, 0),
+        "cap must be",
+    );
+    let wf = given_state(wf)
+        .when(release_array("sweep", &[(1, 21)], 99, 1), at(1, 0))
+        .then_ok()
+        .1;
+    let err = given_state(wf)
+        .when(release_array("sweep", &[(1, 31)], 98, 1), at(1, 0))
+        .then_err(|e| matches!(e, WorkflowError::JobNotRunnable { .. }));
+    assert!(err.to_string().contains("already released"), "{err}");
+}
+
+#[test]
+fn a_thousand_task_array_in_batches_never_runs_past_its_cap() {
+    let spec = spec_with_jobs(json!({
+        "cells": {
+            "image": "host",
+            "command": ["sh", "-c", "echo ${ARRAY_INDEX}"],
+            "array": {"start": 1, "end": 1000, "parallelism": 50}
+        }
+    }));
+    let mut wf = Workflow::default();
+    let mut log = wf
+        .execute(
+            WorkflowCommand::Submit {
+                workflow_id: id(WORKFLOW),
+                spec,
+                submitted_by: "ada".into(),
+                idempotency_key: None,
+                parent_workflow_id: None,
+            },
+            at(0, 0),
+        )
+        .unwrap();
+    log.extend(wf.execute(place_cmd(), at(0, 0)).unwrap());
+    // The site takes at most 300 tasks a submission and runs each batch's tasks in
+    // order, at most its cap at once: the model of a scheduler honouring `%cap`.
+    let mut next_id = 10_000u128;
+    let mut batches: Vec<(u32, Vec<Uuid>)> = Vec::new();
+    let mut submissions = 0;
+    let mut retried = std::collections::BTreeSet::new();
+    while matches!(
+        wf.state(),
+        Some(WorkflowState::Running | WorkflowState::Placed)
+    ) {
+        while let Some((indices, cap)) = wf.next_array_batch("cells", 300) {
+            let tasks: Vec<(u32, Uuid)> = indices
+                .iter()
+                .map(|i| {
+                    next_id += 1;
+                    (*i, id(next_id))
+                })
+                .collect();
+            next_id += 1;
+            log.extend(
+                wf.execute(
+                    WorkflowCommand::ReleaseArray {
+                        job: "cells".into(),
+                        tasks: tasks.clone(),
+                        site: "hpc-eu".into(),
+                        batch_id: id(next_id),
+                        cap,
+                    },
+                    at(1, 0),
+                )
+                .unwrap(),
+            );
+            batches.push((cap, tasks.into_iter().map(|t| t.1).collect()));
+            submissions += 1;
+        }
+        // What the site runs now: the first `cap` unsettled tasks of each batch.
+        let running: Vec<Uuid> = batches
+            .iter()
+            .flat_map(|(cap, ids)| {
+                ids.iter()
+                    .filter(|j| wf.running_jobs().contains_key(*j))
+                    .take(*cap as usize)
+                    .copied()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(running.len() <= 50, "{} run at once", running.len());
+        let job_id = running[0];
+        let index = wf.running_jobs()[&job_id].index.unwrap();
+        let outcome = if index % 100 == 0 && retried.insert(index) {
+            JobOutcome::Failed {
+                reason: FailureReason::Preempted,
+            }
+        } else {
+            JobOutcome::Succeeded
+        };
+        log.extend(
+            wf.execute(WorkflowCommand::SettleJob { job_id, outcome }, at(2, 0))
+                .unwrap(),
+        );
+    }
+    assert_eq!(wf.state(), Some(WorkflowState::Finished));
+    // 1000 tasks at 300 a submission, and the retries in batches of their own: far
+    // fewer submissions than tasks.
+    assert!(
+        (4..=20).contains(&submissions),
+        "{submissions} submissions for 1000 tasks"
+    );
+    assert_eq!(Workflow::load(&log).state(), Some(WorkflowState::Finished));
 }

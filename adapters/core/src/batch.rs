@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::JobRequest;
+use crate::{ArrayRequest, ArrayTask, JobRequest};
 
 /// Quotes `s` for a POSIX shell: as it is when that is safe, else in single quotes.
 pub fn shell_quote(s: &str) -> String {
@@ -36,18 +36,57 @@ pub struct ScriptOptions<'a> {
 /// runtime when it names an image, so the command itself gets the scheduler's signals.
 /// `Err` says why the site can never run it.
 pub fn job_script(job: &JobRequest, options: &ScriptOptions) -> Result<String, String> {
+    script(job, options, None)
+}
+
+/// How an array's script tells its tasks apart: the scheduler's variable that holds a
+/// task's index in the submission (`SLURM_ARRAY_TASK_ID`, `PBS_ARRAY_INDEX`), and each
+/// task with the index the scheduler gives it.
+pub struct ArrayTasks<'a> {
+    pub index_var: &'a str,
+    pub tasks: Vec<(u32, &'a ArrayTask)>,
+}
+
+/// The one script every task of `array` runs: like [`job_script`], with a `case` on
+/// the scheduler's task index that sets each task's `MERIDIAN_JOB_ID` and
+/// `ARRAY_INDEX`, and `${ARRAY_INDEX}` in the command left for the shell to expand.
+pub fn array_script(
+    array: &ArrayRequest,
+    options: &ScriptOptions,
+    tasks: &ArrayTasks,
+) -> Result<String, String> {
+    script(&array.template, options, Some(tasks))
+}
+
+fn script(
+    job: &JobRequest,
+    options: &ScriptOptions,
+    array: Option<&ArrayTasks>,
+) -> Result<String, String> {
     let mut script = String::from("#!/bin/sh\n");
-    script.push_str(&format!(
-        "# Meridian job {} of workflow {}: {}\n",
-        job.job_id, job.workflow_id, options.title
-    ));
+    match array {
+        None => script.push_str(&format!(
+            "# Meridian job {} of workflow {}: {}\n",
+            job.job_id, job.workflow_id, options.title
+        )),
+        Some(a) => script.push_str(&format!(
+            "# Meridian array of {} task(s) of workflow {}: {}\n",
+            a.tasks.len(),
+            job.workflow_id,
+            options.title
+        )),
+    }
     if let Some(dir) = options.cd_to {
         script.push_str(&format!(
             "cd {} || exit 1\n",
             shell_quote(&dir.display().to_string())
         ));
     }
-    let meridian_env = job.meridian_env();
+    // An array's tasks share every variable but their own ids, set by the `case`.
+    let meridian_env: Vec<(String, String)> = match array {
+        None => job.meridian_env(),
+        Some(_) => vec![("MERIDIAN_WORKFLOW_ID".into(), job.workflow_id.to_string())],
+    };
     for (k, v) in job
         .env
         .iter()
@@ -55,7 +94,25 @@ pub fn job_script(job: &JobRequest, options: &ScriptOptions) -> Result<String, S
     {
         script.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
-    let command = job.task_command();
+    if let Some(a) = array {
+        script.push_str(&format!("case \"${}\" in\n", a.index_var));
+        for (site_index, task) in &a.tasks {
+            script.push_str(&format!(
+                "{site_index}) MERIDIAN_JOB_ID={} ARRAY_INDEX={} ;;\n",
+                task.job_id, task.index
+            ));
+        }
+        script.push_str(&format!(
+            "*) echo \"meridian: no task of this array has index ${}\" >&2; exit 1 ;;\nesac\n\
+             MERIDIAN_ARRAY_INDEX=$ARRAY_INDEX\n\
+             export MERIDIAN_JOB_ID ARRAY_INDEX MERIDIAN_ARRAY_INDEX\n",
+            a.index_var
+        ));
+    }
+    let command = match array {
+        None => job.task_command(),
+        Some(_) => job.command.clone(),
+    };
     let mut argv: Vec<String> = Vec::new();
     if let Some(image) = job.container_image() {
         let Some(runtime) = options.container_runtime else {
@@ -77,7 +134,13 @@ pub fn job_script(job: &JobRequest, options: &ScriptOptions) -> Result<String, S
         });
     }
     argv.extend(command);
-    let line: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
+    let line: Vec<String> = argv
+        .iter()
+        .map(|a| match array {
+            None => shell_quote(a),
+            Some(_) => quote_with_index(a),
+        })
+        .collect();
     match &job.service {
         // A service that exits is started again, up to its limit, a second apart; the
         // script ends with the last run's status.
@@ -99,4 +162,20 @@ pub fn job_script(job: &JobRequest, options: &ScriptOptions) -> Result<String, S
         None => script.push_str(&format!("exec {}\n", line.join(" "))),
     }
     Ok(script)
+}
+
+/// Quotes `arg` for a POSIX shell, leaving each `${ARRAY_INDEX}` in it for the shell to
+/// expand (an array task's index is known only when it runs).
+fn quote_with_index(arg: &str) -> String {
+    const INDEX: &str = "${ARRAY_INDEX}";
+    if !arg.contains(INDEX) {
+        return shell_quote(arg);
+    }
+    arg.split(INDEX)
+        .map(|part| match part {
+            "" => String::new(),
+            part => shell_quote(part),
+        })
+        .collect::<Vec<_>>()
+        .join("\"$ARRAY_INDEX\"")
 }

@@ -599,6 +599,104 @@ pub async fn unknown_job_is_reported_unknown(h: Harness) {
     assert_eq!(adapter.find(Uuid::now_v7()).await.expect("find"), None);
 }
 
+/// A site that takes arrays runs one as one submission: every task once, with its own
+/// index, job id and `${ARRAY_INDEX}` in its arguments, never more than the cap at once,
+/// and a restarted adapter finds the submission rather than making another. A site that
+/// does not take arrays says so (`NotSupported`).
+pub async fn array_runs_as_one_submission_within_its_cap(h: Harness) {
+    let o = &h.options;
+    let first = (h.open)().await;
+    let indices = [2u32, 3, 5, 8];
+    let mut template = o.job(
+        "batch",
+        &[
+            "sh",
+            "-c",
+            "echo \"start $ARRAY_INDEX\" >> \"$SPANS\"; \
+             echo \"arg=$1 index=$MERIDIAN_ARRAY_INDEX job=$MERIDIAN_JOB_ID\"; \
+             sleep 1; echo \"end $ARRAY_INDEX\" >> \"$SPANS\"",
+            "sh",
+            "cell-${ARRAY_INDEX}",
+        ],
+    );
+    let spans = o.scratch_file(&template, "spans");
+    template
+        .env
+        .insert("SPANS".into(), spans.display().to_string());
+    template.array_index = Some(indices[0]);
+    let array = crate::ArrayRequest {
+        batch_id: Uuid::now_v7(),
+        template,
+        tasks: indices
+            .iter()
+            .map(|&index| crate::ArrayTask {
+                index,
+                job_id: Uuid::now_v7(),
+            })
+            .collect(),
+        cap: 2,
+    };
+    if first.array_limit().is_none() {
+        let refused = first.submit_array(&array).await;
+        assert!(
+            matches!(refused, Err(AdapterError::NotSupported(_))),
+            "a site that takes no arrays says so: {refused:?}"
+        );
+        return;
+    }
+    let ids = first.submit_array(&array).await.expect("submit the array");
+    assert_eq!(ids.len(), indices.len(), "one id per task: {ids:?}");
+    let distinct: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), ids.len(), "each task its own id: {ids:?}");
+    drop(first);
+
+    let restarted = (h.open)().await;
+    let again = restarted.submit_array(&array).await.expect("submit again");
+    assert_eq!(
+        again, ids,
+        "a restarted adapter finds the array it submitted"
+    );
+    for (task, id) in array.tasks.iter().zip(&ids) {
+        let report = wait_final(&*restarted, id, o).await;
+        assert!(
+            matches!(report.state, JobState::Succeeded { .. }),
+            "task {}: {report:?}",
+            task.index
+        );
+        let want = format!("arg=cell-{i} index={i} job={}", task.job_id, i = task.index);
+        let deadline = Instant::now() + o.finish_timeout;
+        loop {
+            let logs = restarted.logs(id).await.expect("logs");
+            if logs.stdout.contains(&want) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task {}: expected {want:?} in stdout, got {logs:?}",
+                task.index
+            );
+            tokio::time::sleep(o.poll_interval).await;
+        }
+    }
+    let text = std::fs::read_to_string(&spans).expect("the tasks' spans");
+    let (mut running, mut most, mut started) = (0i32, 0i32, Vec::new());
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("start", i)) => {
+                running += 1;
+                most = most.max(running);
+                started.push(i.to_string());
+            }
+            Some(("end", _)) => running -= 1,
+            _ => panic!("unexpected line {line:?} in {text:?}"),
+        }
+    }
+    started.sort_by_key(|i| i.parse::<u32>().unwrap_or(u32::MAX));
+    let want: Vec<String> = indices.iter().map(u32::to_string).collect();
+    assert_eq!(started, want, "every task ran once: {text:?}");
+    assert!(most <= 2, "at most the cap of 2 ran at once: {text:?}");
+}
+
 pub async fn capacity_reports_healthy(h: Harness) {
     let adapter = (h.open)().await;
     let capacity = adapter.capacity().await.expect("capacity");
@@ -627,7 +725,7 @@ macro_rules! conformance_suite {
             resubmission_after_restart_runs_nothing_again, concurrent_submissions_run_once,
             job_running_across_restart_finishes_through_new_instance,
             walltime_enforced_after_restart, unknown_job_is_reported_unknown,
-            capacity_reports_healthy);
+            array_runs_as_one_submission_within_its_cap, capacity_reports_healthy);
     };
     (@tests $harness:expr; $($check:ident),*) => {
         $(

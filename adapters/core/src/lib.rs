@@ -1,5 +1,5 @@
-//! What every site adapter is: the [`SiteAdapter`] trait (submit a job or start a
-//! service, status, cancel, find-again after a restart, logs, capacity), the job model it
+//! What every site adapter is: the [`SiteAdapter`] trait (submit a job, an array of tasks
+//! or a service, status, cancel, find-again after a restart, logs, capacity), the job model it
 //! speaks, and the conformance kit ([`conformance`]) each adapter runs against its real
 //! backend. Adapters report failures in the events' own taxonomy ([`FailureReason`]),
 //! so nothing is lost between what a site says and what the log records.
@@ -47,6 +47,31 @@ pub struct JobRequest {
     /// Volume name → where the job sees it at the site.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mounts: BTreeMap<String, String>,
+}
+
+/// Tasks of one array to submit as one unit (a Slurm `--array`, a PBS `-J`), of which
+/// the site runs at most `cap` at once. Every task runs `template`'s command with its own
+/// job id and index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArrayRequest {
+    /// The batch, from the tasks' release: the site's submission is tagged with it, so a
+    /// restarted adapter finds it and never submits it twice.
+    pub batch_id: Uuid,
+    /// What every task runs; its `job_id` and `array_index` are those of the first task.
+    pub template: JobRequest,
+    /// The tasks, indices ascending.
+    pub tasks: Vec<ArrayTask>,
+    /// At most this many run at once.
+    pub cap: u32,
+}
+
+/// One task of an [`ArrayRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayTask {
+    /// Its index in the workflow's array.
+    pub index: u32,
+    /// Its Meridian job id.
+    pub job_id: Uuid,
 }
 
 /// What makes a run a service.
@@ -307,6 +332,25 @@ pub trait SiteAdapter: Send + Sync {
     async fn logs(&self, id: &BackendJobId) -> Result<Logs, AdapterError>;
 
     async fn capacity(&self) -> Result<Capacity, AdapterError>;
+
+    /// The most tasks of one array this site takes as one submission, holding them to
+    /// the array's cap itself; `None` (the default): each task goes alone. The runner
+    /// says it in its heartbeats, and the router releases arrays in batches to such a
+    /// site.
+    fn array_limit(&self) -> Option<u32> {
+        None
+    }
+
+    /// Submits `array` as one unit and returns each task's backend id, in the order of
+    /// `array.tasks`. Idempotent like [`SiteAdapter::submit`]: when a submission tagged
+    /// with `array.batch_id` is already at the site, its tasks' ids are returned.
+    async fn submit_array(&self, array: &ArrayRequest) -> Result<Vec<BackendJobId>, AdapterError> {
+        let _ = array;
+        Err(AdapterError::NotSupported(format!(
+            "arrays as one submission at a {} site",
+            self.kind()
+        )))
+    }
 
     /// The Meridian jobs this site still runs (or queues), by the job id each is tagged
     /// with: the runner stops those no live job needs (a leak sweep). Sites that cannot

@@ -38,10 +38,20 @@ pub struct PbsConfig {
     /// in a config file).
     #[serde(default = "default_timeout", with = "seconds")]
     pub command_timeout: Duration,
+    /// The server's `max_array_size` (`qstat -B -f`; PBS's default is 10000): an array's
+    /// tasks go to the site as one `qsub -J` of up to this many (at most 1000), held to
+    /// the array's cap with `-W max_run_subjobs` (PBS Professional 2020.1 and later).
+    /// 0 or 1 sends each task alone.
+    #[serde(default = "default_max_array_size")]
+    pub max_array_size: u32,
 }
 
 fn default_timeout() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_max_array_size() -> u32 {
+    10_000
 }
 
 impl PbsConfig {
@@ -56,6 +66,7 @@ impl PbsConfig {
             gpu_model_resource: None,
             lock_dir: None,
             command_timeout: default_timeout(),
+            max_array_size: default_max_array_size(),
         }
     }
 

@@ -4,11 +4,11 @@
 //! `Variable_List`); submits take a lock, look for the tag, and submit only when it is not
 //! there, so a restarted or racing adapter never submits a job twice.
 //!
-//! Meridian holds dependencies (a job is released only once the jobs it requires have
-//! succeeded) and array parallelism (each array task is its own request), so every
-//! request becomes one plain job; [`qsub::array_args`] and [`qsub::depend_arg`] build the
-//! `-J` and `-W depend=` syntax for tools that want it. [`state::map_state`] decides what
-//! every `job_state` letter and `Exit_status` means.
+//! An array released as one batch is one `qsub -J` held to its cap by
+//! `-W max_run_subjobs`, tagged `-v MERIDIAN_BATCH_ID=<batch>`; each task is followed as
+//! its subjob (`123[4].server`). Meridian holds dependencies: a job is released only once
+//! the jobs it requires have succeeded. [`state::map_state`] decides what every
+//! `job_state` letter and `Exit_status` means.
 //!
 //! No PBS server runs where Meridian is tested: the crate is tested against the outputs
 //! the OpenPBS documentation describes, replayed by stand-in commands (the `contract_*`
@@ -24,7 +24,8 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, Capacity, JobReport, JobRequest, JobState, Logs, SiteAdapter,
+    AdapterError, ArrayRequest, BackendJobId, Capacity, JobReport, JobRequest, JobState, Logs,
+    SiteAdapter,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -134,6 +135,58 @@ impl PbsAdapter {
         Ok((pid, qstat::job_info(&job)))
     }
 
+    /// Writes `plan`'s script and submits it; the id qsub printed.
+    async fn qsub(&self, plan: &qsub::Plan) -> Result<PbsId, AdapterError> {
+        tokio::fs::create_dir_all(&self.config.work_dir).await?;
+        // Owner-only: the script carries the job's workflow credential.
+        write_owner_only(&plan.script_path, &plan.script).await?;
+        let args: Vec<&str> = plan.args.iter().map(String::as_str).collect();
+        let out = self.run("qsub", &args).await?;
+        if !out.success() {
+            let stderr = out.stderr.trim();
+            return Err(if transient(stderr) || out.code.is_none() {
+                Self::failed("qsub", &out)
+            } else {
+                AdapterError::Rejected(stderr.to_string())
+            });
+        }
+        qsub::parse_qsub(&out.stdout).ok_or_else(|| {
+            AdapterError::Unavailable(format!("qsub printed no job id: {:?}", out.stdout.trim()))
+        })
+    }
+
+    /// The job (history included) whose tag, as `tag_of` reads it, is `want`: the one
+    /// with the lowest sequence number if several are.
+    async fn tagged(
+        &self,
+        tag_of: impl Fn(&JobInfo) -> Option<&str>,
+        want: Uuid,
+    ) -> Result<Option<BackendJobId>, AdapterError> {
+        let out = self.run("qstat", &["-f", "-F", "json", "-x"]).await?;
+        if !out.success() {
+            return Err(Self::failed("qstat", &out));
+        }
+        if out.stdout.trim().is_empty() {
+            return Ok(None);
+        }
+        let want = want.to_string();
+        let jobs = qstat::jobs(&out.stdout).map_err(AdapterError::Unavailable)?;
+        Ok(jobs
+            .into_iter()
+            .filter(|(_, job)| tag_of(&qstat::job_info(job)) == Some(want.as_str()))
+            .filter_map(|(id, _)| PbsId::parse(&id))
+            // An array's subjobs carry its tag too: the array itself is the answer.
+            .map(|id| match id.array {
+                Some(Some(_)) => PbsId {
+                    array: Some(None),
+                    ..id
+                },
+                _ => id,
+            })
+            .min_by_key(|id| id.seq)
+            .map(|id| BackendJobId(id.to_string())))
+    }
+
     /// Marks a job as deleted by this site: PBS reports deleted jobs as finished, so the
     /// adapter remembers, across restarts, which ends were its own `qdel`.
     fn cancel_marker(&self, id: &PbsId) -> PathBuf {
@@ -238,42 +291,58 @@ impl SiteAdapter for PbsAdapter {
             tracing::debug!(job = %job.job_id, pbs_job = %id, "already submitted");
             return Ok(id);
         }
-        tokio::fs::create_dir_all(&self.config.work_dir).await?;
-        // Owner-only: the script carries the job's workflow credential.
-        write_owner_only(&plan.script_path, &plan.script).await?;
-        let args: Vec<&str> = plan.args.iter().map(String::as_str).collect();
-        let out = self.run("qsub", &args).await?;
-        if !out.success() {
-            let stderr = out.stderr.trim();
-            return Err(if transient(stderr) || out.code.is_none() {
-                Self::failed("qsub", &out)
-            } else {
-                AdapterError::Rejected(stderr.to_string())
-            });
-        }
-        let id = qsub::parse_qsub(&out.stdout).ok_or_else(|| {
-            AdapterError::Unavailable(format!("qsub printed no job id: {:?}", out.stdout.trim()))
-        })?;
+        let id = self.qsub(&plan).await?;
         tracing::info!(job = %job.job_id, pbs_job = %id, "submitted to PBS");
         Ok(BackendJobId(id.to_string()))
     }
 
+    fn array_limit(&self) -> Option<u32> {
+        (self.config.max_array_size > 1).then_some(self.config.max_array_size)
+    }
+
+    /// One `qsub -J` tagged with the batch; each task's id is its subjob's. A batch of
+    /// one task goes as a plain job (PBS ranges hold two subjobs or more).
+    async fn submit_array(&self, array: &ArrayRequest) -> Result<Vec<BackendJobId>, AdapterError> {
+        if let [task] = array.tasks.as_slice() {
+            let mut job = array.template.clone();
+            job.job_id = task.job_id;
+            job.array_index = Some(task.index);
+            return Ok(vec![self.submit(&job).await?]);
+        }
+        let plan = qsub::array_plan(array, &self.config)?;
+        let _lock = SubmitLock::acquire(&self.config.lock_dir(), array.batch_id)
+            .await
+            .map_err(|e| AdapterError::Unavailable(format!("submit lock: {e}")))?;
+        let parent = match self
+            .tagged(|info| info.meridian_batch_id.as_deref(), array.batch_id)
+            .await?
+        {
+            Some(id) => {
+                tracing::debug!(batch = %array.batch_id, pbs_job = %id, "array already submitted");
+                PbsId::from_backend(&id)?
+            }
+            None => {
+                let id = self.qsub(&plan).await?;
+                tracing::info!(batch = %array.batch_id, pbs_job = %id, tasks = array.tasks.len(), "array submitted to PBS");
+                id
+            }
+        };
+        Ok((0..array.tasks.len() as u32)
+            .map(|i| {
+                BackendJobId(
+                    PbsId {
+                        array: Some(Some(i)),
+                        ..parent.clone()
+                    }
+                    .to_string(),
+                )
+            })
+            .collect())
+    }
+
     async fn find(&self, job_id: Uuid) -> Result<Option<BackendJobId>, AdapterError> {
-        let out = self.run("qstat", &["-f", "-F", "json", "-x"]).await?;
-        if !out.success() {
-            return Err(Self::failed("qstat", &out));
-        }
-        if out.stdout.trim().is_empty() {
-            return Ok(None);
-        }
-        let want = job_id.to_string();
-        let jobs = qstat::jobs(&out.stdout).map_err(AdapterError::Unavailable)?;
-        Ok(jobs
-            .into_iter()
-            .filter(|(_, job)| qstat::job_info(job).meridian_job_id.as_deref() == Some(&want))
-            .filter_map(|(id, _)| PbsId::parse(&id))
-            .min_by_key(|id| id.seq)
-            .map(|id| BackendJobId(id.to_string())))
+        self.tagged(|info| info.meridian_job_id.as_deref(), job_id)
+            .await
     }
 
     async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError> {
@@ -311,10 +380,15 @@ impl SiteAdapter for PbsAdapter {
     }
 
     async fn logs(&self, id: &BackendJobId) -> Result<Logs, AdapterError> {
-        let (_, info) = self.query(id).await?;
+        let (pid, info) = self.query(id).await?;
+        // A subjob's paths may still read as the array's `-o`: its index goes in.
+        let path = |p: Option<String>| match (p, pid.array) {
+            (Some(p), Some(Some(i))) => Some(p.replace(qsub::ARRAY_INDEX_TOKEN, &i.to_string())),
+            (p, _) => p,
+        };
         Ok(Logs {
-            stdout: Self::read_capped(info.output_path.as_deref()).await?,
-            stderr: Self::read_capped(info.error_path.as_deref()).await?,
+            stdout: Self::read_capped(path(info.output_path).as_deref()).await?,
+            stderr: Self::read_capped(path(info.error_path).as_deref()).await?,
         })
     }
 

@@ -92,6 +92,8 @@ pub struct JobInfo {
     pub usage: Usage,
     /// The Meridian job id in its `Variable_List` (the adapter's tag).
     pub meridian_job_id: Option<String>,
+    /// For an array submitted as one, the batch it carries (its tag).
+    pub meridian_batch_id: Option<String>,
     /// Where its output is delivered, without the `host:` prefix.
     pub output_path: Option<String>,
     pub error_path: Option<String>,
@@ -148,6 +150,7 @@ pub fn job_info(job: &Value) -> JobInfo {
         observed,
         usage,
         meridian_job_id: text(&job["Variable_List"]["MERIDIAN_JOB_ID"]),
+        meridian_batch_id: text(&job["Variable_List"]["MERIDIAN_BATCH_ID"]),
         output_path: path(&job["Output_Path"]),
         error_path: path(&job["Error_Path"]),
         exec_host: text(&job["exec_host"])

@@ -1,10 +1,10 @@
 //! How a Meridian job becomes a PBS job: job ids, the script, the `qsub` arguments, and
 //! the `-J` (arrays) and `-W depend=` helpers.
 //!
-//! Meridian releases every array task as its own job and submits a job only once the
-//! jobs it requires have succeeded, so the adapter itself never uses `-J` or
-//! `-W depend=`. The helpers exist for sites and tools that pack tasks natively, and
-//! their syntax is tested against the qsub man page.
+//! An array released as one batch goes as one `qsub -J 0-<n-1> -W max_run_subjobs=<cap>`
+//! ([`array_plan`]). Meridian submits a job only once the jobs it requires have
+//! succeeded, so the adapter never uses `-W depend=`; [`depend_arg`] exists for tools
+//! that want it. Their syntax is tested against the qsub man page.
 //!
 //! The job's own environment is exported by the script, not passed with `-v`: `-v`
 //! splits its list at commas, so a value holding one would be cut. Meridian's own
@@ -14,10 +14,10 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use meridian_adapter_core::{AdapterError, BackendJobId, JobRequest};
+use meridian_adapter_core::{AdapterError, ArrayRequest, BackendJobId, JobRequest};
 
 use crate::config::PbsConfig;
-use meridian_adapter_core::batch::{job_script, ScriptOptions};
+use meridian_adapter_core::batch::{array_script, job_script, ArrayTasks, ScriptOptions};
 
 /// A PBS job id: `<seq>[.<server>]`, an array `<seq>[]`, or a subjob `<seq>[<index>]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,28 +175,119 @@ pub fn job_file(work_dir: &Path, job_id: uuid::Uuid, ext: &str) -> PathBuf {
     work_dir.join(format!("meridian-{job_id}.{ext}"))
 }
 
+fn work_cwd(job: &JobRequest, config: &PbsConfig) -> PathBuf {
+    match &job.cwd {
+        Some(cwd) => config.work_dir.join(cwd),
+        None => config.work_dir.clone(),
+    }
+}
+
+/// PBS starts jobs in the home directory: the script goes where the job asked.
+fn script_options<'a>(title: &'a str, config: &'a PbsConfig, cwd: &'a Path) -> ScriptOptions<'a> {
+    ScriptOptions {
+        title,
+        cd_to: Some(cwd),
+        cwd,
+        container_runtime: config.container_runtime.as_deref(),
+        scheduler: "PBS",
+    }
+}
+
 /// Plans `job` for `config`'s site, or says why it can never run there.
 pub fn plan(job: &JobRequest, config: &PbsConfig) -> Result<Plan, AdapterError> {
     job.check().map_err(AdapterError::Rejected)?;
-    let tag = job.meridian_env();
-    let cwd = match &job.cwd {
-        Some(cwd) => config.work_dir.join(cwd),
-        None => config.work_dir.clone(),
-    };
+    let cwd = work_cwd(job, config);
+    let script = job_script(job, &script_options(&job_name(job), config, &cwd))
+        .map_err(AdapterError::Rejected)?;
+    let work = &config.work_dir;
+    let mut args = vec![
+        "-N".to_string(),
+        job_name(job),
+        "-o".into(),
+        job_file(work, job.job_id, "out").display().to_string(),
+        "-e".into(),
+        job_file(work, job.job_id, "err").display().to_string(),
+    ];
+    args.extend(resource_args(job, config));
+    let vars: Vec<String> = job
+        .meridian_env()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    args.extend(["-v".into(), vars.join(",")]);
+    let script_path = job_file(work, job.job_id, "sh");
+    args.push(script_path.display().to_string());
+    Ok(Plan {
+        script,
+        script_path,
+        args,
+    })
+}
 
-    // PBS starts jobs in the home directory: the script goes where the job asked.
-    let script = job_script(
-        job,
-        &ScriptOptions {
-            title: &job_name(job),
-            cd_to: Some(&cwd),
-            cwd: &cwd,
-            container_runtime: config.container_runtime.as_deref(),
-            scheduler: "PBS",
+/// Where PBS puts a subjob's index in an array's `-o` and `-e` paths.
+pub const ARRAY_INDEX_TOKEN: &str = "^array_index^";
+
+/// Plans `array` (two tasks or more) as one `qsub -J 0-<n-1>` held to its cap with
+/// `-W max_run_subjobs`, tagged `MERIDIAN_BATCH_ID`. PBS ranges take no gaps, so the
+/// subjobs are numbered from 0 in task order and the script maps each to its task.
+pub fn array_plan(array: &ArrayRequest, config: &PbsConfig) -> Result<Plan, AdapterError> {
+    let mut job = array.template.clone();
+    job.array_index = None;
+    job.check().map_err(AdapterError::Rejected)?;
+    let n = array.tasks.len() as u32;
+    if n < 2 || n > config.max_array_size {
+        return Err(AdapterError::Rejected(format!(
+            "an array of {n} tasks; this site takes 2 to {} in one qsub -J (max_array_size)",
+            config.max_array_size
+        )));
+    }
+    let cwd = work_cwd(&job, config);
+    let script = array_script(
+        array,
+        &script_options(&job_name(&job), config, &cwd),
+        &ArrayTasks {
+            index_var: "PBS_ARRAY_INDEX",
+            tasks: (0..n).zip(&array.tasks).collect(),
         },
     )
     .map_err(AdapterError::Rejected)?;
+    let work = &config.work_dir;
+    let output = |ext: &str| {
+        work.join(format!(
+            "meridian-{}.{ARRAY_INDEX_TOKEN}.{ext}",
+            array.batch_id
+        ))
+        .display()
+        .to_string()
+    };
+    let mut args = vec![
+        "-N".to_string(),
+        job_name(&job),
+        "-o".into(),
+        output("out"),
+        "-e".into(),
+        output("err"),
+    ];
+    args.extend(resource_args(&job, config));
+    args.extend(array_args(0, n - 1, None, Some(array.cap.max(1))));
+    args.extend([
+        "-v".into(),
+        format!(
+            "MERIDIAN_WORKFLOW_ID={},MERIDIAN_BATCH_ID={}",
+            job.workflow_id, array.batch_id
+        ),
+    ]);
+    let script_path = job_file(work, array.batch_id, "sh");
+    args.push(script_path.display().to_string());
+    Ok(Plan {
+        script,
+        script_path,
+        args,
+    })
+}
 
+/// `-l select=…`, placement, walltime, queue and account.
+fn resource_args(job: &JobRequest, config: &PbsConfig) -> Vec<String> {
     let r = &job.resources;
     let mut chunk = format!("{}:ncpus={}", r.nodes.max(1), r.cpus.max(1));
     if r.memory_bytes > 0 {
@@ -208,17 +299,7 @@ pub fn plan(job: &JobRequest, config: &PbsConfig) -> Result<Plan, AdapterError> 
             chunk.push_str(&format!(":{res}={}", model.trim().to_ascii_lowercase()));
         }
     }
-    let work = &config.work_dir;
-    let mut args = vec![
-        "-N".to_string(),
-        job_name(job),
-        "-o".into(),
-        job_file(work, job.job_id, "out").display().to_string(),
-        "-e".into(),
-        job_file(work, job.job_id, "err").display().to_string(),
-        "-l".into(),
-        format!("select={chunk}"),
-    ];
+    let mut args = vec!["-l".to_string(), format!("select={chunk}")];
     if r.nodes > 1 {
         // One chunk per host: `nodes` means distinct machines.
         args.extend(["-l".into(), "place=scatter".into()]);
@@ -232,15 +313,7 @@ pub fn plan(job: &JobRequest, config: &PbsConfig) -> Result<Plan, AdapterError> 
     if let Some(a) = &config.account {
         args.extend(["-A".into(), a.clone()]);
     }
-    let vars: Vec<String> = tag.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    args.extend(["-v".into(), vars.join(",")]);
-    let script_path = job_file(work, job.job_id, "sh");
-    args.push(script_path.display().to_string());
-    Ok(Plan {
-        script,
-        script_path,
-        args,
-    })
+    args
 }
 
 #[cfg(test)]

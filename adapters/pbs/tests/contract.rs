@@ -410,7 +410,7 @@ async fn contract_array_ids_and_helpers() {
     let sub = s.job("qstat-120-7-X.json");
     assert_eq!(PbsId::parse(&sub.0).unwrap().array, Some(Some(7)));
     assert!(s.adapter.status(&sub).await.unwrap().state.is_terminal());
-    // What Meridian would send to pack tasks or chain jobs natively (it does neither).
+    // The `-J` Meridian sends for a batch, and the dependency syntax it does not use.
     assert_eq!(
         array_args(1, 1000, None, Some(50)),
         ["-J", "1-1000", "-W", "max_run_subjobs=50"]
@@ -557,4 +557,161 @@ async fn contract_capacity_from_pbsnodes_and_the_server() {
     let q = site_with(|c| c.queue = Some("gpu".into()));
     assert_eq!(q.adapter.capacity().await.unwrap().pending, 2);
     assert_eq!(q.calls()[1], ["qstat", "-Q", "-f", "-F", "json", "gpu"]);
+}
+
+/// `fixture` with its one job renamed `id` and `edit` applied to that job.
+fn job_fixture(
+    s: &Site,
+    fixture_name: &str,
+    id: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> String {
+    let text = std::fs::read_to_string(fixture(fixture_name))
+        .unwrap()
+        .replace("@WORK@", &s.work().display().to_string());
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let jobs = v["Jobs"].as_object_mut().unwrap();
+    let (_, mut job) = jobs
+        .iter()
+        .next()
+        .map(|(k, j)| (k.clone(), j.clone()))
+        .unwrap();
+    edit(&mut job);
+    jobs.clear();
+    jobs.insert(id.to_string(), job);
+    v.to_string()
+}
+
+#[tokio::test]
+async fn contract_an_array_goes_as_one_qsub_j_held_to_its_cap() {
+    let s = site_with(|c| c.queue = Some("workq".into()));
+    std::fs::write(s.state().join("qsub.next"), "130[].pbs01\n").unwrap();
+    let mut template = request("sweep");
+    template.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "echo \"task $ARRAY_INDEX job $MERIDIAN_JOB_ID arg $1\"".into(),
+        "sh".into(),
+        "cell-${ARRAY_INDEX}".into(),
+    ];
+    template.array_index = Some(4);
+    let array = meridian_adapter_core::ArrayRequest {
+        batch_id: Uuid::now_v7(),
+        template: template.clone(),
+        tasks: [4, 7, 9]
+            .into_iter()
+            .map(|index| meridian_adapter_core::ArrayTask {
+                index,
+                job_id: Uuid::now_v7(),
+            })
+            .collect(),
+        cap: 2,
+    };
+    assert_eq!(s.adapter.array_limit(), Some(10_000));
+    let ids = s.adapter.submit_array(&array).await.expect("submit");
+    assert_eq!(
+        ids,
+        ["130[0].pbs01", "130[1].pbs01", "130[2].pbs01"].map(|i| BackendJobId(i.into()))
+    );
+    let calls = s.calls();
+    assert_eq!(calls[0], ["qstat", "-f", "-F", "json", "-x"]);
+    let work = s.work().display().to_string();
+    let batch = array.batch_id;
+    assert_eq!(
+        calls[1][1..],
+        [
+            "-N".to_string(),
+            "sweep".into(),
+            "-o".into(),
+            format!("{work}/meridian-{batch}.^array_index^.out"),
+            "-e".into(),
+            format!("{work}/meridian-{batch}.^array_index^.err"),
+            "-l".into(),
+            "select=1:ncpus=4:mem=16384mb".into(),
+            "-l".into(),
+            "walltime=01:00:00".into(),
+            "-q".into(),
+            "workq".into(),
+            "-J".into(),
+            "0-2".into(),
+            "-W".into(),
+            "max_run_subjobs=2".into(),
+            "-v".into(),
+            format!(
+                "MERIDIAN_WORKFLOW_ID={},MERIDIAN_BATCH_ID={batch}",
+                template.workflow_id
+            ),
+            format!("{work}/meridian-{batch}.sh"),
+        ]
+    );
+    // The one script runs each subjob as its own task, and nothing for an index it
+    // does not know.
+    let script = std::fs::read_to_string(s.state().join("submitted.sh")).unwrap();
+    let run = |index: &str| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("PBS_ARRAY_INDEX", index)
+            .output()
+            .unwrap()
+    };
+    let out = run("1");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("task 7 job {} arg cell-7\n", array.tasks[1].job_id),
+        "{script}"
+    );
+    let out = run("3");
+    assert!(!out.status.success(), "{script}");
+
+    // Found again by its tag, not submitted twice.
+    let all = job_fixture(&s, "qstat-120-array-B.json", "130[].pbs01", |job| {
+        job["Variable_List"]["MERIDIAN_BATCH_ID"] = batch.to_string().into();
+    });
+    std::fs::write(s.state().join("all.json"), all).unwrap();
+    let restarted = PbsAdapter::new(s.adapter.config().clone()).unwrap();
+    assert_eq!(restarted.submit_array(&array).await.unwrap(), ids);
+    assert_eq!(
+        s.calls().iter().filter(|c| c[0] == "qsub").count(),
+        1,
+        "one qsub for the array"
+    );
+
+    // A subjob is followed as itself, and its output read at its index.
+    let sub = job_fixture(&s, "qstat-120-7-X.json", "130[1].pbs01", |job| {
+        job["Output_Path"] = format!("login1:{work}/meridian-{batch}.^array_index^.out").into();
+    });
+    std::fs::write(s.state().join("jobs").join("130[1].pbs01.json"), sub).unwrap();
+    std::fs::write(s.work().join(format!("meridian-{batch}.1.out")), "cell 7\n").unwrap();
+    assert!(s.adapter.status(&ids[1]).await.unwrap().state.is_terminal());
+    assert_eq!(s.adapter.logs(&ids[1]).await.unwrap().stdout, "cell 7\n");
+}
+
+#[tokio::test]
+async fn contract_an_array_of_one_task_is_a_plain_job() {
+    let s = site();
+    std::fs::write(s.state().join("qsub.next"), "131.pbs01\n").unwrap();
+    let template = request("sweep");
+    let task = meridian_adapter_core::ArrayTask {
+        index: 4,
+        job_id: Uuid::now_v7(),
+    };
+    let array = meridian_adapter_core::ArrayRequest {
+        batch_id: Uuid::now_v7(),
+        template: template.clone(),
+        tasks: vec![task],
+        cap: 1,
+    };
+    let ids = s.adapter.submit_array(&array).await.unwrap();
+    assert_eq!(ids, [BackendJobId("131.pbs01".into())]);
+    let qsub = s.calls().into_iter().find(|c| c[0] == "qsub").unwrap();
+    assert!(!qsub.contains(&"-J".to_string()), "{qsub:?}");
+    assert_eq!(qsub[2], "sweep-4");
+    assert!(
+        qsub.contains(&format!(
+            "MERIDIAN_JOB_ID={},MERIDIAN_WORKFLOW_ID={},MERIDIAN_ARRAY_INDEX=4,ARRAY_INDEX=4",
+            task.job_id, template.workflow_id
+        )),
+        "{qsub:?}"
+    );
 }

@@ -102,6 +102,50 @@ impl Cli {
         Ok(lowest_tagged(&out.stdout, tag))
     }
 
+    /// The array job tagged `tag` (named `name`): slurmctld's jobs, then accounting.
+    /// Pending tasks of an array are one line (`4242_[3-9%2]`), so the array's own id
+    /// (`%F`) is read rather than the task's.
+    pub async fn find_array(
+        &self,
+        tag: &str,
+        name: &str,
+    ) -> Result<Option<BackendJobId>, AdapterError> {
+        let out = self
+            .run(Command::new("squeue").args(["--me", "-h", "-t", "all", "-o", "%F|%k"]))
+            .await?;
+        if !out.success() {
+            return Err(Self::failed("squeue", &out));
+        }
+        if let Some(id) = lowest_tagged(&out.stdout, tag) {
+            return Ok(Some(id));
+        }
+        let since = Utc::now()
+            - chrono::Duration::from_std(self.config.poll.find_lookback)
+                .unwrap_or(chrono::Duration::days(30));
+        let sacct = Command::new("sacct")
+            .args(["-P", "-n", "-X", "--format=JobID,Comment"])
+            .arg(format!("--starttime={}", since.format("%Y-%m-%dT%H:%M:%S")))
+            .arg(format!("--name={name}"));
+        let out = self.run(sacct.utc_times()).await?;
+        if !out.success() {
+            if out.stderr.contains(NO_ACCOUNTING) {
+                return Ok(None);
+            }
+            return Err(Self::failed("sacct", &out));
+        }
+        // `4242_7` or `4242_[3-9]`: the array is what comes before the `_`.
+        let arrays: String = out
+            .stdout
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .map(|(id, comment)| {
+                let job = id.split(['_', ';']).next().unwrap_or(id);
+                format!("{job}|{comment}\n")
+            })
+            .collect();
+        Ok(lowest_tagged(&arrays, tag))
+    }
+
     pub async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError> {
         let sid = SlurmId::from_backend(id)?;
         let out = self

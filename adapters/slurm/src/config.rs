@@ -39,6 +39,15 @@ pub struct SlurmConfig {
     pub lock_dir: Option<PathBuf>,
     #[serde(default)]
     pub poll: PollConfig,
+    /// The cluster's `MaxArraySize` (`scontrol show config`; Slurm's default is 1001):
+    /// an array's tasks go to the site as one `sbatch --array` of up to this many (at
+    /// most 1000), which holds them to the array's cap. 0 or 1 sends each task alone.
+    #[serde(default = "default_max_array_size")]
+    pub max_array_size: u32,
+}
+
+fn default_max_array_size() -> u32 {
+    1001
 }
 
 /// How the site is spoken to.
@@ -121,6 +130,7 @@ impl SlurmConfig {
             container_runtime: None,
             lock_dir: None,
             poll: PollConfig::default(),
+            max_array_size: default_max_array_size(),
         }
     }
 

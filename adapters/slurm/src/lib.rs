@@ -8,12 +8,11 @@
 //! submit only when there is none, so a restarted or racing adapter never submits a job
 //! twice.
 //!
-//! What Meridian holds rather than Slurm: dependencies (a job is only released once the
-//! jobs it requires have succeeded) and array parallelism (each array task is its own
-//! `JobRequest`, released by the workflow aggregate that caps how many run at once), so
-//! every request becomes one plain batch job, never a Slurm `--dependency` or
-//! `--array=a-b%N`. `docs/site-slurm.md` has the configuration, the state table and the
-//! limits.
+//! Arrays go to Slurm as one `sbatch --array=a-b%N` (up to `max_array_size` tasks, tagged
+//! with their batch), and Slurm holds them to the array's cap; each task is then followed
+//! as `<array job>_<index>`. Dependencies stay with Meridian: a job is only released once
+//! the jobs it requires have succeeded, never as a Slurm `--dependency`.
+//! `docs/site-slurm.md` has the configuration, the state table and the limits.
 
 pub mod cli;
 pub mod config;
@@ -28,7 +27,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, Capacity, JobReport, JobRequest, Logs, SiteAdapter,
+    AdapterError, ArrayRequest, BackendJobId, Capacity, JobReport, JobRequest, Logs, SiteAdapter,
 };
 use tokio::sync::OnceCell;
 use uuid::Uuid;
@@ -213,6 +212,55 @@ impl SiteAdapter for SlurmAdapter {
             Backend::Cli(cli) => cli.submit(&plan).await,
             Backend::Rest(rest) => rest.submit(&plan).await,
         }
+    }
+
+    fn array_limit(&self) -> Option<u32> {
+        (self.config.max_array_size > 1).then_some(self.config.max_array_size)
+    }
+
+    /// One `sbatch --array=…%cap` tagged with the batch; each task's id is
+    /// `<array job>_<index>`, which every Slurm command takes.
+    async fn submit_array(&self, array: &ArrayRequest) -> Result<Vec<BackendJobId>, AdapterError> {
+        let planned = script::array_plan(array, &self.config)?;
+        let _lock = SubmitLock::acquire(&self.config.lock_dir(), array.batch_id)
+            .await
+            .map_err(|e| AdapterError::Unavailable(format!("submit lock: {e}")))?;
+        let found = match &self.backend {
+            Backend::Cli(cli) => {
+                cli.find_array(&planned.plan.comment, &planned.plan.name)
+                    .await?
+            }
+            Backend::Rest(rest) => {
+                rest.find(&planned.plan.comment, Some(&planned.plan.name))
+                    .await?
+            }
+        };
+        let array_job = match found {
+            Some(id) => {
+                tracing::debug!(batch = %array.batch_id, slurm_job = %id, "array already submitted");
+                id
+            }
+            None => {
+                self.ensure_work_dir().await?;
+                match &self.backend {
+                    Backend::Cli(cli) => cli.submit(&planned.plan).await?,
+                    Backend::Rest(rest) => rest.submit(&planned.plan).await?,
+                }
+            }
+        };
+        let sid = SlurmId::from_backend(&array_job)?;
+        let job = sid.job.split('_').next().unwrap_or(&sid.job).to_string();
+        Ok(planned
+            .indices
+            .iter()
+            .map(|i| {
+                let task = SlurmId {
+                    job: format!("{job}_{i}"),
+                    cluster: sid.cluster.clone(),
+                };
+                BackendJobId(task.to_string())
+            })
+            .collect())
     }
 
     async fn find(&self, job_id: Uuid) -> Result<Option<BackendJobId>, AdapterError> {

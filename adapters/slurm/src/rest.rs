@@ -282,7 +282,12 @@ impl Rest {
                 .into_iter()
                 .flatten()
                 .filter(|j| comment(j).as_deref() == Some(tag))
-                .filter_map(|j| num(&j["job_id"]))
+                // An array's task: the array's own id.
+                .filter_map(|j| {
+                    num(&j["array_job_id"])
+                        .filter(|n| *n > 0)
+                        .or_else(|| num(&j["job_id"]))
+                })
                 .min()
         };
         if let Some(id) = tagged(&answer.body["jobs"], &|j| text(&j["comment"])) {
@@ -311,6 +316,12 @@ impl Rest {
 
     pub async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError> {
         let sid = SlurmId::from_backend(id)?;
+        if let Some((array, task)) = sid.job.split_once('_') {
+            let task = task
+                .parse()
+                .map_err(|_| AdapterError::UnknownJob(id.0.clone()))?;
+            return self.array_task_status(id, array, task).await;
+        }
         let v = self.version().await?;
         let answer = self
             .call(Method::GET, &format!("/slurm/{v}/job/{}", sid.job), None)
@@ -340,6 +351,56 @@ impl Rest {
             }
             _ => Err(self.unexpected("accounting job", &answer)),
         }
+    }
+
+    /// One task of an array. slurmrestd 22.05 does not read `<array>_<task>` ids, so the
+    /// array's records are read and the task picked out: its own record once it started,
+    /// else the array's pending record that still holds it; accounting after that.
+    async fn array_task_status(
+        &self,
+        id: &BackendJobId,
+        array: &str,
+        task: u32,
+    ) -> Result<JobReport, AdapterError> {
+        let v = self.version().await?;
+        let answer = self
+            .call(Method::GET, &format!("/slurm/{v}/job/{array}"), None)
+            .await?;
+        if answer.status == 200 {
+            let jobs = answer.body["jobs"].as_array().cloned().unwrap_or_default();
+            let own = jobs
+                .iter()
+                .find(|j| num(&j["array_task_id"]) == Some(i64::from(task)));
+            let pending = || {
+                jobs.iter().find(|j| {
+                    j["array_task_string"]
+                        .as_str()
+                        .is_some_and(|t| task_string_holds(t, task))
+                })
+            };
+            if let Some(job) = own.or_else(pending) {
+                return ctld_record(job).report(id);
+            }
+        } else if !(answer.has_error(INVALID_JOB_ID) || answer.status == 404) {
+            return Err(self.unexpected("job status", &answer));
+        }
+        let answer = self
+            .call(Method::GET, &format!("/slurmdb/{v}/job/{array}"), None)
+            .await?;
+        if answer.status == 200 {
+            let jobs = answer.body["jobs"].as_array().cloned().unwrap_or_default();
+            if let Some(job) = jobs
+                .iter()
+                .find(|j| num(&j["array"]["task_id"]) == Some(i64::from(task)))
+            {
+                return dbd_record(job).report(id);
+            }
+            return Err(AdapterError::UnknownJob(id.0.clone()));
+        }
+        if answer.status == 404 || answer.has_error(NOTHING_FOUND) {
+            return Err(AdapterError::UnknownJob(id.0.clone()));
+        }
+        Err(self.unexpected("accounting job", &answer))
     }
 
     pub async fn cancel(&self, id: &BackendJobId) -> Result<(), AdapterError> {
@@ -579,11 +640,33 @@ pub fn submit_body(plan: &Plan, v: &str) -> Value {
     if let Some(a) = &plan.account {
         o.insert("account".into(), json!(a));
     }
+    if let Some(array) = &plan.array {
+        o.insert("array".into(), json!(array));
+    }
     if legacy {
         json!({"script": plan.script, "job": job})
     } else {
         json!({ "job": job })
     }
+}
+
+/// Whether an array's task string (`5,8-10%2`, `1-9:2`) holds task `task`.
+pub fn task_string_holds(text: &str, task: u32) -> bool {
+    let text = text.split('%').next().unwrap_or("");
+    text.split(',').any(|part| {
+        let (range, step) = match part.split_once(':') {
+            Some((r, s)) => (r, s.trim().parse::<u32>().unwrap_or(1).max(1)),
+            None => (part, 1),
+        };
+        let (a, b) = match range.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<u32>(), b.trim().parse::<u32>()),
+            None => (range.trim().parse::<u32>(), range.trim().parse::<u32>()),
+        };
+        match (a, b) {
+            (Ok(a), Ok(b)) => (a..=b).contains(&task) && (task - a).is_multiple_of(step),
+            _ => false,
+        }
+    })
 }
 
 /// Capacity from `GET /slurm/vX/nodes`.
@@ -713,6 +796,16 @@ mod tests {
             assert_eq!(job["tres_per_node"], "gres/gpu:1");
             assert_eq!(job["cpus_per_task"], 8);
         }
+    }
+
+    #[test]
+    fn task_strings_say_which_tasks_they_hold() {
+        assert!(task_string_holds("5,8%2", 8));
+        assert!(!task_string_holds("5,8%2", 6));
+        assert!(task_string_holds("3-9%2", 3) && task_string_holds("3-9", 9));
+        assert!(!task_string_holds("3-9", 10));
+        assert!(task_string_holds("1-9:2", 5) && !task_string_holds("1-9:2", 4));
+        assert!(!task_string_holds("", 0) && !task_string_holds("x-y", 1));
     }
 
     #[test]

@@ -9,10 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
-use meridian_adapter_core::{AdapterError, JobRequest};
+use meridian_adapter_core::{AdapterError, ArrayRequest, JobRequest};
 
 use crate::config::SlurmConfig;
-use meridian_adapter_core::batch::{job_script, ScriptOptions};
+use meridian_adapter_core::batch::{array_script, job_script, ArrayTasks, ScriptOptions};
 
 /// The tag on every job Meridian submits (`--comment`), how a restarted adapter finds it.
 pub fn tag(job_id: uuid::Uuid) -> String {
@@ -41,6 +41,15 @@ pub struct Plan {
     pub gres: Option<String>,
     pub partition: Option<String>,
     pub account: Option<String>,
+    /// For an array: `--array`, the tasks' Slurm indices and cap (`1-5,9%2`).
+    pub array: Option<String>,
+}
+
+/// An array as one Slurm submission: its plan, and the Slurm index of each task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrayPlan {
+    pub plan: Plan,
+    pub indices: Vec<u32>,
 }
 
 /// The output file of a job with this Slurm id (`%j`).
@@ -89,24 +98,101 @@ fn gpu_type(model: &str) -> String {
 /// Plans `job` for `config`'s site, or says why it can never run there.
 pub fn plan(job: &JobRequest, config: &SlurmConfig) -> Result<Plan, AdapterError> {
     job.check().map_err(AdapterError::Rejected)?;
-    let meridian_env = job.meridian_env();
+    let cwd = work_cwd(job, config);
+    let script = job_script(job, &script_options(&job_name(job), config, &cwd))
+        .map_err(AdapterError::Rejected)?;
+    Ok(plan_with(job, config, script, job.meridian_env()))
+}
 
-    let cwd = match &job.cwd {
-        Some(cwd) => config.work_dir.join(cwd),
-        None => config.work_dir.clone(),
+/// Plans `array` as one `sbatch --array` for `config`'s site. Each task keeps its
+/// workflow index as its Slurm index when every index is below the site's
+/// `max_array_size`; otherwise the tasks are numbered from 0 in order.
+pub fn array_plan(array: &ArrayRequest, config: &SlurmConfig) -> Result<ArrayPlan, AdapterError> {
+    let mut job = array.template.clone();
+    job.array_index = None;
+    job.check().map_err(AdapterError::Rejected)?;
+    let n = array.tasks.len() as u32;
+    if n == 0 || n > config.max_array_size {
+        return Err(AdapterError::Rejected(format!(
+            "an array of {n} tasks; this site takes 1 to {} (max_array_size)",
+            config.max_array_size
+        )));
+    }
+    let own = array.tasks.iter().all(|t| t.index < config.max_array_size);
+    let indices: Vec<u32> = match own {
+        true => array.tasks.iter().map(|t| t.index).collect(),
+        false => (0..n).collect(),
     };
-
-    let script = job_script(
-        job,
-        &ScriptOptions {
-            title: &job_name(job),
-            cd_to: None,
-            cwd: &cwd,
-            container_runtime: config.container_runtime.as_deref(),
-            scheduler: "Slurm",
+    let cwd = work_cwd(&job, config);
+    let script = array_script(
+        array,
+        &script_options(&job_name(&job), config, &cwd),
+        &ArrayTasks {
+            index_var: "SLURM_ARRAY_TASK_ID",
+            tasks: indices.iter().copied().zip(&array.tasks).collect(),
         },
     )
     .map_err(AdapterError::Rejected)?;
+    let env = vec![(
+        "MERIDIAN_WORKFLOW_ID".to_string(),
+        job.workflow_id.to_string(),
+    )];
+    let mut plan = plan_with(&job, config, script, env);
+    plan.comment = tag(array.batch_id);
+    plan.stdout = output_path(&config.work_dir, "%A_%a", "out")
+        .display()
+        .to_string();
+    plan.stderr = output_path(&config.work_dir, "%A_%a", "err")
+        .display()
+        .to_string();
+    plan.array = Some(format!("{}%{}", ranges(&indices), array.cap.max(1)));
+    Ok(ArrayPlan { plan, indices })
+}
+
+/// Ascending indices as Slurm writes them: `1-5,9,11-12`.
+pub fn ranges(indices: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < indices.len() {
+        let start = indices[i];
+        let mut end = start;
+        while i + 1 < indices.len() && indices[i + 1] == end + 1 {
+            i += 1;
+            end = indices[i];
+        }
+        out.push(match start == end {
+            true => start.to_string(),
+            false => format!("{start}-{end}"),
+        });
+        i += 1;
+    }
+    out.join(",")
+}
+
+fn work_cwd(job: &JobRequest, config: &SlurmConfig) -> PathBuf {
+    match &job.cwd {
+        Some(cwd) => config.work_dir.join(cwd),
+        None => config.work_dir.clone(),
+    }
+}
+
+fn script_options<'a>(title: &'a str, config: &'a SlurmConfig, cwd: &'a Path) -> ScriptOptions<'a> {
+    ScriptOptions {
+        title,
+        cd_to: None,
+        cwd,
+        container_runtime: config.container_runtime.as_deref(),
+        scheduler: "Slurm",
+    }
+}
+
+fn plan_with(
+    job: &JobRequest,
+    config: &SlurmConfig,
+    script: String,
+    meridian_env: Vec<(String, String)>,
+) -> Plan {
+    let cwd = work_cwd(job, config);
 
     let r = &job.resources;
     let mem_mb = (r.memory_bytes > 0).then(|| r.memory_bytes.div_ceil(1 << 20));
@@ -119,7 +205,7 @@ pub fn plan(job: &JobRequest, config: &SlurmConfig) -> Result<Plan, AdapterError
         }
     });
     let work_dir = &config.work_dir;
-    Ok(Plan {
+    Plan {
         name: job_name(job),
         comment: tag(job.job_id),
         script,
@@ -134,7 +220,8 @@ pub fn plan(job: &JobRequest, config: &SlurmConfig) -> Result<Plan, AdapterError
         gres,
         partition: config.partition.clone(),
         account: config.account.clone(),
-    })
+        array: None,
+    }
 }
 
 /// The `sbatch` arguments for `plan`; the script goes on stdin.
@@ -169,6 +256,9 @@ pub fn sbatch_args(plan: &Plan) -> Vec<String> {
     }
     if let Some(a) = &plan.account {
         args.push(format!("--account={a}"));
+    }
+    if let Some(array) = &plan.array {
+        args.push(format!("--array={array}"));
     }
     args
 }

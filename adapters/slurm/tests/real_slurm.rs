@@ -140,6 +140,26 @@ fn rest_site(token: Option<&str>) -> Rest {
     }
 }
 
+/// The array check of the conformance kit, through slurmrestd: one `--array` job, its
+/// tasks followed as `<array>_<index>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_array_runs_as_one_submission_within_its_cap() {
+    let site = Arc::new(rest_site(None));
+    let config = site.adapter.config().clone();
+    let keep = site.clone();
+    let open: Open = Arc::new(move || {
+        let (config, _keep) = (config.clone(), keep.clone());
+        Box::pin(async move {
+            Arc::new(SlurmAdapter::new(config).expect("open REST site")) as Arc<dyn SiteAdapter>
+        })
+    });
+    conformance::array_runs_as_one_submission_within_its_cap(Harness {
+        open,
+        options: site.options.clone(),
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_discovers_the_api_version_the_site_serves() {
     let site = rest_site(None);

@@ -13,7 +13,9 @@ use uuid::Uuid;
 use super::Aggregate;
 use crate::envelope::AggregateKind;
 use crate::money::ComputeRate;
-use crate::vocabulary::{Allocation, FailureReason, JobEvent, JobOutcome, TaskRef, Usage};
+use crate::vocabulary::{
+    Allocation, ArrayBatch, FailureReason, JobEvent, JobOutcome, TaskRef, Usage,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -62,6 +64,8 @@ pub enum JobCommand {
         site: String,
         rate: ComputeRate,
         resources: meridian_spec::Resources,
+        /// The array batch it was released in, if any.
+        batch: Option<ArrayBatch>,
     },
     /// The site accepted the job under `backend_job_id`; stamped with `now`.
     RecordSubmission {
@@ -109,6 +113,8 @@ pub enum JobError {
     NotDispatched,
     #[error("attempts count from 1")]
     InvalidAttempt,
+    #[error("an array task's batch needs its position below its size and a cap of 1 to its size; got {batch:?}")]
+    InvalidBatch { batch: ArrayBatch },
     #[error("the site already accepted the job")]
     AlreadySubmittedToSite,
     #[error("the job already started")]
@@ -142,6 +148,8 @@ pub struct Dispatch {
     pub site: String,
     pub rate: ComputeRate,
     pub resources: meridian_spec::Resources,
+    /// The array batch it goes to its site in, if any.
+    pub batch: Option<ArrayBatch>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -264,12 +272,18 @@ impl Aggregate for Job {
                 site,
                 rate,
                 resources,
+                batch,
             } => {
                 if self.state.is_some() {
                     return Err(JobError::AlreadyDispatched);
                 }
                 if attempt == 0 {
                     return Err(JobError::InvalidAttempt);
+                }
+                if let Some(b) = batch {
+                    if index.is_none() || b.position >= b.size || b.cap == 0 || b.cap > b.size {
+                        return Err(JobError::InvalidBatch { batch: b });
+                    }
                 }
                 Ok(vec![JobEvent::Dispatched {
                     workflow_id,
@@ -279,6 +293,7 @@ impl Aggregate for Job {
                     site,
                     rate,
                     resources,
+                    batch,
                 }])
             }
 
@@ -402,6 +417,7 @@ impl Aggregate for Job {
                 site,
                 rate,
                 resources,
+                batch,
             } => {
                 self.state = Some(JobState::Dispatched);
                 self.dispatch = Some(Dispatch {
@@ -411,6 +427,7 @@ impl Aggregate for Job {
                     site: site.clone(),
                     rate: rate.clone(),
                     resources: resources.clone(),
+                    batch: *batch,
                 });
             }
             JobEvent::SubmittedToSite { backend_job_id, .. } => {

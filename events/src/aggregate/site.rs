@@ -53,6 +53,9 @@ pub enum SiteCommand {
         adapter: String,
         instance: uuid::Uuid,
         ttl_secs: u64,
+        /// The most tasks of an array the adapter takes as one submission, if it takes
+        /// arrays at all.
+        arrays: Option<u32>,
     },
     /// The adapter process `instance` stops serving the site (a clean shutdown).
     Disconnect {
@@ -352,6 +355,7 @@ impl Aggregate for Site {
                 adapter,
                 instance,
                 ttl_secs,
+                arrays,
             } => {
                 self.registered()?;
                 if ttl_secs == 0 {
@@ -362,6 +366,8 @@ impl Aggregate for Site {
                     instance,
                     ttl_secs,
                     observed_at: now,
+                    // An array of one is no array.
+                    arrays: arrays.filter(|n| *n > 1),
                 }])
             }
             SiteCommand::Disconnect { instance } => {
@@ -416,6 +422,7 @@ impl Aggregate for Site {
                 instance,
                 ttl_secs,
                 observed_at,
+                ..
             } => {
                 self.connection = Some(Connection {
                     adapter: adapter.clone(),

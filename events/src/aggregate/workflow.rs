@@ -27,7 +27,7 @@ use super::Aggregate;
 use crate::envelope::AggregateKind;
 use crate::money::{ComputeRate, Currency, Money, StorageRate};
 use crate::vocabulary::workflow::{PlacementExplanation, SiteRejection, StorageClass, Verdict};
-use crate::vocabulary::{JobOutcome, TaskRef, WorkflowEvent};
+use crate::vocabulary::{ArrayBatch, JobOutcome, TaskRef, WorkflowEvent, MAX_ARRAY_BATCH};
 
 /// How many times one task may run when its runs keep failing through the site's fault.
 pub const MAX_TASK_ATTEMPTS: u32 = 3;
@@ -128,6 +128,16 @@ pub enum WorkflowCommand {
         job_id: Uuid,
         site: String,
     },
+    /// Gives runnable tasks of one array their Job aggregates at once (`tasks`: index
+    /// and new job id, indices ascending), to go to `site` as one submission that runs
+    /// at most `cap` of them at a time ([`Workflow::next_array_batch`] says which).
+    ReleaseArray {
+        job: String,
+        tasks: Vec<(u32, Uuid)>,
+        site: String,
+        batch_id: Uuid,
+        cap: u32,
+    },
     /// A released job's Job aggregate reached a terminal state.
     SettleJob {
         job_id: Uuid,
@@ -185,6 +195,8 @@ pub enum WorkflowError {
     InvalidArrayIndex { task: TaskRef, reason: String },
     #[error("{task} cannot run now: {reason}")]
     JobNotRunnable { task: TaskRef, reason: String },
+    #[error("invalid array batch of {job:?}: {reason}")]
+    InvalidArrayBatch { job: String, reason: String },
     #[error("job id {job_id} was already released")]
     DuplicateJobId { job_id: Uuid },
     #[error("job {job_id} is not a released, unsettled job of this workflow")]
@@ -740,6 +752,30 @@ impl Workflow {
         if self.released_ids.contains(&job_id) {
             return Err(WorkflowError::DuplicateJobId { job_id });
         }
+        self.check_runnable(node, &task)?;
+        if node.counts.free_slots() == 0 {
+            return Err(WorkflowError::JobNotRunnable {
+                reason: format!(
+                    "its array already has {} task(s) in flight, its parallelism cap",
+                    node.counts.cap
+                ),
+                task,
+            });
+        }
+        let attempt = node.tasks.get(&index).map_or(0, |t| t.attempts) + 1;
+        Ok(vec![WorkflowEvent::JobReleased {
+            job: task.job,
+            index,
+            job_id,
+            site,
+            attempt,
+            batch: None,
+        }])
+    }
+
+    /// Why `task` of `node` may not be released now, whatever its array's cap: what it
+    /// requires does not hold, nothing wants the service, or it was released already.
+    fn check_runnable(&self, node: &JobNode, task: &TaskRef) -> Result<(), WorkflowError> {
         let not_runnable = |reason: String| WorkflowError::JobNotRunnable {
             task: task.clone(),
             reason,
@@ -756,23 +792,119 @@ impl Workflow {
         if node.service && !self.wanted(&counts, &task.job, &self.doomed(&counts)) {
             return Err(not_runnable("nothing needs the service any more".into()));
         }
-        if !node.is_pending(index) {
+        if !node.is_pending(task.index) {
             return Err(not_runnable("it was already released".to_owned()));
         }
-        if node.counts.free_slots() == 0 {
-            return Err(not_runnable(format!(
-                "its array already has {} task(s) in flight, its parallelism cap",
-                node.counts.cap
+        Ok(())
+    }
+
+    /// The next tasks of `job`'s array to release as one submission of at most `max`
+    /// (lowest indices first), and the cap the site is to hold them to: the array's free
+    /// slots. `None` when nothing of it may go now, or when it should wait for a batch
+    /// that can run at the array's full cap (or hold every task still pending): a batch
+    /// capped lower would keep that lower cap to its end.
+    ///
+    /// The cap holds across batches: a batch is capped at the slots free when it goes
+    /// and counts all its tasks in flight until they settle, so the tasks running from
+    /// every batch never exceed the array's parallelism.
+    pub fn next_array_batch(&self, job: &str, max: u32) -> Option<(Vec<u32>, u32)> {
+        if !matches!(
+            self.state,
+            Some(WorkflowState::Placed | WorkflowState::Running)
+        ) {
+            return None;
+        }
+        let node = self.nodes.get(job)?;
+        node.array?;
+        let counts = self.counts();
+        if !self.releasable(&counts, job, None) {
+            return None;
+        }
+        let c = node.counts;
+        let free = c.free_slots();
+        if free < c.cap.min(c.pending) {
+            return None;
+        }
+        let max = max.clamp(1, MAX_ARRAY_BATCH) as usize;
+        let indices: Vec<u32> = node.pending_tasks().take(max).flatten().collect();
+        let cap = free.min(indices.len() as u32);
+        (!indices.is_empty()).then_some((indices, cap))
+    }
+
+    fn release_array(
+        &self,
+        job: String,
+        tasks: Vec<(u32, Uuid)>,
+        site: String,
+        batch_id: Uuid,
+        cap: u32,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        if self.active_state()? == WorkflowState::Submitted {
+            return Err(WorkflowError::NotPlaced);
+        }
+        let node = self
+            .nodes
+            .get(&job)
+            .ok_or_else(|| WorkflowError::UnknownJob { job: job.clone() })?;
+        let invalid = |reason: String| WorkflowError::InvalidArrayBatch {
+            job: job.clone(),
+            reason,
+        };
+        let Some(array) = node.array else {
+            return Err(invalid("the job is not an array".into()));
+        };
+        let size = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
+        if size == 0 || size > MAX_ARRAY_BATCH {
+            return Err(invalid(format!(
+                "a batch holds 1 to {MAX_ARRAY_BATCH} tasks, not {}",
+                tasks.len()
             )));
         }
-        let attempt = node.tasks.get(&index).map_or(0, |t| t.attempts) + 1;
-        Ok(vec![WorkflowEvent::JobReleased {
-            job: task.job,
-            index,
-            job_id,
-            site,
-            attempt,
-        }])
+        if tasks.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(invalid("indices must ascend, each once".into()));
+        }
+        if let Some((i, _)) = tasks
+            .iter()
+            .find(|(i, _)| !(array.start..=array.end).contains(i))
+        {
+            return Err(WorkflowError::InvalidArrayIndex {
+                task: TaskRef::new(job.clone(), Some(*i)),
+                reason: format!("expected an index in {}..={}", array.start, array.end),
+            });
+        }
+        let mut ids = BTreeSet::new();
+        for (_, job_id) in &tasks {
+            if self.released_ids.contains(job_id) || !ids.insert(*job_id) || *job_id == batch_id {
+                return Err(WorkflowError::DuplicateJobId { job_id: *job_id });
+            }
+        }
+        for (i, _) in &tasks {
+            self.check_runnable(node, &TaskRef::new(job.clone(), Some(*i)))?;
+        }
+        let free = node.counts.free_slots();
+        if cap == 0 || cap > free || cap > size {
+            return Err(invalid(format!(
+                "its cap must be 1 to {}, the array's free slots or the batch's size; got {cap}",
+                free.min(size)
+            )));
+        }
+        Ok(tasks
+            .into_iter()
+            .enumerate()
+            .map(|(position, (index, job_id))| WorkflowEvent::JobReleased {
+                job: job.clone(),
+                index: Some(index),
+                job_id,
+                site: site.clone(),
+                attempt: node.tasks.get(&Some(index)).map_or(0, |t| t.attempts) + 1,
+                batch: Some(ArrayBatch {
+                    id: batch_id,
+                    position: position as u32,
+                    size,
+                    cap,
+                }),
+            })
+            .collect())
     }
 
     fn allocate_volume(
@@ -1221,6 +1353,14 @@ impl Aggregate for Workflow {
                 job_id,
                 site,
             } => self.release(job, index, job_id, site),
+
+            WorkflowCommand::ReleaseArray {
+                job,
+                tasks,
+                site,
+                batch_id,
+                cap,
+            } => self.release_array(job, tasks, site, batch_id, cap),
 
             WorkflowCommand::SettleJob { job_id, outcome } => self.settle(job_id, outcome, now),
 

@@ -26,6 +26,9 @@ pub enum JobEvent {
         rate: ComputeRate,
         /// What the spec asked for, per node.
         resources: meridian_spec::Resources,
+        /// The array batch it goes to the site in, when it was released in one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch: Option<super::ArrayBatch>,
     },
 
     /// The site accepted it and gave it its own id (a Slurm job id, a pod name, ...).

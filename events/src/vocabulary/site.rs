@@ -75,6 +75,10 @@ pub enum SiteEvent {
         instance: uuid::Uuid,
         ttl_secs: u64,
         observed_at: DateTime<Utc>,
+        /// The most tasks of an array the adapter takes as one submission (the site
+        /// then enforces the array's cap); `None`: one task at a time.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arrays: Option<u32>,
     },
 
     /// The adapter process that served the site stopped cleanly.

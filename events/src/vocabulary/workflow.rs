@@ -7,7 +7,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{JobOutcome, TaskRef};
+use super::{ArrayBatch, JobOutcome, TaskRef};
 use crate::money::{ComputeRate, Currency, Money, MoneyError, StorageRate};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -99,6 +99,10 @@ pub enum WorkflowEvent {
         site: String,
         /// 1 for the first run of this task; a re-run after a site fault counts up.
         attempt: u32,
+        /// Set when the task was released with others of its array, to go to the site
+        /// as one submission.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch: Option<ArrayBatch>,
     },
 
     /// A released job reached a terminal state; mirrors the Job aggregate's terminal

@@ -325,6 +325,7 @@ impl Generator {
             site: site.name.into(),
             rate: rate.clone(),
             resources,
+            batch: None,
         };
         let end = match self.rng.below(10) {
             0 => JobEvent::Failed {

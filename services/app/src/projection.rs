@@ -274,6 +274,7 @@ async fn apply_workflow(
             job_id,
             site,
             attempt,
+            ..
         } => {
             let task = NewTask {
                 workflow_id: &id,

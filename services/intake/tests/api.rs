@@ -1174,6 +1174,7 @@ jobs:
             site: "local".into(),
             rate: rate(),
             resources: spec.jobs["cell"].resources.clone(),
+            batch: None,
         },
     )
     .await

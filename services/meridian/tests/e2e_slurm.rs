@@ -179,13 +179,44 @@ jobs:
         vec![("failed".to_string(), Value::from(3))]
     );
     assert!(state_of("never").is_empty(), "never was never released");
-    for j in jobs {
+    for j in jobs.iter().filter(|j| j["name"] != "sweep") {
         assert!(
             j["backend_job_id"]
                 .as_str()
                 .is_some_and(|b| b.parse::<u64>().is_ok()),
             "each run has its Slurm job id: {j}"
         );
+    }
+    // The array went to Slurm as one `sbatch --array=1-4%2`: its tasks are
+    // `<array job>_<index>` of one array job.
+    let mut arrays = std::collections::BTreeSet::new();
+    for j in jobs.iter().filter(|j| j["name"] == "sweep") {
+        let backend = j["backend_job_id"].as_str().unwrap_or_default();
+        let (array, task) = backend
+            .split_once('_')
+            .unwrap_or_else(|| panic!("an array task's id is <array>_<index>: {j}"));
+        assert_eq!(task, j["index"].to_string(), "{j}");
+        arrays.insert(array.to_string());
+    }
+    assert_eq!(arrays.len(), 1, "one array job for the sweep: {arrays:?}");
+    let array = arrays.into_iter().next().unwrap();
+    // Accounting records each task a moment after it ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let sacct = std::process::Command::new("sacct")
+            .args(["-n", "-X", "-P", "--format=JobID,Comment", "-j", &array])
+            .output()
+            .expect("sacct");
+        let sacct = String::from_utf8_lossy(&sacct.stdout).to_string();
+        let tasks = sacct.lines().filter(|l| !l.trim().is_empty()).count();
+        if tasks == 4 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Slurm holds one array of four tasks: {sacct}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
     }
     let logs = String::from_utf8_lossy(&cli(&up.server, &["logs", id, "sweep"]).stdout).to_string();
     for i in 1..=4 {
@@ -213,13 +244,17 @@ fn a_restart_mid_run_submits_nothing_twice_to_slurm() {
         up.dir.path(),
         "slow.yaml",
         &format!(
-            "version: v1\nname: slow-on-slurm\nplacement: {{sites: [hpc]}}\njobs:\n  slow:\n    image: host\n    command: [sh, -c, \"echo ran >> {}; sleep 6\"]\n    resources: {{cpus: 1, memory: 100MiB, walltime: 2m}}\n",
-            marker.display()
+            "version: v1\nname: slow-on-slurm\nplacement: {{sites: [hpc]}}\njobs:\n  slow:\n    image: host\n    command: [sh, -c, \"echo ran >> {m}; sleep 6\"]\n    resources: {{cpus: 1, memory: 100MiB, walltime: 2m}}\n  cells:\n    image: host\n    command: [sh, -c, \"echo cell-${{ARRAY_INDEX}} >> {m}; sleep 3\"]\n    array: {{start: 1, end: 3, parallelism: 1}}\n    resources: {{cpus: 1, memory: 100MiB, walltime: 2m}}\n",
+            m = marker.display()
         ),
     );
     let id = submit(&up.server, &file);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-    while cli_json(&up.server, &["status", &id])["tasks"]["running"] != 1 {
+    while cli_json(&up.server, &["status", &id])["tasks"]["running"]
+        .as_u64()
+        .unwrap_or(0)
+        == 0
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "never ran: {}",
@@ -242,12 +277,22 @@ fn a_restart_mid_run_submits_nothing_twice_to_slurm() {
         up.proc.output()
     );
     let ran = std::fs::read_to_string(&marker).unwrap();
-    assert_eq!(ran.lines().count(), 1, "Slurm ran it once: {ran:?}");
+    let mut lines: Vec<&str> = ran.lines().collect();
+    lines.sort_unstable();
     assert_eq!(
-        status["jobs"].as_array().unwrap().len(),
-        1,
-        "one run, not re-submitted"
+        lines,
+        ["cell-1", "cell-2", "cell-3", "ran"],
+        "Slurm ran each once: {ran:?}"
     );
+    let jobs = status["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 4, "one run each, not re-submitted: {status:#}");
+    let arrays: std::collections::BTreeSet<&str> = jobs
+        .iter()
+        .filter(|j| j["name"] == "cells")
+        .filter_map(|j| j["backend_job_id"].as_str()?.split_once('_'))
+        .map(|(array, _)| array)
+        .collect();
+    assert_eq!(arrays.len(), 1, "the array went once, as one: {status:#}");
 }
 
 /// A service on the real Slurm: a batch job with its walltime, after the job it

@@ -187,6 +187,7 @@ async fn throughput(quick: bool) {
                 adapter: "bench".into(),
                 instance: Uuid::now_v7(),
                 ttl_secs: 86_400,
+                arrays: None,
             }
         })
         .await

@@ -25,8 +25,8 @@ use meridian_events::aggregate::{
 };
 use meridian_events::vocabulary::workflow::StorageClass;
 use meridian_events::{
-    AggregateKind, Envelope, Event, EventContext, JobEvent, JobOutcome, SiteEvent, TaskRef,
-    TenantEvent, WorkflowEvent,
+    AggregateKind, ArrayBatch, Envelope, Event, EventContext, JobEvent, JobOutcome, SiteEvent,
+    TaskRef, TenantEvent, WorkflowEvent,
 };
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -60,6 +60,7 @@ struct Release {
     task: TaskRef,
     site: String,
     attempt: u32,
+    batch: Option<ArrayBatch>,
 }
 
 pub struct Router {
@@ -465,6 +466,7 @@ impl Router {
             job_id,
             site,
             attempt,
+            batch,
         }) = &envelope.payload
         {
             self.job_workflow.insert(*job_id, workflow_id);
@@ -474,6 +476,7 @@ impl Router {
                     task: TaskRef::new(job.clone(), *index),
                     site: site.clone(),
                     attempt: *attempt,
+                    batch: *batch,
                 },
             );
         }
@@ -1049,12 +1052,18 @@ impl Router {
         let mut released = std::collections::HashSet::new();
         // Tasks held back for the GPU limit: the others may still go.
         let mut held = BTreeSet::new();
+        // Arrays whose site takes them as one submission: they go in batches, or wait.
+        let mut batched = BTreeSet::new();
         loop {
             let (task, site, needed, tenant) = {
                 let wf = self.workflow(id).await?;
                 let tenant = wf.tenant.clone();
                 let wf = &wf.state;
-                let Some(task) = wf.runnable_jobs().into_iter().find(|t| !held.contains(t)) else {
+                let Some(task) = wf
+                    .runnable_jobs()
+                    .into_iter()
+                    .find(|t| !held.contains(t) && !batched.contains(&t.job))
+                else {
                     return Ok(());
                 };
                 let Some(placement) = wf.placement() else {
@@ -1076,6 +1085,19 @@ impl Router {
                 let site = placement.site_for(&task.job).to_string();
                 (task, site, needed, tenant)
             };
+            // A tenant held to a GPU limit has its GPU tasks weighed one by one.
+            let gpu_limited = needed > 0
+                && tenant
+                    .as_deref()
+                    .and_then(|t| self.catalog.tenants.limits(t))
+                    .is_some_and(|l| l.concurrent_gpus.is_some());
+            let arrays = self.catalog.find(&site).and_then(|s| s.arrays);
+            if let (Some(max), Some(_), false) = (arrays, task.index, gpu_limited) {
+                batched.insert(task.job.clone());
+                self.release_batch(id, &task.job, &site, max, tenant.as_deref(), needed)
+                    .await?;
+                continue;
+            }
             if let Some(reason) = self.held_by_gpus(tenant.as_deref(), needed) {
                 self.gpu_held.insert(id);
                 // The first task held says why; recording each would make every pass
@@ -1120,6 +1142,57 @@ impl Router {
             }
             self.dispatch(id, job_id).await?;
         }
+    }
+
+    /// Releases the next batch of `job`'s array to `site`, which takes up to `max` tasks
+    /// as one submission, and dispatches its tasks; nothing when the array should wait
+    /// for a batch that can run at its full cap.
+    async fn release_batch(
+        &mut self,
+        id: Uuid,
+        job: &str,
+        site: &str,
+        max: u32,
+        tenant: Option<&str>,
+        needed: u32,
+    ) -> Result<(), RouterError> {
+        let Some((indices, cap)) = self.workflow(id).await?.state.next_array_batch(job, max) else {
+            return Ok(());
+        };
+        let tasks: Vec<(u32, Uuid)> = indices.into_iter().map(|i| (i, Uuid::now_v7())).collect();
+        let batch_id = Uuid::now_v7();
+        for (_, job_id) in &tasks {
+            self.jobs.insert(*job_id, Cached::fresh(*job_id));
+        }
+        let events = self
+            .on_workflow(id, |_| WorkflowCommand::ReleaseArray {
+                job: job.to_string(),
+                tasks: tasks.clone(),
+                site: site.to_string(),
+                batch_id,
+                cap,
+            })
+            .await?;
+        if events.is_empty() {
+            for (_, job_id) in &tasks {
+                self.jobs.remove(job_id);
+            }
+            return Ok(());
+        }
+        tracing::info!(workflow = %id, job, site, tasks = tasks.len(), cap, "array released as one batch");
+        for e in &events {
+            self.remember_release(id, e);
+        }
+        for (_, job_id) in &tasks {
+            if let (Some(t), true) = (tenant, needed > 0) {
+                self.gpus
+                    .entry(t.to_string())
+                    .or_default()
+                    .insert(*job_id, needed);
+            }
+            self.dispatch(id, *job_id).await?;
+        }
+        Ok(())
     }
 
     /// Creates the Job aggregate of a release, with the price in force for its job.
@@ -1169,6 +1242,7 @@ impl Router {
                 site: release.site.clone(),
                 rate: rate.clone(),
                 resources: resources.clone(),
+                batch: release.batch,
             })
             .await
         {

@@ -244,11 +244,17 @@ async fn register(log: &dyn EventLog, name: &str, core_hour: &str, max_cpus: u32
 }
 
 async fn connect(log: &dyn EventLog, site: Uuid, ttl_secs: u64) {
+    connect_taking_arrays(log, site, ttl_secs, None).await
+}
+
+/// Says an adapter serves `site`, taking up to `arrays` tasks of an array as one unit.
+async fn connect_taking_arrays(log: &dyn EventLog, site: Uuid, ttl_secs: u64, arrays: Option<u32>) {
     execute::<Site, _>(log, site, &EventContext::new_chain("system"), |_| {
         SiteCommand::Heartbeat {
             adapter: "test".into(),
             instance: Uuid::now_v7(),
             ttl_secs,
+            arrays,
         }
     })
     .await
@@ -323,6 +329,114 @@ async fn releases_follow_the_dag_and_the_array_cap() {
         (b.workflow(id).await.state() == Some(WorkflowState::Finished)).then_some(())
     })
     .await;
+}
+
+/// The batches of workflow `id`'s dispatched tasks, in log order: (task, batch id, cap).
+async fn batches(log: &dyn EventLog, id: Uuid) -> Vec<(String, Option<Uuid>, u32)> {
+    let mut out = Vec::new();
+    for commit in log.read_from(0, 100_000).await.unwrap() {
+        for e in decode_all(commit.events).unwrap() {
+            if let Event::Job(JobEvent::Dispatched {
+                workflow_id,
+                job,
+                index,
+                batch,
+                ..
+            }) = &e.payload
+            {
+                if *workflow_id == id {
+                    let name = match index {
+                        Some(i) => format!("{job}[{i}]"),
+                        None => job.clone(),
+                    };
+                    out.push((name, batch.map(|b| b.id), batch.map_or(0, |b| b.cap)));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_that_takes_arrays_gets_them_in_batches_held_to_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let site = register(&*log, "hpc", "1", 8).await;
+    connect_taking_arrays(&*log, site, 86_400, Some(3)).await;
+    let (stop, stopped) = watch::channel(false);
+    let b = Bench {
+        router: Bench::spawn(log.clone(), stopped),
+        log,
+        stop,
+        _dir: dir,
+    };
+    let id = b.submit(DAG).await;
+    let prep = b
+        .wait_for("prep dispatched", async || {
+            b.dispatched(id).await.first().cloned()
+        })
+        .await;
+    b.run_job(prep.0, 0).await;
+    // sweep[1..=5], cap 2, at a site taking 3 at a time: one batch of 3, capped at 2.
+    let first = b
+        .wait_for("the first batch", async || {
+            let d = batches(&*b.log, id).await;
+            (d.len() >= 4).then_some(d)
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(batches(&*b.log, id).await, first, "nothing more for now");
+    let batch = first[1].1.expect("released in a batch");
+    assert_eq!(
+        first[1..],
+        [
+            ("sweep[1]".to_string(), Some(batch), 2),
+            ("sweep[2]".to_string(), Some(batch), 2),
+            ("sweep[3]".to_string(), Some(batch), 2),
+        ]
+    );
+    // Two end: one slot is free, but the two left wait for a batch at the full cap.
+    let dispatched = b.dispatched(id).await;
+    b.run_job(dispatched[1].0, 0).await;
+    b.run_job(dispatched[2].0, 0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        batches(&*b.log, id).await.len(),
+        4,
+        "the rest waits for the cap"
+    );
+    b.run_job(dispatched[3].0, 0).await;
+    let second = b
+        .wait_for("the second batch", async || {
+            let d = batches(&*b.log, id).await;
+            (d.len() >= 6).then_some(d)
+        })
+        .await;
+    let next = second[4].1.expect("released in a batch");
+    assert_ne!(next, batch);
+    assert_eq!(
+        second[4..],
+        [
+            ("sweep[4]".to_string(), Some(next), 2),
+            ("sweep[5]".to_string(), Some(next), 2),
+        ]
+    );
+    for (job, _) in &b.dispatched(id).await[4..] {
+        b.run_job(*job, 0).await;
+    }
+    let all = b
+        .wait_for("report dispatched", async || {
+            let d = batches(&*b.log, id).await;
+            (d.len() == 7).then_some(d)
+        })
+        .await;
+    assert_eq!(
+        all[6],
+        ("report".to_string(), None, 0),
+        "a plain job goes alone"
+    );
+    let _ = b.stop.send(true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,15 +21,16 @@ use std::time::Duration;
 
 use chrono::Utc;
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, JobRequest, JobState as SiteState, ServiceRequest, SiteAdapter,
-    DEFAULT_MAX_RESTARTS,
+    AdapterError, ArrayRequest, ArrayTask, BackendJobId, JobRequest, JobState as SiteState,
+    ServiceRequest, SiteAdapter, DEFAULT_MAX_RESTARTS,
 };
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
 use meridian_eventlog::{EventLog, LogError};
 use meridian_events::aggregate::{Job, JobCommand, JobError, SiteCommand, Workflow};
 use meridian_events::vocabulary::{AcceleratorVendor, AllocatedGpus, Usage};
 use meridian_events::{
-    AggregateKind, Allocation, Envelope, Event, EventContext, FailureReason, JobEvent,
+    AggregateKind, Allocation, ArrayBatch, Envelope, Event, EventContext, FailureReason, JobEvent,
+    WorkflowEvent,
 };
 use meridian_store::job_logs::{self, JobLog};
 use meridian_store::Store;
@@ -91,6 +92,9 @@ pub struct SiteRunner {
     specs: HashMap<Uuid, Arc<meridian_spec::Workflow>>,
     /// What each job is given to call Meridian with; none: nothing.
     call_back: Option<CallBack>,
+    /// Backend ids of array tasks submitted with their batch before their own dispatch
+    /// reached this runner.
+    batch_backends: HashMap<Uuid, BackendJobId>,
 }
 
 /// How a job calls Meridian back: every job and service is started with
@@ -143,6 +147,7 @@ impl SiteRunner {
             jobs: HashMap::new(),
             specs: HashMap::new(),
             call_back: None,
+            batch_backends: HashMap::new(),
         }
     }
 
@@ -335,6 +340,10 @@ impl SiteRunner {
             adapter: self.adapter.kind().to_string(),
             instance: self.instance,
             ttl_secs: (self.heartbeat_every * 3).as_secs().max(1),
+            arrays: self
+                .adapter
+                .array_limit()
+                .map(|n| n.min(meridian_events::vocabulary::MAX_ARRAY_BATCH)),
         };
         self.on_site(site_id, command, "record the heartbeat")
             .await
@@ -712,21 +721,11 @@ impl SiteRunner {
     }
 
     async fn submit(&mut self, id: Uuid) -> Result<(), RunnerError> {
+        if let Some(batch) = self.jobs[&id].job.state.dispatch().and_then(|d| d.batch) {
+            return self.submit_in_batch(id, batch).await;
+        }
         let Some(request) = self.request_for(id).await? else {
-            tracing::warn!(job = %id, "no spec for this job; failing it");
-            return self
-                .command(
-                    id,
-                    JobCommand::Fail {
-                        ended_at: Utc::now(),
-                        exit_code: None,
-                        reason: FailureReason::Other {
-                            message: "its workflow spec has no such job".into(),
-                        },
-                        usage: Usage::default(),
-                    },
-                )
-                .await;
+            return self.submit_alone_fails(id).await;
         };
         if self.jobs[&id].job.state.cancel_requested() {
             return self
@@ -740,32 +739,136 @@ impl SiteRunner {
                 .await;
         }
         match self.adapter.submit(&request).await {
-            Ok(backend) => {
-                self.jobs.get_mut(&id).expect("tracked").backend = Some(backend.clone());
-                self.command(
-                    id,
-                    JobCommand::RecordSubmission {
-                        backend_job_id: backend.0,
-                    },
-                )
-                .await
+            Ok(backend) => self.record_submission(id, backend).await,
+            Err(e) => self.submit_failed(id, e).await,
+        }
+    }
+
+    /// Submits the array batch task `id` was released in, as one unit, unless the site
+    /// has it already, and records each of its tasks this runner follows as submitted.
+    /// A task cancelled before the submission goes with it and is cancelled at the site
+    /// (its cancel is passed on at the next poll), so no task of the batch runs unseen.
+    async fn submit_in_batch(&mut self, id: Uuid, batch: ArrayBatch) -> Result<(), RunnerError> {
+        if let Some(backend) = self.batch_backends.remove(&id) {
+            return self.record_submission(id, backend).await;
+        }
+        let Some(template) = self.request_for(id).await? else {
+            return self.submit_alone_fails(id).await;
+        };
+        let loaded = aggregates::load::<Workflow>(&*self.log, template.workflow_id).await?;
+        let tasks: Vec<ArrayTask> = loaded
+            .history
+            .iter()
+            .filter_map(|e| match &e.payload {
+                Event::Workflow(WorkflowEvent::JobReleased {
+                    index: Some(index),
+                    job_id,
+                    batch: Some(b),
+                    ..
+                }) if b.id == batch.id => Some((b.position, (*index, *job_id))),
+                _ => None,
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_values()
+            .map(|(index, job_id)| ArrayTask { index, job_id })
+            .collect();
+        if tasks.len() != batch.size as usize || !tasks.iter().any(|t| t.job_id == id) {
+            tracing::warn!(site = %self.site, job = %id, batch = %batch.id, found = tasks.len(), size = batch.size, "the batch's release is not all in the log; will look again");
+            return Ok(());
+        }
+        let request = ArrayRequest {
+            batch_id: batch.id,
+            template,
+            tasks,
+            cap: batch.cap,
+        };
+        let backends = match self.adapter.submit_array(&request).await {
+            Ok(backends) if backends.len() == request.tasks.len() => backends,
+            Ok(backends) => {
+                let message = format!(
+                    "the site gave {} ids for an array of {} tasks",
+                    backends.len(),
+                    request.tasks.len()
+                );
+                tracing::warn!(site = %self.site, batch = %batch.id, %message, "will retry");
+                return Ok(());
             }
-            Err(AdapterError::Rejected(message)) => {
+            Err(e) => return self.submit_failed(id, e).await,
+        };
+        tracing::info!(site = %self.site, batch = %batch.id, tasks = request.tasks.len(), cap = batch.cap, "array submitted as one unit");
+        let mut mine = None;
+        for (task, backend) in request.tasks.iter().zip(backends) {
+            if task.job_id == id {
+                mine = Some(backend);
+            } else if self
+                .jobs
+                .get(&task.job_id)
+                .is_some_and(|t| t.backend.is_none())
+            {
+                self.record_submission(task.job_id, backend).await?;
+            } else if !self.jobs.contains_key(&task.job_id) {
+                // Its dispatch has not reached this runner yet: recorded when it does.
+                self.batch_backends.insert(task.job_id, backend);
+            }
+        }
+        match mine {
+            Some(backend) => self.record_submission(id, backend).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn record_submission(
+        &mut self,
+        id: Uuid,
+        backend: BackendJobId,
+    ) -> Result<(), RunnerError> {
+        self.jobs.get_mut(&id).expect("tracked").backend = Some(backend.clone());
+        self.command(
+            id,
+            JobCommand::RecordSubmission {
+                backend_job_id: backend.0,
+            },
+        )
+        .await
+    }
+
+    async fn submit_alone_fails(&mut self, id: Uuid) -> Result<(), RunnerError> {
+        tracing::warn!(job = %id, "no spec for this job; failing it");
+        self.command(
+            id,
+            JobCommand::Fail {
+                ended_at: Utc::now(),
+                exit_code: None,
+                reason: FailureReason::Other {
+                    message: "its workflow spec has no such job".into(),
+                },
+                usage: Usage::default(),
+            },
+        )
+        .await
+    }
+
+    /// What a refused submission makes of job `id`: a failure of the job when it can
+    /// never run here, a site refusal (placed again) for capacity or quota; anything
+    /// else is tried again at the next poll.
+    async fn submit_failed(&mut self, id: Uuid, error: AdapterError) -> Result<(), RunnerError> {
+        match error {
+            AdapterError::Rejected(message) => {
                 self.fail_unsubmitted(id, FailureReason::Other { message })
                     .await
             }
-            Err(e @ AdapterError::NotSupported(_)) => {
+            e @ AdapterError::NotSupported(_) => {
                 let message = e.to_string();
                 self.fail_unsubmitted(id, FailureReason::Other { message })
                     .await
             }
             // Capacity or quota: a site fault, so the router places the work again.
-            Err(AdapterError::Refused(message)) => {
+            AdapterError::Refused(message) => {
                 tracing::warn!(site = %self.site, job = %id, %message, "the site refused the job; it goes back to placement");
                 self.fail_unsubmitted(id, FailureReason::SiteRefused { message })
                     .await
             }
-            Err(e) => {
+            e => {
                 tracing::warn!(job = %id, error = %e, "submit failed; will retry");
                 Ok(())
             }

@@ -172,6 +172,7 @@ async fn a_cancel_the_site_missed_is_passed_on_again() {
         site: "here".into(),
         rate: rate.clone(),
         resources: spec.jobs["slow"].resources.clone(),
+        batch: None,
     })
     .await
     .unwrap();

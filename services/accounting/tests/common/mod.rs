@@ -156,6 +156,7 @@ impl Log {
                 site: site.into(),
                 rate: rate.clone(),
                 resources: Default::default(),
+                batch: None,
             }
             .into()],
         )

@@ -471,6 +471,7 @@ pub async fn release(log: &dyn EventLog, workflow: Uuid, job: &str, index: Optio
         site: "local".into(),
         rate: rate(),
         resources: resources.clone(),
+        batch: None,
     })
     .await
     .unwrap();
@@ -569,6 +570,7 @@ pub async fn connect_all(log: &dyn EventLog) {
                 adapter: "test".into(),
                 instance: Uuid::now_v7(),
                 ttl_secs: 86_400,
+                arrays: None,
             },
         )
         .await
