@@ -656,8 +656,28 @@ pub async fn array_runs_as_one_submission_within_its_cap(h: Harness) {
         again, ids,
         "a restarted adapter finds the array it submitted"
     );
-    for (task, id) in array.tasks.iter().zip(&ids) {
-        let report = wait_final(&*restarted, id, o).await;
+    // Followed together, as the runner does: every answer is a state, never an error,
+    // while tasks wait, run and end.
+    let deadline = Instant::now() + o.start_timeout + o.finish_timeout * indices.len() as u32;
+    let reports = loop {
+        let reports: Vec<JobReport> = restarted
+            .status_all(&ids)
+            .await
+            .into_iter()
+            .zip(&indices)
+            .map(|(r, i)| r.unwrap_or_else(|e| panic!("task {i}: {e}")))
+            .collect();
+        if reports.iter().all(|r| r.state.is_terminal()) {
+            break reports;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the array did not end: {reports:?}"
+        );
+        tokio::time::sleep(o.poll_interval).await;
+    };
+    for ((task, id), report) in array.tasks.iter().zip(&ids).zip(reports) {
+        assert_eq!(&report.backend_id, id);
         assert!(
             matches!(report.state, JobState::Succeeded { .. }),
             "task {}: {report:?}",

@@ -326,6 +326,16 @@ pub trait SiteAdapter: Send + Sync {
 
     async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError>;
 
+    /// The state of each of `ids`, in order. Sites that can say in one call what several
+    /// jobs do (an array's tasks) answer so; the default asks for each in turn.
+    async fn status_all(&self, ids: &[BackendJobId]) -> Vec<Result<JobReport, AdapterError>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.push(self.status(id).await);
+        }
+        out
+    }
+
     /// Asks the site to stop the job; cancelling a finished job is not an error.
     async fn cancel(&self, id: &BackendJobId) -> Result<(), AdapterError>;
 

@@ -14,8 +14,8 @@ use meridian_adapter_core::{AdapterError, BackendJobId, Capacity, JobReport, Usa
 
 use crate::config::SlurmConfig;
 use crate::parse::{
-    parse_kv, parse_sbatch, parse_tres, sacct_record, scontrol_record, Record, SlurmId,
-    SACCT_FORMAT, SACCT_JOBCOMP_FORMAT,
+    parse_kv, parse_sbatch, parse_tres, sacct_record, scontrol_record, task_string_holds, Record,
+    SlurmId, SACCT_FORMAT, SACCT_JOBCOMP_FORMAT,
 };
 use crate::runner::{Command, CommandRunner, Output};
 use crate::script::{sbatch_args, Plan};
@@ -182,6 +182,57 @@ impl Cli {
         }
     }
 
+    /// Several jobs' states, asking once per array for its tasks (`scontrol show job
+    /// <array>` lists each started task and the pending rest as one line); a task that
+    /// ended, or that line does not hold, is asked for alone.
+    pub async fn status_all(&self, ids: &[BackendJobId]) -> Vec<Result<JobReport, AdapterError>> {
+        let mut out: Vec<Option<Result<JobReport, AdapterError>>> =
+            ids.iter().map(|_| None).collect();
+        for (array, tasks) in array_tasks(ids) {
+            let Ok(shown) = self
+                .run(
+                    Command::new("scontrol")
+                        .args(array.cluster_args())
+                        .args(["-o", "show", "job", &array.job])
+                        .utc_times(),
+                )
+                .await
+            else {
+                continue;
+            };
+            if !shown.success() {
+                continue;
+            }
+            let lines: Vec<(String, &str)> = shown
+                .stdout
+                .lines()
+                .map(|l| (parse_kv(l).remove("ArrayTaskId").unwrap_or_default(), l))
+                .collect();
+            for (i, task) in tasks {
+                let own = lines.iter().find(|(t, _)| *t == task.to_string());
+                let queued = || lines.iter().find(|(t, _)| task_string_holds(t, task));
+                let report = own
+                    .or_else(queued)
+                    .and_then(|(_, line)| scontrol_record(line))
+                    .map(|record| record.report(&ids[i]));
+                // An ended task's CPU time is in accounting: asked for alone, below.
+                if let Some(Ok(report)) =
+                    report.filter(|r| r.as_ref().is_ok_and(|r| !r.state.is_terminal()))
+                {
+                    out[i] = Some(Ok(report));
+                }
+            }
+        }
+        let mut all = Vec::with_capacity(ids.len());
+        for (id, known) in ids.iter().zip(out) {
+            all.push(match known {
+                Some(report) => report,
+                None => self.status(id).await,
+            });
+        }
+        all
+    }
+
     /// One job's accounting record: slurmdbd's, or with `jobcomp` the jobcomp log's.
     /// `Ok(None)` when that source has no such job or is not configured.
     async fn sacct(&self, sid: &SlurmId, jobcomp: bool) -> Result<Option<Record>, AdapterError> {
@@ -301,6 +352,30 @@ fn submit_error(out: &Output) -> AdapterError {
 
 /// The job among `id|comment` lines whose comment is `tag`; the first submitted (lowest
 /// id) if, against the lock, there are several.
+/// The array tasks among `ids` (`4242_7`), by array: each task's place in `ids` and its
+/// index.
+pub(crate) fn array_tasks(ids: &[BackendJobId]) -> Vec<(SlurmId, Vec<(usize, u32)>)> {
+    let mut arrays: Vec<(SlurmId, Vec<(usize, u32)>)> = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let Some(sid) = SlurmId::parse(&id.0) else {
+            continue;
+        };
+        let Some((job, task)) = sid.job.split_once('_') else {
+            continue;
+        };
+        let Ok(task) = task.parse() else { continue };
+        let array = SlurmId {
+            job: job.to_string(),
+            cluster: sid.cluster.clone(),
+        };
+        match arrays.iter_mut().find(|(a, _)| *a == array) {
+            Some((_, tasks)) => tasks.push((i, task)),
+            None => arrays.push((array, vec![(i, task)])),
+        }
+    }
+    arrays
+}
+
 fn lowest_tagged(lines: &str, tag: &str) -> Option<BackendJobId> {
     lines
         .lines()

@@ -278,6 +278,13 @@ impl SiteAdapter for SlurmAdapter {
         }
     }
 
+    async fn status_all(&self, ids: &[BackendJobId]) -> Vec<Result<JobReport, AdapterError>> {
+        match &self.backend {
+            Backend::Cli(cli) => cli.status_all(ids).await,
+            Backend::Rest(rest) => rest.status_all(ids).await,
+        }
+    }
+
     async fn cancel(&self, id: &BackendJobId) -> Result<(), AdapterError> {
         match &self.backend {
             Backend::Cli(cli) => cli.cancel(id).await,

@@ -295,9 +295,38 @@ pub fn sacct_record(stdout: &str, jobcomp: bool) -> Option<Record> {
     })
 }
 
+/// Whether an array's task string (`5,8-10%2`, `1-9:2`) holds task `task`.
+pub fn task_string_holds(text: &str, task: u32) -> bool {
+    let text = text.split('%').next().unwrap_or("");
+    text.split(',').any(|part| {
+        let (range, step) = match part.split_once(':') {
+            Some((r, s)) => (r, s.trim().parse::<u32>().unwrap_or(1).max(1)),
+            None => (part, 1),
+        };
+        let (a, b) = match range.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<u32>(), b.trim().parse::<u32>()),
+            None => (range.trim().parse::<u32>(), range.trim().parse::<u32>()),
+        };
+        match (a, b) {
+            (Ok(a), Ok(b)) => (a..=b).contains(&task) && (task - a).is_multiple_of(step),
+            _ => false,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_strings_say_which_tasks_they_hold() {
+        assert!(task_string_holds("5,8%2", 8));
+        assert!(!task_string_holds("5,8%2", 6));
+        assert!(task_string_holds("3-9%2", 3) && task_string_holds("3-9", 9));
+        assert!(!task_string_holds("3-9", 10));
+        assert!(task_string_holds("1-9:2", 5) && !task_string_holds("1-9:2", 4));
+        assert!(!task_string_holds("", 0) && !task_string_holds("x-y", 1));
+    }
 
     #[test]
     fn sbatch_ids_with_and_without_a_cluster() {

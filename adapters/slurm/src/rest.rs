@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 
 use crate::config::{RestConfig, SlurmConfig, TokenSource};
-use crate::parse::{epoch, has_nodes, parse_tres, Record, SlurmId};
+use crate::parse::{epoch, has_nodes, parse_tres, task_string_holds, Record, SlurmId};
 use crate::script::Plan;
 use crate::state::ExitStatus;
 
@@ -353,6 +353,43 @@ impl Rest {
         }
     }
 
+    /// Several jobs' states, reading each array's records once for all its tasks; what
+    /// that does not settle (a task that ended, one slurmctld forgot) is asked for alone.
+    pub async fn status_all(&self, ids: &[BackendJobId]) -> Vec<Result<JobReport, AdapterError>> {
+        let mut out: Vec<Option<Result<JobReport, AdapterError>>> =
+            ids.iter().map(|_| None).collect();
+        if let Ok(v) = self.version().await {
+            for (array, tasks) in crate::cli::array_tasks(ids) {
+                let Ok(answer) = self
+                    .call(Method::GET, &format!("/slurm/{v}/job/{}", array.job), None)
+                    .await
+                else {
+                    continue;
+                };
+                if answer.status != 200 {
+                    continue;
+                }
+                let jobs = answer.body["jobs"].as_array().cloned().unwrap_or_default();
+                for (i, task) in tasks {
+                    if let Some(Ok(report)) = array_task_record(&jobs, task)
+                        .map(|job| ctld_record(job).report(&ids[i]))
+                        .filter(|r| r.as_ref().is_ok_and(|r| !r.state.is_terminal()))
+                    {
+                        out[i] = Some(Ok(report));
+                    }
+                }
+            }
+        }
+        let mut all = Vec::with_capacity(ids.len());
+        for (id, known) in ids.iter().zip(out) {
+            all.push(match known {
+                Some(report) => report,
+                None => self.status(id).await,
+            });
+        }
+        all
+    }
+
     /// One task of an array. slurmrestd 22.05 does not read `<array>_<task>` ids, so the
     /// array's records are read and the task picked out: its own record once it started,
     /// else the array's pending record that still holds it; accounting after that.
@@ -368,17 +405,7 @@ impl Rest {
             .await?;
         if answer.status == 200 {
             let jobs = answer.body["jobs"].as_array().cloned().unwrap_or_default();
-            let own = jobs
-                .iter()
-                .find(|j| num(&j["array_task_id"]) == Some(i64::from(task)));
-            let pending = || {
-                jobs.iter().find(|j| {
-                    j["array_task_string"]
-                        .as_str()
-                        .is_some_and(|t| task_string_holds(t, task))
-                })
-            };
-            if let Some(job) = own.or_else(pending) {
+            if let Some(job) = array_task_record(&jobs, task) {
                 return ctld_record(job).report(id);
             }
         } else if !(answer.has_error(INVALID_JOB_ID) || answer.status == 404) {
@@ -650,23 +677,18 @@ pub fn submit_body(plan: &Plan, v: &str) -> Value {
     }
 }
 
-/// Whether an array's task string (`5,8-10%2`, `1-9:2`) holds task `task`.
-pub fn task_string_holds(text: &str, task: u32) -> bool {
-    let text = text.split('%').next().unwrap_or("");
-    text.split(',').any(|part| {
-        let (range, step) = match part.split_once(':') {
-            Some((r, s)) => (r, s.trim().parse::<u32>().unwrap_or(1).max(1)),
-            None => (part, 1),
-        };
-        let (a, b) = match range.split_once('-') {
-            Some((a, b)) => (a.trim().parse::<u32>(), b.trim().parse::<u32>()),
-            None => (range.trim().parse::<u32>(), range.trim().parse::<u32>()),
-        };
-        match (a, b) {
-            (Ok(a), Ok(b)) => (a..=b).contains(&task) && (task - a).is_multiple_of(step),
-            _ => false,
-        }
-    })
+/// Task `task`'s record among an array's records from slurmctld: its own once it
+/// started, else the array's pending record that still holds it.
+fn array_task_record(jobs: &[Value], task: u32) -> Option<&Value> {
+    jobs.iter()
+        .find(|j| num(&j["array_task_id"]) == Some(i64::from(task)))
+        .or_else(|| {
+            jobs.iter().find(|j| {
+                j["array_task_string"]
+                    .as_str()
+                    .is_some_and(|t| task_string_holds(t, task))
+            })
+        })
 }
 
 /// Capacity from `GET /slurm/vX/nodes`.
@@ -796,16 +818,6 @@ mod tests {
             assert_eq!(job["tres_per_node"], "gres/gpu:1");
             assert_eq!(job["cpus_per_task"], 8);
         }
-    }
-
-    #[test]
-    fn task_strings_say_which_tasks_they_hold() {
-        assert!(task_string_holds("5,8%2", 8));
-        assert!(!task_string_holds("5,8%2", 6));
-        assert!(task_string_holds("3-9%2", 3) && task_string_holds("3-9", 9));
-        assert!(!task_string_holds("3-9", 10));
-        assert!(task_string_holds("1-9:2", 5) && !task_string_holds("1-9:2", 4));
-        assert!(!task_string_holds("", 0) && !task_string_holds("x-y", 1));
     }
 
     #[test]

@@ -452,3 +452,63 @@ async fn impossible_requests_are_rejected_by_slurm() {
         other => panic!("expected Rejected, got {other:?}"),
     }
 }
+
+/// Runs commands here and remembers which ran.
+#[derive(Debug)]
+struct Recording {
+    inner: meridian_adapter_slurm::LocalRunner,
+    programs: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl meridian_adapter_slurm::CommandRunner for Recording {
+    async fn run(
+        &self,
+        command: &meridian_adapter_slurm::Command,
+    ) -> std::io::Result<meridian_adapter_slurm::Output> {
+        self.programs.lock().unwrap().push(command.program.clone());
+        self.inner.run(command).await
+    }
+}
+
+/// A site following an array asks Slurm once for all its waiting and running tasks, not
+/// once per task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arrays_tasks_are_asked_for_in_one_call() {
+    let (_state, work, scratch) = dirs();
+    let runner = Arc::new(Recording {
+        inner: meridian_adapter_slurm::LocalRunner {
+            bin_dir: None,
+            timeout: Duration::from_secs(30),
+        },
+        programs: Default::default(),
+    });
+    let adapter = SlurmAdapter::with_runner(SlurmConfig::cli(work), runner.clone()).unwrap();
+    let o = options(scratch);
+    let mut template = o.job("slow-array", &["sleep", "20"]);
+    template.array_index = Some(0);
+    let array = meridian_adapter_core::ArrayRequest {
+        batch_id: uuid::Uuid::now_v7(),
+        template,
+        tasks: (0..3)
+            .map(|index| meridian_adapter_core::ArrayTask {
+                index,
+                job_id: uuid::Uuid::now_v7(),
+            })
+            .collect(),
+        cap: 1,
+    };
+    let ids = adapter.submit_array(&array).await.expect("submit");
+    runner.programs.lock().unwrap().clear();
+    let reports = adapter.status_all(&ids).await;
+    let programs = runner.programs.lock().unwrap().clone();
+    for (r, id) in reports.iter().zip(&ids) {
+        let r = r.as_ref().unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert!(!r.state.is_terminal(), "{r:?}");
+        assert_eq!(&r.backend_id, id);
+    }
+    assert_eq!(programs, ["scontrol"], "one call for three tasks");
+    for id in &ids {
+        adapter.cancel(id).await.expect("cancel");
+    }
+}

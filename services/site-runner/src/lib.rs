@@ -484,10 +484,31 @@ impl SiteRunner {
         self.step(id).await
     }
 
+    /// Asks the site about every job it follows: array tasks submitted together in one
+    /// call per batch (a site holding a 1,000-task array is asked once, not 1,000
+    /// times), every other job on its own.
     async fn poll_all(&mut self) -> Result<(), RunnerError> {
         let ids: Vec<Uuid> = self.jobs.keys().copied().collect();
+        let mut batches: HashMap<Uuid, Vec<(Uuid, BackendJobId)>> = HashMap::new();
         for id in ids {
-            self.step(id).await?;
+            let batch = self.jobs[&id].job.state.dispatch().and_then(|d| d.batch);
+            match batch {
+                Some(b) => {
+                    if let Some(backend) = self.at_site(id).await? {
+                        batches.entry(b.id).or_default().push((id, backend));
+                    }
+                }
+                None => self.step(id).await?,
+            }
+        }
+        for members in batches.into_values() {
+            let backends: Vec<BackendJobId> = members.iter().map(|(_, b)| b.clone()).collect();
+            let reports = self.adapter.status_all(&backends).await;
+            for ((id, _), report) in members.into_iter().zip(reports) {
+                if self.jobs.contains_key(&id) {
+                    self.advance(id, report).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -595,23 +616,41 @@ impl SiteRunner {
 
     /// Moves one job forward by what its site says now.
     async fn step(&mut self, id: Uuid) -> Result<(), RunnerError> {
-        let state = self.jobs[&id].job.state.state();
-        match state {
+        let Some(backend) = self.at_site(id).await? else {
+            return Ok(());
+        };
+        let report = self.adapter.status(&backend).await;
+        self.advance(id, report).await
+    }
+
+    /// The backend id of job `id` when what the site says of it is what moves it on;
+    /// `None` once it was dealt with here: forgotten when it ended, submitted when it
+    /// had not been.
+    async fn at_site(&mut self, id: Uuid) -> Result<Option<BackendJobId>, RunnerError> {
+        match self.jobs[&id].job.state.state() {
             None => {
                 self.jobs.remove(&id);
-                return Ok(());
+                return Ok(None);
             }
             Some(s) if s.is_terminal() => {
                 self.finish_tracking(id).await;
-                return Ok(());
+                return Ok(None);
             }
             _ => {}
         }
-        if self.jobs[&id].backend.is_none() {
-            return self.submit(id).await;
+        match self.jobs[&id].backend.clone() {
+            Some(backend) => Ok(Some(backend)),
+            None => self.submit(id).await.map(|()| None),
         }
-        let backend = self.jobs[&id].backend.clone().expect("checked");
-        let report = match self.adapter.status(&backend).await {
+    }
+
+    /// Moves job `id` forward by what its site said of it.
+    async fn advance(
+        &mut self,
+        id: Uuid,
+        report: Result<meridian_adapter_core::JobReport, AdapterError>,
+    ) -> Result<(), RunnerError> {
+        let report = match report {
             Ok(report) => report,
             Err(AdapterError::Unavailable(e)) => {
                 tracing::warn!(job = %id, error = %e, "site unavailable; will ask again");
