@@ -1100,3 +1100,58 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
     .await;
     b.stop.send(true).unwrap();
 }
+
+/// The largest batch, with the longest names the spec and catalogue allow, is one commit
+/// the log takes (both backends refuse a commit over `MAX_COMMIT_BYTES`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_array_batch_fits_in_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let long = "n".repeat(63);
+    let site = register(&*log, &"s".repeat(63), "1", 8).await;
+    connect_taking_arrays(&*log, site, 86_400, Some(5000)).await;
+    let (stop, stopped) = watch::channel(false);
+    let b = Bench {
+        router: Bench::spawn(log.clone(), stopped),
+        log,
+        stop,
+        _dir: dir,
+    };
+    let yaml = format!(
+        "version: v1\nname: {long}\njobs:\n  {long}:\n    image: host\n    command: [\"true\"]\n    array: {{start: 4000000000, end: 4000001499, parallelism: 1500}}\n"
+    );
+    let id = b.submit(&yaml).await;
+    let first = b
+        .wait_for("the first batch", async || {
+            let d = batches(&*b.log, id).await;
+            (d.len() >= 1000).then_some(d)
+        })
+        .await;
+    let batch = first[0].1.expect("in a batch");
+    assert!(first[..1000].iter().all(|d| d.1 == Some(batch)));
+    let sizes: std::collections::BTreeSet<usize> = b
+        .log
+        .read_from(0, 100_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.events.len())
+        .collect();
+    assert!(
+        sizes.contains(&1000),
+        "one commit of 1000 releases: {sizes:?}"
+    );
+    // With room to spare for longer traces and tenants.
+    let commits = b.log.read_from(0, 100_000).await.unwrap();
+    let largest = commits
+        .iter()
+        .map(|c| serde_json::to_vec(&c.events).unwrap().len())
+        .max()
+        .unwrap();
+    assert!(
+        largest < meridian_eventlog::MAX_COMMIT_BYTES * 3 / 4,
+        "{largest} bytes"
+    );
+    let _ = b.stop.send(true);
+}
