@@ -42,6 +42,7 @@ use meridian_events::{
 };
 use meridian_spec::Size;
 use rust_decimal::Decimal;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -65,16 +66,19 @@ fn error(path: impl Into<String>, message: impl Into<String>) -> CatalogFileErro
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Catalogue")]
 struct File {
     sites: Vec<SiteFile>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Site")]
 struct SiteFile {
     name: String,
+    #[schemars(schema_with = "site_kind_schema")]
     kind: SiteKind,
     region: String,
     jurisdiction: String,
@@ -87,18 +91,21 @@ struct SiteFile {
     datasets: Vec<DatasetFile>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Dataset")]
 struct DatasetFile {
     uri: String,
     digest: String,
     size: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Prices")]
 struct PricesFile {
     currency: String,
+    #[schemars(with = "String", extend("format" = "date-time"))]
     effective_from: DateTime<Utc>,
     source: String,
     #[serde(default)]
@@ -114,22 +121,25 @@ struct PricesFile {
     compute: Vec<OfferFile>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "EgressTier")]
 struct EgressTierFile {
     from_gb: String,
     per_gb: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "EgressWithin")]
 struct EgressWithinFile {
     same_region: String,
     other_region: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Offer")]
 struct OfferFile {
     offer: String,
     per_instance_hour: Option<String>,
@@ -138,8 +148,9 @@ struct OfferFile {
     per_gpu_hour: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Shape")]
 struct ShapeFile {
     name: String,
     offer: String,
@@ -155,13 +166,35 @@ struct ShapeFile {
     max_walltime: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Gpus")]
 struct GpusFile {
     count: u32,
+    #[schemars(schema_with = "vendor_schema")]
     vendor: AcceleratorVendor,
     model: String,
     memory: String,
+}
+
+fn site_kind_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "enum": ["local", "slurm", "pbs", "kubernetes", "coreweave", "aws", "gcp", "azure", "oci"]
+    })
+}
+
+fn vendor_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"enum": ["nvidia", "amd"]})
+}
+
+/// The JSON Schema of a catalogue file: its shape (fields, types, which are required).
+/// Values are checked further when a catalogue is read: amounts are decimals, each
+/// shape names an offer of its site's prices, sizes carry units; [`parse`] says what is
+/// wrong, by path. The checked-in copy is `schemas/catalog.schema.json`.
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(File)).expect("a schema is JSON");
+    schema["title"] = "Meridian site catalogue".into();
+    schema
 }
 
 /// One site as the file describes it, checked.

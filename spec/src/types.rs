@@ -385,15 +385,15 @@ impl FromStr for Image {
             }
             return Ok(Image::Container(s.to_string()));
         }
+        // An absolute path is a path, whatever it holds.
+        if s.starts_with('/') && s.ends_with(".sif") && s.len() > "/.sif".len() {
+            return Ok(Image::Container(s.to_string()));
+        }
         if let Some(at) = s.find("://") {
             return Err(ImageError::UnknownScheme(s[..at + 3].to_string()));
         }
         if s.ends_with(".sif") {
-            return if s.starts_with('/') && s.len() > "/.sif".len() {
-                Ok(Image::Container(s.to_string()))
-            } else {
-                Err(ImageError::RelativeSif)
-            };
+            return Err(ImageError::RelativeSif);
         }
         Err(ImageError::NoScheme(format!("docker://{s}")))
     }
@@ -426,7 +426,7 @@ impl JsonSchema for Image {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
             "type": "string",
-            "pattern": r"^(host|(docker|oras|library)://\S+|/\S*\.sif)$",
+            "pattern": r"^(host|(docker|oras|library)://[^\s\x00-\x1f\x7f-\x9f]+|/[^\s\x00-\x1f\x7f-\x9f]+\.sif)$",
             "description": "`host` to run on the site's host, an image reference with its scheme (docker://, oras://, library://), or an absolute path to a .sif file.",
             "examples": ["host", "docker://python:3.12", "oras://ghcr.io/org/image:1.0", "/images/pytorch.sif"],
         })

@@ -188,11 +188,11 @@ pub struct TokenRequest {
     #[serde(default)]
     pub tenant: Option<String>,
     /// `researcher`, `finance`, `admin` or `agent`.
-    #[schema(value_type = String)]
+    #[schema(schema_with = crate::formats::schema::issued_role)]
     pub role: Role,
     /// For an agent: the write actions it may do, `submit` and `cancel`.
     #[serde(default)]
-    #[schema(value_type = Vec<String>)]
+    #[schema(schema_with = crate::formats::schema::grants)]
     pub grants: Vec<Grant>,
     /// When it stops holding (RFC 3339, UTC); default never.
     #[serde(default)]

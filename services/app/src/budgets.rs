@@ -32,21 +32,24 @@ use crate::{Action, App, AppError, Principal};
 pub struct BudgetDocument {
     /// The most its workflows may cost in one calendar month (UTC), such as `"1000 USD"`.
     #[serde(default)]
+    #[schema(schema_with = crate::formats::schema::optional_positive_money)]
     pub money_per_month: Option<String>,
     /// The most of its workflows placed and not yet ended at once; more wait, in
     /// submission order, with the reason in their status.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2147483647)]
     pub concurrent_workflows: Option<u32>,
     /// The most GPUs its running jobs and services may hold at once; a task that would
     /// pass it waits, with the reason in its workflow's status.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2147483647)]
     pub concurrent_gpus: Option<u32>,
     /// The most GPU-hours its workflows may hold in one calendar month (UTC), used and in
     /// flight together, such as `"500"`. A workflow counts each task's GPUs over its
     /// walltime until it ends, then what its runs held.
     #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub gpu_hours_per_month: Option<serde_json::Value>,
+    #[schema(schema_with = crate::formats::schema::optional_hours)]
+    pub gpu_hours_per_month: Option<String>,
 }
 
 /// A tenant's budget this month, and where it stands.
@@ -76,29 +79,27 @@ pub struct BudgetView {
 
 /// The limits a request body describes, or a 400 that names the field at fault.
 pub fn parse_budget(bytes: &[u8]) -> Result<TenantLimits, AppError> {
-    let doc: BudgetDocument = crate::tenants::json_body(bytes, "budget")?;
+    let doc: BudgetDocument = crate::formats::json_body(bytes, "budget")?;
     let money_per_month = doc
         .money_per_month
-        .map(|m| {
-            m.parse::<Money>()
-                .map_err(|e| AppError::BadRequest(format!("money_per_month: {e}")))
-        })
+        .map(|m| crate::formats::positive_money("money_per_month", &m))
         .transpose()?;
-    let gpu_hours_per_month = match doc.gpu_hours_per_month {
-        None | Some(serde_json::Value::Null) => None,
-        Some(value) => {
-            let text = match &value {
-                serde_json::Value::String(t) => t.clone(),
-                serde_json::Value::Number(n) => n.to_string(),
-                _ => String::new(),
-            };
-            Some(text.parse::<Decimal>().map_err(|_| {
-                AppError::BadRequest(format!(
-                    "gpu_hours_per_month: expected a number of GPU-hours such as \"500\", got {value}"
-                ))
-            })?)
+    let gpu_hours_per_month = doc
+        .gpu_hours_per_month
+        .map(|h| crate::formats::hours("gpu_hours_per_month", &h))
+        .transpose()?;
+    // What the document states (`int32`): larger counts mean nothing here anyway.
+    for (field, n) in [
+        ("concurrent_workflows", doc.concurrent_workflows),
+        ("concurrent_gpus", doc.concurrent_gpus),
+    ] {
+        if n.is_some_and(|n| n > i32::MAX as u32) {
+            return Err(AppError::BadRequest(format!(
+                "{field}: expected at most {}",
+                i32::MAX
+            )));
         }
-    };
+    }
     Ok(TenantLimits {
         gpu_hours_per_month,
         money_per_month,

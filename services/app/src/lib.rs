@@ -22,6 +22,7 @@ pub mod audit;
 pub mod auth;
 pub mod budgets;
 mod error;
+pub mod formats;
 mod idempotency;
 mod principal;
 mod projection;

@@ -8,11 +8,15 @@ use meridian_eventlog::aggregates::{execute, load, ExecuteError};
 use meridian_events::aggregate::tenant::valid_tenant_name;
 use meridian_events::aggregate::tenant::Adjustment;
 use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand, TenantError};
-use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms, PlacementPolicy};
-use meridian_events::{EventContext, Money};
+use meridian_events::vocabulary::tenant::{
+    AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy,
+};
+use meridian_events::EventContext;
+use meridian_events::SiteKind;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::formats;
 use crate::{Action, App, AppError, Principal};
 
 // Request bodies are read field by field (`parse_policy`) so that an error names its
@@ -23,15 +27,19 @@ use crate::{Action, App, AppError, Principal};
 pub struct PolicyDocument {
     /// Sites the tenant may use; empty or absent: any.
     #[serde(default)]
+    #[schema(schema_with = crate::formats::schema::place_names)]
     pub sites: Vec<String>,
     /// Regions the tenant may use; empty or absent: any.
     #[serde(default)]
+    #[schema(schema_with = crate::formats::schema::place_names)]
     pub regions: Vec<String>,
     /// The jurisdiction its data must stay in, such as `eu`.
     #[serde(default)]
+    #[schema(schema_with = crate::formats::schema::optional_place_name)]
     pub residency: Option<String>,
     /// The most one workflow's estimate may be, such as `"500 USD"`.
     #[serde(default)]
+    #[schema(schema_with = crate::formats::schema::optional_positive_money)]
     pub budget_per_workflow: Option<String>,
     /// Whether workflows that ask for spot capacity may have it; default true.
     #[serde(default = "yes")]
@@ -102,9 +110,11 @@ pub fn parse_policy(bytes: &[u8]) -> Result<PlacementPolicy, AppError> {
             None => Ok(Vec::new()),
             Some(serde_json::Value::Array(items)) => items
                 .iter()
-                .map(|i| i.as_str().map(str::to_string))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| bad(field, "a list of names")),
+                .map(|i| match i.as_str() {
+                    Some(name) => formats::place_name(field, name),
+                    None => Err(bad(field, "a list of names")),
+                })
+                .collect(),
             Some(_) => Err(bad(field, "a list of names")),
         }
     };
@@ -125,12 +135,11 @@ pub fn parse_policy(bytes: &[u8]) -> Result<PlacementPolicy, AppError> {
     Ok(PlacementPolicy {
         sites: list("sites")?,
         regions: list("regions")?,
-        residency: text("residency", "a jurisdiction such as \"eu\"")?,
+        residency: text("residency", "a jurisdiction such as \"eu\"")?
+            .map(|r| formats::place_name("residency", &r))
+            .transpose()?,
         budget_per_workflow: text("budget_per_workflow", "an amount such as \"500 USD\"")?
-            .map(|b| {
-                b.parse::<Money>()
-                    .map_err(|e| AppError::BadRequest(format!("budget_per_workflow: {e}")))
-            })
+            .map(|b| formats::positive_money("budget_per_workflow", &b))
             .transpose()?,
         spot_allowed: flag("spot_allowed")?,
         split_allowed: flag("split_allowed")?,
@@ -150,10 +159,8 @@ pub struct GrantRequest {
     /// Which charges it covers: `site`, `site_kind` and `charge` (compute, storage,
     /// egress) each narrow it; none covers all.
     #[serde(default)]
-    #[schema(value_type = Object)]
-    pub scope: AdjustmentScope,
-    #[schema(value_type = Object)]
-    pub terms: AdjustmentTerms,
+    pub scope: ScopeDocument,
+    pub terms: TermsDocument,
     /// From when (RFC 3339, UTC); default now, never in the past.
     #[serde(default)]
     pub effective_from: Option<DateTime<Utc>>,
@@ -163,6 +170,77 @@ pub struct GrantRequest {
     /// A contract or ticket reference kept with it.
     #[serde(default)]
     pub reference: Option<String>,
+}
+
+/// Which charges an adjustment covers, as the API takes it: each field narrows it.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeDocument {
+    /// Only this site's charges.
+    #[serde(default)]
+    #[schema(schema_with = crate::formats::schema::optional_place_name)]
+    pub site: Option<String>,
+    /// Only charges at sites of this kind (not with `site`).
+    #[serde(default)]
+    #[schema(schema_with = crate::formats::schema::optional_site_kind)]
+    pub site_kind: Option<SiteKind>,
+    /// Only compute, storage or egress charges.
+    #[serde(default)]
+    #[schema(schema_with = crate::formats::schema::optional_charge)]
+    pub charge: Option<ChargeKind>,
+}
+
+/// How an adjustment prices what it covers, as the API takes it.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TermsDocument {
+    /// The list price less `percent` percent (above 0, at most 100), such as `"10"`.
+    PercentDiscount {
+        #[schema(schema_with = crate::formats::schema::decimal)]
+        percent: String,
+    },
+    /// A negotiated unit price for one meter, in one currency.
+    CommittedRate {
+        #[schema(schema_with = crate::formats::schema::meter)]
+        meter: Meter,
+        #[schema(schema_with = crate::formats::schema::decimal)]
+        unit_price: String,
+        #[schema(schema_with = crate::formats::schema::currency)]
+        currency: String,
+    },
+}
+
+impl ScopeDocument {
+    fn scope(&self) -> Result<AdjustmentScope, AppError> {
+        Ok(AdjustmentScope {
+            site: self
+                .site
+                .as_deref()
+                .map(|s| formats::place_name("scope.site", s))
+                .transpose()?,
+            site_kind: self.site_kind,
+            charge: self.charge,
+        })
+    }
+}
+
+impl TermsDocument {
+    fn terms(&self) -> Result<AdjustmentTerms, AppError> {
+        Ok(match self {
+            TermsDocument::PercentDiscount { percent } => AdjustmentTerms::PercentDiscount {
+                percent: formats::decimal("terms.percent", percent)?,
+            },
+            TermsDocument::CommittedRate {
+                meter,
+                unit_price,
+                currency,
+            } => AdjustmentTerms::CommittedRate {
+                meter: *meter,
+                unit_price: formats::decimal("terms.unit_price", unit_price)?,
+                currency: formats::currency("terms.currency", currency)?,
+            },
+        })
+    }
 }
 
 /// Ends an adjustment.
@@ -214,26 +292,13 @@ fn view(tenant: &str, a: &Adjustment) -> AdjustmentView {
     }
 }
 
-/// A JSON body of type `T`, or a 400 naming the field at fault.
-pub fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, AppError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path.is_empty() || path == "." {
-            AppError::BadRequest(format!("invalid {what}: {inner}"))
-        } else {
-            AppError::BadRequest(format!("{path}: {inner}"))
-        }
-    })
-}
-
 /// What refusing an adjustment command answers: the caller's mistake is a bad request,
 /// a missing adjustment not found, one already ended a conflict.
 fn adjustment_refused(e: ExecuteError<TenantError>) -> AppError {
     match AppError::from_execute("recording the adjustment", e) {
         Err(app) => app,
         Ok(TenantError::UnknownAdjustment(id)) => AppError::NotFound(format!("no adjustment {id}")),
+        Ok(e @ TenantError::NoAdjustments) => AppError::NotFound(e.to_string()),
         Ok(e @ TenantError::AlreadyEnded { .. }) => AppError::Conflict(e.to_string()),
         Ok(e) => AppError::BadRequest(e.to_string()),
     }
@@ -348,14 +413,16 @@ impl App {
         self.authorize(who, Action::ChangeAdjustments).await?;
         let result = async {
             check_tenant_path(tenant)?;
+            let scope = request.scope.scope()?;
+            let terms = request.terms.terms()?;
             let adjustment_id = Uuid::now_v7();
             let ctx = EventContext::new_chain(tenant.to_string());
             execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
                 TenantCommand::GrantAdjustment {
                     tenant: tenant.to_string(),
                     adjustment_id,
-                    scope: request.scope.clone(),
-                    terms: request.terms.clone(),
+                    scope: scope.clone(),
+                    terms: terms.clone(),
                     effective_from: request.effective_from,
                     effective_until: request.effective_until,
                     granted_by: who.user.clone(),

@@ -9,7 +9,7 @@ use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use meridian_app::audit::{AuditList, AuditQuery};
 use meridian_app::auth::{IssuedTokenSecret, TokenList, TokenRequest, TokenView};
-use meridian_app::tenants::json_body;
+use meridian_app::formats::json_body;
 use meridian_app::Principal;
 use std::collections::BTreeMap;
 use uuid::Uuid;
@@ -74,9 +74,9 @@ pub(crate) async fn revoke(
 /// The audit trail: every write and every refused request, oldest first.
 #[utoipa::path(get, path = "/v1/audit", tag = "access", operation_id = "audit",
     params(
-        ("tenant" = Option<String>, Query, description = "Only this tenant's records"),
-        ("since" = Option<String>, Query, description = "Only records at or after this time (RFC 3339)"),
-        ("limit" = Option<u32>, Query, description = "At most this many (default 100, at most 1000)"),
+        ("tenant" = Option<String>, Query, pattern = "^[a-z0-9_-]{1,63}$", description = "Only this tenant's records"),
+        ("since" = Option<DateTime<Utc>>, Query, description = "Only records at or after this time (RFC 3339)"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "At most this many (default 100, at most 1000)"),
     ),
     responses(
         (status = 200, description = "The records", body = AuditList),

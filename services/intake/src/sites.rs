@@ -42,7 +42,13 @@ pub(crate) async fn list(
 /// Registers or updates the sites a catalogue document describes (YAML or JSON; the
 /// format of `catalog/reference.yaml`). Sites it does not name are left as they are.
 #[utoipa::path(put, path = "/v1/sites", tag = "sites", operation_id = "apply_catalog",
-    request_body(content = String, description = "A catalogue document", content_type = "application/yaml"),
+    request_body(
+        description = "A catalogue document (YAML or JSON, at most 4 MiB): its shape is in `catalog.schema.json`; amounts, sizes and references between its fields are checked when it is read",
+        content(
+            (ref("catalog.schema.json") = "application/yaml"),
+            (ref("catalog.schema.json") = "application/json"),
+        ),
+    ),
     responses(
         (status = 200, description = "What changed, per site", body = AppliedCatalog),
         (status = 400, description = "The document is invalid; the error names the field", body = ErrorBody),
@@ -84,12 +90,7 @@ pub(crate) async fn drain(
     let request: DrainRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         DrainRequest::default()
     } else {
-        serde_json::from_slice::<Option<DrainRequest>>(&bytes)
-            .map_err(|e| {
-                ApiError::BadRequest(format!(
-                    "invalid drain request: {e}; expected {{\"reason\": \"...\"}}"
-                ))
-            })?
+        meridian_app::formats::json_body::<Option<DrainRequest>>(&bytes, "drain request")?
             .unwrap_or_default()
     };
     let name = site_name(path)?;
@@ -116,7 +117,19 @@ pub(crate) async fn undrain(
 /// Prices a workflow at every site of the live catalogue, without submitting it, under
 /// the placement policy of the tenant in `X-Meridian-Tenant`.
 #[utoipa::path(post, path = "/v1/quotes", tag = "sites", operation_id = "quote",
-    request_body(content = String, description = "A workflow document (YAML or JSON)", content_type = "application/yaml"),
+    params(
+        ("X-Meridian-Tenant" = Option<String>, Header, pattern = "^[a-z0-9_-]{1,63}$",
+            description = "The tenant whose policy applies, 1 to 63 of a-z, 0-9, '-', '_'; default the caller's"),
+    ),
+    request_body(
+        description = "A workflow spec v1 document (at most 1 MiB)",
+        content(
+            (ref("workflow.schema.json") = "application/yaml"),
+            (ref("workflow.schema.json") = "application/x-yaml"),
+            (ref("workflow.schema.json") = "text/yaml"),
+            (ref("workflow.schema.json") = "application/json"),
+        ),
+    ),
     responses(
         (status = 200, description = "The cheapest site and every candidate", body = Quote),
         (status = 400, description = "The workflow is invalid; every error with its path", body = ErrorBody),

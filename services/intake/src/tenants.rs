@@ -7,9 +7,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Extension;
 use axum::Json;
+use meridian_app::formats::json_body;
 use meridian_app::tenants::{
-    json_body, parse_policy, AdjustmentList, AdjustmentView, GrantRequest, PolicyDocument,
-    RevokeRequest, TenantPolicy,
+    parse_policy, AdjustmentList, AdjustmentView, GrantRequest, PolicyDocument, RevokeRequest,
+    TenantPolicy,
 };
 use uuid::Uuid;
 

@@ -666,7 +666,7 @@ async fn submissions_over_the_monthly_gpu_hours_are_refused() {
     let res = b
         .call(
             Req::new(Method::PUT, &format!("/v1/tenants/{OWN}/budget"))
-                .json(&json!({"gpu_hours_per_month": 10})),
+                .json(&json!({"gpu_hours_per_month": "10"})),
         )
         .await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
@@ -776,4 +776,111 @@ async fn submissions_over_the_monthly_gpu_hours_are_refused() {
         bad.error()
     );
     b.finish().await;
+}
+
+/// Bodies are JSON objects whose values follow the formats the OpenAPI document states,
+/// each a 400 naming the field when they do not, with nothing changed.
+#[tokio::test]
+async fn bodies_follow_the_documented_formats() {
+    let b = Bench::new(Db::Sqlite).await;
+    let budget = format!("/v1/tenants/{OWN}/budget");
+    let put = |body: Value| Req::new(Method::PUT, &budget).json(&body);
+    let refused = [
+        (json!([null, null]), "expected a JSON object"),
+        (
+            json!({"money_per_month": "0 USD"}),
+            "money_per_month: expected an amount above zero",
+        ),
+        (
+            json!({"money_per_month": " 5 USD"}),
+            "money_per_month: expected",
+        ),
+        (
+            json!({"gpu_hours_per_month": 10}),
+            "gpu_hours_per_month: invalid type",
+        ),
+        (
+            json!({"gpu_hours_per_month": "1e3"}),
+            "gpu_hours_per_month: expected a number of hours",
+        ),
+        (
+            json!({"concurrent_gpus": 2147483648u64}),
+            "concurrent_gpus: expected at most",
+        ),
+        (
+            json!({"concurrent_gpus": 2.5}),
+            "concurrent_gpus: invalid type",
+        ),
+    ];
+    for (body, why) in refused {
+        let res = b.call(put(body.clone())).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}: {}", res.body);
+        assert!(
+            res.body["error"].as_str().unwrap().contains(why),
+            "{body}: {}",
+            res.body
+        );
+    }
+    let res = b.call(Req::new(Method::GET, &budget)).await;
+    assert!(
+        res.body["money_per_month"].is_null(),
+        "nothing changed: {}",
+        res.body
+    );
+    // A number written as a decimal is the integer it is (JSON Schema says so).
+    let res = b.call(put(json!({"concurrent_gpus": 2.0}))).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.body["concurrent_gpus"], 2);
+
+    let policy = format!("/v1/tenants/{OWN}/policy");
+    for (body, why) in [
+        (json!({"sites": [" eu"]}), "sites: expected a name"),
+        (json!({"residency": ""}), "residency: expected a name"),
+        (
+            json!({"budget_per_workflow": "0 USD"}),
+            "budget_per_workflow: expected an amount above zero",
+        ),
+    ] {
+        let res = b.call(Req::new(Method::PUT, &policy).json(&body)).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}: {}", res.body);
+        assert!(
+            res.body["error"].as_str().unwrap().contains(why),
+            "{body}: {}",
+            res.body
+        );
+    }
+
+    let adjustments = format!("/v1/tenants/{OWN}/adjustments");
+    for (terms, why) in [
+        (
+            json!({"kind": "percent_discount", "percent": "+5"}),
+            "terms.percent: expected a decimal",
+        ),
+        (
+            json!({"kind": "percent_discount", "percent": 5}),
+            "terms: invalid type",
+        ),
+        (
+            json!({"kind": "committed_rate", "meter": "gpu_hours", "unit_price": "1.8", "currency": "usd"}),
+            "terms.currency: expected a currency code",
+        ),
+    ] {
+        let res = b
+            .call(Req::new(Method::POST, &adjustments).json(&json!({"terms": terms})))
+            .await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{terms}: {}", res.body);
+        assert!(
+            res.body["error"].as_str().unwrap().contains(why),
+            "{terms}: {}",
+            res.body
+        );
+    }
+    // Revoking what was never granted is not found, however many the tenant has.
+    let res = b
+        .call(Req::new(
+            Method::POST,
+            &format!("{adjustments}/{}/revoke", Uuid::now_v7()),
+        ))
+        .await;
+    assert_eq!(res.status, StatusCode::NOT_FOUND, "{}", res.body);
 }
