@@ -25,7 +25,7 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 43] = [
+const TAGS: [&str; 45] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -41,6 +41,8 @@ const TAGS: [&str; 43] = [
     "workflow.billed.v1",
     "workflow.volume_allocated.v1",
     "workflow.volume_released.v1",
+    "workflow.volume_staged.v1",
+    "workflow.volume_staging_failed.v1",
     "job.dispatched.v1",
     "job.submitted_to_site.v1",
     "job.started.v1",
@@ -258,6 +260,18 @@ fn every_event() -> Vec<Event> {
             rate: storage_rate(),
             allocated_at: at(1, 0),
             released_at: at(9, 30),
+        }
+        .into(),
+        WorkflowEvent::VolumeStaged {
+            volume: "data".into(),
+            site: site(),
+            transfers: vec![uuid::Uuid::nil()],
+        }
+        .into(),
+        WorkflowEvent::VolumeStagingFailed {
+            volume: "data".into(),
+            site: site(),
+            reason: "s3://bucket/x: not found".into(),
         }
         .into(),
         JobEvent::Dispatched {

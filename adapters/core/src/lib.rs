@@ -362,6 +362,14 @@ pub trait SiteAdapter: Send + Sync {
         )))
     }
 
+    /// The directory on this machine that holds the site's volumes, each at
+    /// [`volume_dir`]`(root, workflow, volume)`, when this machine can write it (the local
+    /// site; a batch site's shared file system): the data mover brings ingress there.
+    /// `None` (the default): the data mover cannot reach the site's storage.
+    fn volume_root(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+
     /// The Meridian jobs this site still runs (or queues), by the job id each is tagged
     /// with: the runner stops those no live job needs (a leak sweep). Sites that cannot
     /// list what they run say `NotSupported`, and are not swept.
@@ -371,6 +379,13 @@ pub trait SiteAdapter: Send + Sync {
             self.kind()
         )))
     }
+}
+
+/// Where a workflow's volume lives under a site's volume root: one directory per
+/// workflow and volume, the same for the adapter that mounts it and the data mover that
+/// fills it.
+pub fn volume_dir(root: &std::path::Path, workflow_id: Uuid, volume: &str) -> std::path::PathBuf {
+    root.join(workflow_id.to_string()).join(volume)
 }
 
 /// Serde for a `Duration` written as (fractional) seconds in adapter config files:

@@ -177,6 +177,9 @@ pub(crate) fn plan(
     }
 }
 
+/// The site root's directory of volumes.
+pub(crate) const VOLUMES: &str = "volumes";
+
 /// Where each of the job's volumes lives on this machine: a directory per workflow and
 /// volume under the site root (`<root>/volumes/<workflow>/<volume>`), made if needed.
 /// Returns (volume, directory, path in the job).
@@ -188,10 +191,8 @@ fn volume_dirs(job: &JobRequest, dir: &Path) -> Result<Vec<(String, PathBuf, Str
     job.mounts
         .iter()
         .map(|(volume, path)| {
-            let host = root
-                .join("volumes")
-                .join(job.workflow_id.to_string())
-                .join(volume);
+            let host =
+                meridian_adapter_core::volume_dir(&root.join(VOLUMES), job.workflow_id, volume);
             std::fs::create_dir_all(&host)
                 .map_err(|e| format!("cannot make the directory of volume {volume}: {e}"))?;
             Ok((volume.clone(), host, path.clone()))

@@ -605,6 +605,11 @@ impl SiteAdapter for LocalAdapter {
         })
     }
 
+    /// `<root>/volumes`: this machine writes it, so the data mover fills volumes there.
+    fn volume_root(&self) -> Option<PathBuf> {
+        Some(self.inner.config.root.join(launch::VOLUMES))
+    }
+
     /// Every job directory whose job has not ended.
     async fn owned(&self) -> Result<Vec<Uuid>, AdapterError> {
         let mut owned = Vec::new();

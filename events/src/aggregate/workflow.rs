@@ -138,6 +138,18 @@ pub enum WorkflowCommand {
         batch_id: Uuid,
         cap: u32,
     },
+    /// Every ingress step of `volume` at `site` is done.
+    RecordVolumeStaged {
+        volume: String,
+        site: String,
+        transfers: Vec<Uuid>,
+    },
+    /// An ingress step of `volume` at `site` failed for good.
+    FailVolumeStaging {
+        volume: String,
+        site: String,
+        reason: String,
+    },
     /// A released job's Job aggregate reached a terminal state.
     SettleJob {
         job_id: Uuid,
@@ -195,6 +207,10 @@ pub enum WorkflowError {
     InvalidArrayIndex { task: TaskRef, reason: String },
     #[error("{task} cannot run now: {reason}")]
     JobNotRunnable { task: TaskRef, reason: String },
+    #[error("volume {volume:?} declares no ingress")]
+    NoIngress { volume: String },
+    #[error("the ingress of volume {volume:?} at {site} was already recorded")]
+    AlreadyStaged { volume: String, site: String },
     #[error("invalid array batch of {job:?}: {reason}")]
     InvalidArrayBatch { job: String, reason: String },
     #[error("job id {job_id} was already released")]
@@ -444,6 +460,44 @@ pub struct Workflow {
     waiting: Option<String>,
     /// Why a runnable task is held back, until the next release.
     held: Option<String>,
+    /// Volumes whose ingress is done, by (volume, site).
+    staged: BTreeSet<(String, String)>,
+    /// Volumes whose ingress failed for good, by (volume, site), and why.
+    staging_failed: BTreeMap<(String, String), String>,
+}
+
+/// Why a step's data is not at its site yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataWait {
+    /// The ingress of `volume` at `site` is not done yet.
+    Staging { volume: String, site: String },
+    /// The ingress of `volume` at `site` failed, for `reason`.
+    Failed {
+        volume: String,
+        site: String,
+        reason: String,
+    },
+}
+
+impl fmt::Display for DataWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataWait::Staging { volume, site } => {
+                write!(
+                    f,
+                    "waiting for the data of volume {volume} to arrive at {site}"
+                )
+            }
+            DataWait::Failed {
+                volume,
+                site,
+                reason,
+            } => write!(
+                f,
+                "the data of volume {volume} could not be brought to {site}: {reason}"
+            ),
+        }
+    }
 }
 
 impl Workflow {
@@ -475,6 +529,65 @@ impl Workflow {
 
     pub fn placement_attempts(&self) -> u32 {
         self.placement_attempts
+    }
+
+    /// Whether the data `step` mounts is at the site it runs at: every volume it mounts
+    /// that declares ingress is staged there. The first thing it still waits for, if any.
+    pub fn data_wait(&self, step: &str) -> Option<DataWait> {
+        let (spec, placement) = (self.spec.as_ref()?, self.placement.as_ref()?);
+        let site = placement.site_for(step);
+        for volume in spec.mounts_of(step) {
+            if spec
+                .volumes
+                .get(volume)
+                .is_none_or(|v| v.ingress.is_empty())
+            {
+                continue;
+            }
+            let key = (volume.to_string(), site.to_string());
+            if let Some(reason) = self.staging_failed.get(&key) {
+                return Some(DataWait::Failed {
+                    volume: key.0,
+                    site: key.1,
+                    reason: reason.clone(),
+                });
+            }
+            if !self.staged.contains(&key) {
+                return Some(DataWait::Staging {
+                    volume: key.0,
+                    site: key.1,
+                });
+            }
+        }
+        None
+    }
+
+    /// A step that could start but for its data, and what it waits for: the reason to
+    /// show while the data mover works.
+    pub fn waiting_for_data(&self) -> Option<(String, DataWait)> {
+        if !matches!(
+            self.state,
+            Some(WorkflowState::Placed | WorkflowState::Running)
+        ) {
+            return None;
+        }
+        let counts = self.counts();
+        self.nodes.iter().find_map(|(name, node)| {
+            let c = counts[name.as_str()];
+            let ready = c.pending > 0
+                && c.free_slots() > 0
+                && node.requires.iter().all(|r| self.met(&counts, r, None));
+            match self.data_wait(name) {
+                Some(wait @ DataWait::Staging { .. }) if ready => Some((name.clone(), wait)),
+                _ => None,
+            }
+        })
+    }
+
+    /// Whether `volume`'s ingress at `site` is done.
+    pub fn is_staged(&self, volume: &str, site: &str) -> bool {
+        self.staged
+            .contains(&(volume.to_string(), site.to_string()))
     }
 
     /// Released jobs not yet settled, by Job aggregate id: what a cancel must reach.
@@ -527,7 +640,9 @@ impl Workflow {
             .iter()
             .filter(|(name, _)| {
                 let c = counts[name.as_str()];
-                !c.all_succeeded() && c.pending == 0 && c.in_flight == 0
+                (!c.all_succeeded() && c.pending == 0 && c.in_flight == 0)
+                    || (c.in_flight == 0
+                        && matches!(self.data_wait(name), Some(DataWait::Failed { .. })))
             })
             .map(|(name, _)| name.as_str())
             .collect();
@@ -620,6 +735,7 @@ impl Workflow {
         c.pending > 0
             && c.free_slots() > 0
             && node.requires.iter().all(|r| self.met(counts, r, ended))
+            && self.data_wait(job).is_none()
             && (!node.service || self.wanted(counts, job, &self.doomed(counts)))
     }
 
@@ -684,10 +800,23 @@ impl Workflow {
         }
         let failed = self.failed.iter().chain(new_failure);
         let total = self.failed.len() + usize::from(new_failure.is_some());
-        let reason = match (failed.clone().next(), total) {
-            (None, _) => "no job can run".to_owned(),
-            (Some(one), 1) => format!("{one} failed"),
-            (Some(first), n) => format!("{first} and {} other task(s) failed", n - 1),
+        let data = self
+            .staging_failed
+            .iter()
+            .next()
+            .map(|((volume, site), reason)| {
+                DataWait::Failed {
+                    volume: volume.clone(),
+                    site: site.clone(),
+                    reason: reason.clone(),
+                }
+                .to_string()
+            });
+        let reason = match (failed.clone().next(), total, data) {
+            (None, _, Some(data)) => data,
+            (None, _, None) => "no job can run".to_owned(),
+            (Some(one), 1, _) => format!("{one} failed"),
+            (Some(first), n, _) => format!("{first} and {} other task(s) failed", n - 1),
         };
         Some(WorkflowEvent::Failed {
             reason,
@@ -795,7 +924,54 @@ impl Workflow {
         if !node.is_pending(task.index) {
             return Err(not_runnable("it was already released".to_owned()));
         }
+        if let Some(wait) = self.data_wait(&task.job) {
+            return Err(not_runnable(wait.to_string()));
+        }
         Ok(())
+    }
+
+    /// Records that `volume`'s ingress at `site` is done, or (with `failure`) that it
+    /// failed for good; a failure ends the workflow once nothing else can run.
+    fn stage(
+        &self,
+        volume: String,
+        site: String,
+        transfers: Vec<Uuid>,
+        failure: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        let state = self.active_state()?;
+        let spec = self.spec.as_ref().ok_or(WorkflowError::NotSubmitted)?;
+        if spec
+            .volumes
+            .get(&volume)
+            .is_none_or(|v| v.ingress.is_empty())
+        {
+            return Err(WorkflowError::NoIngress { volume });
+        }
+        let key = (volume.clone(), site.clone());
+        if !self.volumes.contains_key(&key) {
+            return Err(WorkflowError::VolumeNotAllocated { volume, site });
+        }
+        if self.staged.contains(&key) || self.staging_failed.contains_key(&key) {
+            return Err(WorkflowError::AlreadyStaged { volume, site });
+        }
+        let event = match failure {
+            None => WorkflowEvent::VolumeStaged {
+                volume,
+                site,
+                transfers,
+            },
+            Some(reason) => WorkflowEvent::VolumeStagingFailed {
+                volume,
+                site,
+                reason,
+            },
+        };
+        let mut next = self.clone();
+        next.apply(&event);
+        let end = next.conclusion(state, next.running.len(), &next.counts(), None, now, None);
+        Ok([event].into_iter().chain(end).collect())
     }
 
     /// The next tasks of `job`'s array to release as one submission of at most `max`
@@ -1362,6 +1538,17 @@ impl Aggregate for Workflow {
                 cap,
             } => self.release_array(job, tasks, site, batch_id, cap),
 
+            WorkflowCommand::RecordVolumeStaged {
+                volume,
+                site,
+                transfers,
+            } => self.stage(volume, site, transfers, None, now),
+            WorkflowCommand::FailVolumeStaging {
+                volume,
+                site,
+                reason,
+            } => self.stage(volume, site, Vec::new(), Some(reason), now),
+
             WorkflowCommand::SettleJob { job_id, outcome } => self.settle(job_id, outcome, now),
 
             WorkflowCommand::RequestCancel { by, reason } => {
@@ -1613,7 +1800,21 @@ impl Aggregate for Workflow {
                 );
             }
             WorkflowEvent::VolumeReleased { volume, site, .. } => {
-                self.volumes.remove(&(volume.clone(), site.clone()));
+                let key = (volume.clone(), site.clone());
+                self.volumes.remove(&key);
+                // Its data went with it.
+                self.staged.remove(&key);
+            }
+            WorkflowEvent::VolumeStaged { volume, site, .. } => {
+                self.staged.insert((volume.clone(), site.clone()));
+            }
+            WorkflowEvent::VolumeStagingFailed {
+                volume,
+                site,
+                reason,
+            } => {
+                self.staging_failed
+                    .insert((volume.clone(), site.clone()), reason.clone());
             }
         }
     }

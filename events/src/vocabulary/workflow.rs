@@ -166,6 +166,25 @@ pub enum WorkflowEvent {
         allocated_at: DateTime<Utc>,
     },
 
+    /// Every ingress step of `volume` at `site` is done (the transfers name what came
+    /// in): jobs that mount it there may start.
+    #[serde(rename = "workflow.volume_staged.v1")]
+    VolumeStaged {
+        volume: String,
+        site: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        transfers: Vec<Uuid>,
+    },
+
+    /// An ingress step of `volume` at `site` failed for good: no job that mounts it there
+    /// runs, and the workflow fails with `reason` once nothing else can run.
+    #[serde(rename = "workflow.volume_staging_failed.v1")]
+    VolumeStagingFailed {
+        volume: String,
+        site: String,
+        reason: String,
+    },
+
     /// The space was given back. Repeats the allocation's numbers, so that this event
     /// alone is a complete storage charge: `bytes` from `allocated_at` to `released_at`
     /// at `rate`.
@@ -237,6 +256,8 @@ impl WorkflowEvent {
             WorkflowEvent::Billed { .. } => "workflow.billed.v1",
             WorkflowEvent::VolumeAllocated { .. } => "workflow.volume_allocated.v1",
             WorkflowEvent::VolumeReleased { .. } => "workflow.volume_released.v1",
+            WorkflowEvent::VolumeStaged { .. } => "workflow.volume_staged.v1",
+            WorkflowEvent::VolumeStagingFailed { .. } => "workflow.volume_staging_failed.v1",
         }
     }
 }

@@ -345,9 +345,20 @@ async fn apply_workflow(
         // Keeps the cancel request's reason: it says who cancelled and why.
         WorkflowEvent::Cancelled { .. } => set_state(tx, &id, "cancelled", None).await?,
         // The bill and storage have their own endpoint and read model (the ledger).
+        // Its data arrived: the hold it was under for it ends.
+        WorkflowEvent::VolumeStaged { .. } => {
+            sqlx::query(
+                "UPDATE intake_workflows SET reason = NULL WHERE id = $1 AND reason LIKE $2",
+            )
+            .bind(&id)
+            .bind(format!("{HELD}%"))
+            .execute(&mut **tx)
+            .await?;
+        }
         WorkflowEvent::Billed { .. }
         | WorkflowEvent::VolumeAllocated { .. }
-        | WorkflowEvent::VolumeReleased { .. } => return Ok(()),
+        | WorkflowEvent::VolumeReleased { .. }
+        | WorkflowEvent::VolumeStagingFailed { .. } => return Ok(()),
     }
     touch(tx, &id, &at).await
 }

@@ -380,9 +380,24 @@ impl App {
             .collect();
         job_ids.sort();
         job_ids.dedup();
+        // And the copies its staged volumes rest on.
+        let transfers = events
+            .iter()
+            .filter(|e| {
+                e.payload.get("type").and_then(|t| t.as_str()) == Some("workflow.volume_staged.v1")
+            })
+            .filter_map(|e| e.payload.get("transfers")?.as_array().cloned())
+            .flatten()
+            .filter_map(|t| t.as_str()?.parse().ok())
+            .map(|t| AggregateRef::new(AggregateKind::Transfer, t));
+        let related: Vec<AggregateRef> = job_ids
+            .into_iter()
+            .map(|job| AggregateRef::new(AggregateKind::Job, job))
+            .chain(transfers)
+            .collect();
         let log = &self.log;
-        let jobs: Vec<_> = futures::stream::iter(job_ids)
-            .map(|job| log.read_aggregate(AggregateRef::new(AggregateKind::Job, job)))
+        let jobs: Vec<_> = futures::stream::iter(related)
+            .map(|aggregate| log.read_aggregate(aggregate))
             .buffered(8)
             .try_collect()
             .await

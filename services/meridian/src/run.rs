@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use meridian_adapter_core::SiteAdapter;
 use meridian_adapter_local::{LocalAdapter, LocalConfig};
 use meridian_app::WorkflowCredentials;
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
@@ -113,6 +114,22 @@ impl Tasks {
         self.spawn(&format!("site {name}"), async move {
             Ok(runner.run(stop).await?)
         });
+    }
+
+    /// The data mover, writing into the volumes of `roots` (site → volume root); with
+    /// `only`, for those sites alone.
+    pub fn datamover(
+        &mut self,
+        log: Arc<dyn EventLog>,
+        roots: std::collections::BTreeMap<String, PathBuf>,
+        only: Option<Vec<String>>,
+    ) {
+        let stop = self.shutdown();
+        let mut mover = meridian_datamover::DataMover::new(log, roots);
+        if let Some(sites) = only {
+            mover = mover.only(sites);
+        }
+        self.spawn("data mover", async move { Ok(mover.run(stop).await?) });
     }
 
     /// Runs until Ctrl-C (or SIGTERM), or until a task fails; then stops the rest.
@@ -301,7 +318,15 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     };
     let call_back = call_back(&server, credentials);
 
+    let mut roots: std::collections::BTreeMap<String, PathBuf> = extra
+        .iter()
+        .filter_map(|(site, adapter)| Some((site.clone(), adapter.volume_root()?)))
+        .collect();
+    if let Some(root) = adapter.volume_root() {
+        roots.insert("local".into(), root);
+    }
     let mut tasks = Tasks::new();
+    tasks.datamover(log.clone(), roots, None);
     for (site, adapter) in extra {
         tasks.site(
             &site,
@@ -637,6 +662,12 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                     adapter_config.as_deref(),
                     root.as_deref().unwrap_or(Path::new(".")),
                 )?;
+                let roots = adapter.volume_root().map(|r| (site.clone(), r));
+                tasks.datamover(
+                    log.clone(),
+                    roots.into_iter().collect(),
+                    Some(vec![site.clone()]),
+                );
                 tasks.site(&site, adapter, log, store, call_back);
                 return tasks.wait().await;
             }
@@ -651,6 +682,12 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
             let (cpus, memory) = (config.cpus, config.memory_bytes);
             let adapter = Arc::new(LocalAdapter::new(config)?);
             ensure_local_site(&*log, &site, cpus, memory, &prices).await?;
+            let roots = adapter.volume_root().map(|r| (site.clone(), r));
+            tasks.datamover(
+                log.clone(),
+                roots.into_iter().collect(),
+                Some(vec![site.clone()]),
+            );
             tasks.site(&site, adapter, log, store, call_back);
             // Keep the lock for as long as the site runs.
             let result = tasks.wait().await;

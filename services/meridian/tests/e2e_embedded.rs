@@ -1009,3 +1009,56 @@ fn a_tenants_concurrency_limit_holds_work_queued_and_says_why() {
         "the second started before the first ended: {first_runs:?} {second_runs:?}"
     );
 }
+
+/// A volume's ingress reaches the job on `meridian up`: the job reads what was declared;
+/// the events show the copy with its bytes and digest. A missing source fails the
+/// workflow with the source named, and nothing runs.
+#[test]
+fn ingress_from_a_path_reaches_the_job_and_a_missing_one_fails_with_its_name() {
+    let up = up();
+    let input = up.dir.path().join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(input.join("greeting.txt"), "hello from the data mover\n").unwrap();
+    let file = write(
+        up.dir.path(),
+        "with-data.yaml",
+        &format!(
+            "version: v1\nname: with-data\nvolumes:\n  data:\n    size: 1GiB\n    ingress:\n      - {{source: \"file://{}\", destination: /in/}}\njobs:\n  read:\n    image: host\n    command: [sh, -c, \"cat $MERIDIAN_VOLUME_DATA/in/greeting.txt\"]\n    mounts: {{data: /data}}\n",
+            input.display()
+        ),
+    );
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    let id = status["id"].as_str().unwrap();
+    let logs = cli_ok(&up.server, &["logs", id, "read"]);
+    assert!(logs.contains("hello from the data mover"), "{logs}");
+    let events = cli_ok(&up.server, &["events", id]);
+    assert!(events.contains("workflow.volume_staged.v1"), "{events}");
+    assert!(
+        events.contains("transfer.completed.v1"),
+        "the copy is shown: {events}"
+    );
+
+    let missing = up.dir.path().join("no-such-input");
+    let file = write(
+        up.dir.path(),
+        "missing.yaml",
+        &format!(
+            "version: v1\nname: missing-data\nvolumes:\n  data:\n    size: 1GiB\n    ingress:\n      - {{source: \"file://{}\", destination: /in/}}\njobs:\n  read:\n    image: host\n    command: [\"true\"]\n    mounts: {{data: /data}}\n",
+            missing.display()
+        ),
+    );
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(status["state"], "failed", "{status:#}");
+    let reason = status["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("could not be brought to local") && reason.contains("no-such-input"),
+        "{status:#}"
+    );
+    assert!(status["jobs"].as_array().unwrap().is_empty(), "{status:#}");
+}

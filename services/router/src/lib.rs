@@ -1064,6 +1064,15 @@ impl Router {
                     .into_iter()
                     .find(|t| !held.contains(t) && !batched.contains(&t.job))
                 else {
+                    // Nothing waits silently: a step that waits only for its data says so.
+                    if let Some((job, wait)) = wf.waiting_for_data() {
+                        let reason = format!("held: {wait}");
+                        self.on_workflow(id, |_| WorkflowCommand::HoldRelease {
+                            job: job.clone(),
+                            reason: reason.clone(),
+                        })
+                        .await?;
+                    }
                     return Ok(());
                 };
                 let Some(placement) = wf.placement() else {

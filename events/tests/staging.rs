@@ -1,0 +1,224 @@
+//! Volume data before jobs: a job that mounts a volume with ingress is released only
+//! once the data mover recorded the volume staged at the job's site; a staging that
+//! failed keeps those jobs from running and fails the workflow with the reason.
+
+mod common;
+
+use common::*;
+use meridian_events::aggregate::testing::{given, given_state};
+use meridian_events::aggregate::workflow::DataWait;
+use meridian_events::aggregate::{Workflow, WorkflowCommand, WorkflowError, WorkflowState};
+use meridian_events::vocabulary::workflow::StorageClass;
+use meridian_events::{JobOutcome, TaskRef, WorkflowEvent};
+use serde_json::json;
+
+fn spec() -> meridian_spec::Workflow {
+    serde_json::from_value(json!({
+        "version": "v1",
+        "name": "with-data",
+        "volumes": {
+            "data": {"size": "1GiB", "ingress": [{"source": "https://example.org/x.csv", "destination": "/in/"}]},
+            "scratch": {"size": "1GiB"}
+        },
+        "jobs": {
+            "read": {"image": "host", "command": ["true"], "mounts": {"data": "/data", "scratch": "/s"}},
+            "free": {"image": "host", "command": ["true"], "mounts": {"scratch": "/s"}},
+            "after": {"requires": ["read"], "image": "host", "command": ["true"]}
+        }
+    }))
+    .unwrap()
+}
+
+fn submitted() -> WorkflowEvent {
+    WorkflowEvent::Submitted {
+        workflow_id: id(WORKFLOW),
+        name: "with-data".into(),
+        spec: spec(),
+        submitted_by: "ada".into(),
+        idempotency_key: None,
+        parent_workflow_id: None,
+    }
+}
+
+fn allocated(volume: &str) -> WorkflowEvent {
+    WorkflowEvent::VolumeAllocated {
+        volume: volume.into(),
+        class: StorageClass::Volume,
+        site: "hpc-eu".into(),
+        bytes: 1 << 30,
+        rate: storage_rate(),
+        allocated_at: at(0, 1),
+    }
+}
+
+fn held() -> Vec<WorkflowEvent> {
+    vec![
+        submitted(),
+        placed_event(1),
+        allocated("data"),
+        allocated("scratch"),
+    ]
+}
+
+fn staged() -> WorkflowCommand {
+    WorkflowCommand::RecordVolumeStaged {
+        volume: "data".into(),
+        site: "hpc-eu".into(),
+        transfers: vec![id(70)],
+    }
+}
+
+#[test]
+fn a_job_waits_for_its_volume_data_and_goes_once_staged() {
+    let wf = given::<Workflow>(held()).state().clone();
+    assert_eq!(wf.runnable_jobs(), vec![TaskRef::new("free", None)]);
+    assert_eq!(
+        wf.waiting_for_data(),
+        Some((
+            "read".into(),
+            DataWait::Staging {
+                volume: "data".into(),
+                site: "hpc-eu".into()
+            }
+        ))
+    );
+    let err = given_state(wf.clone())
+        .when(
+            WorkflowCommand::ReleaseJob {
+                job: "read".into(),
+                index: None,
+                job_id: id(10),
+                site: "hpc-eu".into(),
+            },
+            at(0, 2),
+        )
+        .then_err(|e| matches!(e, WorkflowError::JobNotRunnable { .. }));
+    assert!(
+        err.to_string()
+            .contains("waiting for the data of volume data to arrive at hpc-eu"),
+        "{err}"
+    );
+    let wf = given_state(wf)
+        .when(staged(), at(0, 3))
+        .then(vec![WorkflowEvent::VolumeStaged {
+            volume: "data".into(),
+            site: "hpc-eu".into(),
+            transfers: vec![id(70)],
+        }]);
+    assert_eq!(
+        wf.runnable_jobs(),
+        vec![TaskRef::new("free", None), TaskRef::new("read", None)]
+    );
+    assert_eq!(wf.waiting_for_data(), None);
+    // Recorded once; a volume without ingress has nothing to stage.
+    given_state(wf.clone())
+        .when(staged(), at(0, 4))
+        .then_err(|e| matches!(e, WorkflowError::AlreadyStaged { .. }));
+    given_state(wf)
+        .when(
+            WorkflowCommand::RecordVolumeStaged {
+                volume: "scratch".into(),
+                site: "hpc-eu".into(),
+                transfers: vec![],
+            },
+            at(0, 4),
+        )
+        .then_err(|e| matches!(e, WorkflowError::NoIngress { .. }));
+}
+
+#[test]
+fn staging_needs_the_volume_held_at_that_site() {
+    given::<Workflow>([submitted(), placed_event(1)])
+        .when(staged(), at(0, 3))
+        .then_err(|e| matches!(e, WorkflowError::VolumeNotAllocated { .. }));
+}
+
+#[test]
+fn a_failed_staging_fails_what_needs_it_and_then_the_workflow() {
+    let wf = given::<Workflow>(held()).state().clone();
+    // `free` runs meanwhile; the failure waits for it.
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::ReleaseJob {
+                job: "free".into(),
+                index: None,
+                job_id: id(11),
+                site: "hpc-eu".into(),
+            },
+            at(0, 2),
+        )
+        .then_ok()
+        .1;
+    let fail = WorkflowCommand::FailVolumeStaging {
+        volume: "data".into(),
+        site: "hpc-eu".into(),
+        reason: "https://example.org/x.csv: the server answered 404 Not Found".into(),
+    };
+    let wf = given_state(wf)
+        .when(fail, at(0, 3))
+        .then(vec![WorkflowEvent::VolumeStagingFailed {
+            volume: "data".into(),
+            site: "hpc-eu".into(),
+            reason: "https://example.org/x.csv: the server answered 404 Not Found".into(),
+        }]);
+    assert!(wf.runnable_jobs().is_empty(), "read (and after) never run");
+    let (events, _) = given_state(wf)
+        .when(
+            WorkflowCommand::SettleJob {
+                job_id: id(11),
+                outcome: JobOutcome::Succeeded,
+            },
+            at(0, 4),
+        )
+        .then_ok();
+    let Some(WorkflowEvent::Failed { reason, .. }) = events.last() else {
+        panic!("the workflow fails once nothing runs: {events:?}")
+    };
+    assert_eq!(
+        reason,
+        "the data of volume data could not be brought to hpc-eu: https://example.org/x.csv: the server answered 404 Not Found"
+    );
+}
+
+#[test]
+fn with_nothing_running_a_failed_staging_ends_the_workflow_at_once() {
+    let (events, wf) = given::<Workflow>(held())
+        .when(
+            WorkflowCommand::FailVolumeStaging {
+                volume: "data".into(),
+                site: "hpc-eu".into(),
+                reason: "gone".into(),
+            },
+            at(0, 3),
+        )
+        .then_ok();
+    // `free` could still run: the workflow goes on for it.
+    assert_eq!(wf.state(), Some(WorkflowState::Placed));
+    assert_eq!(events.len(), 1);
+    assert_eq!(wf.runnable_jobs(), vec![TaskRef::new("free", None)]);
+}
+
+#[test]
+fn data_given_back_is_gone() {
+    let mut events = held();
+    events.push(WorkflowEvent::VolumeStaged {
+        volume: "data".into(),
+        site: "hpc-eu".into(),
+        transfers: vec![],
+    });
+    events.push(WorkflowEvent::VolumeReleased {
+        volume: "data".into(),
+        class: StorageClass::Volume,
+        site: "hpc-eu".into(),
+        bytes: 1 << 30,
+        rate: storage_rate(),
+        allocated_at: at(0, 1),
+        released_at: at(0, 5),
+    });
+    let wf = given::<Workflow>(events).state().clone();
+    assert!(!wf.is_staged("data", "hpc-eu"));
+    assert!(matches!(
+        wf.data_wait("read"),
+        Some(DataWait::Staging { .. })
+    ));
+}

@@ -1,0 +1,253 @@
+//! Copies one ingress step into a volume directory: a `file://` path (a file or a whole
+//! tree) or an `http(s)://` object, streamed, never held in memory, each file written
+//! beside its final name and renamed into place once whole. Every copy yields its bytes
+//! and a digest: the file's SHA-256, or for a tree the SHA-256 of its manifest (each
+//! file's digest and path, sorted).
+
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// What one copy moved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copied {
+    pub bytes: u64,
+    /// `sha256:<hex>`.
+    pub digest: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The step can never work as written (a scheme not supported, a path that leaves
+    /// the volume).
+    #[error("{0}")]
+    Invalid(String),
+    /// The source is not there, or refused us.
+    #[error("{0}")]
+    Source(String),
+    /// The source did not answer (a connection that failed, a server error): the same
+    /// copy may work later.
+    #[error("{0}")]
+    Unreachable(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FetchError {
+    let what = what.into();
+    move |source| FetchError::Io { what, source }
+}
+
+/// Where an ingress destination (an absolute path in the volume, `/data/` or
+/// `/data/x.bin`) is under `volume_dir`; a path that would leave the volume is refused.
+pub fn destination(volume_dir: &Path, path: &str) -> Result<PathBuf, FetchError> {
+    let mut out = volume_dir.to_path_buf();
+    for part in Path::new(path).components() {
+        match part {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(p) => out.push(p),
+            _ => {
+                return Err(FetchError::Invalid(format!(
+                    "destination {path:?} leaves the volume"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Copies `source` to `destination` (a path in the volume; ending in `/`, a directory
+/// the source goes into under its own name).
+pub async fn copy(
+    http: &reqwest::Client,
+    source: &str,
+    volume_dir: &Path,
+    destination_path: &str,
+) -> Result<Copied, FetchError> {
+    let into_dir = destination_path.ends_with('/');
+    let target = destination(volume_dir, destination_path)?;
+    if let Some(path) = source.strip_prefix("file://") {
+        let from = PathBuf::from(path);
+        let meta = tokio::fs::metadata(&from)
+            .await
+            .map_err(|e| FetchError::Source(format!("{source}: {e}")))?;
+        if meta.is_dir() {
+            return copy_tree(&from, &target).await;
+        }
+        let to = match into_dir {
+            true => target.join(from.file_name().unwrap_or_default()),
+            false => target,
+        };
+        let file = tokio::fs::File::open(&from)
+            .await
+            .map_err(|e| FetchError::Source(format!("{source}: {e}")))?;
+        return write_file(file, &to, source).await;
+    }
+    if source.starts_with("https://") || source.starts_with("http://") {
+        let response = http
+            .get(source)
+            .send()
+            .await
+            .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?;
+        let status = response.status();
+        if status.is_server_error() || status.as_u16() == 429 {
+            return Err(FetchError::Unreachable(format!(
+                "{source}: the server answered {status}"
+            )));
+        }
+        if !status.is_success() {
+            return Err(FetchError::Source(format!(
+                "{source}: the server answered {status}"
+            )));
+        }
+        let name = response
+            .url()
+            .path_segments()
+            .and_then(|mut s| s.next_back().map(str::to_string))
+            .filter(|n| !n.is_empty() && n != "." && n != "..")
+            .unwrap_or_else(|| "index".into());
+        let to = match into_dir {
+            true => target.join(name),
+            false => target,
+        };
+        return write_stream(response, &to, source).await;
+    }
+    let scheme = source.split_once("://").map_or(source, |(s, _)| s);
+    Err(FetchError::Invalid(format!(
+        "{source}: {scheme}:// sources are not supported by this data mover yet (file://, http:// and https:// are)"
+    )))
+}
+
+/// The file's part name while it is written: renamed to its own once whole.
+fn part_of(to: &Path) -> PathBuf {
+    let mut name = to.file_name().unwrap_or_default().to_os_string();
+    name.push(".meridian-part");
+    to.with_file_name(name)
+}
+
+async fn write_file(
+    mut from: tokio::fs::File,
+    to: &Path,
+    source: &str,
+) -> Result<Copied, FetchError> {
+    let (mut out, part) = create(to).await?;
+    let mut hash = Sha256::new();
+    let mut bytes = 0u64;
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = from
+            .read(&mut buf)
+            .await
+            .map_err(|e| FetchError::Source(format!("{source}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        bytes += n as u64;
+        out.write_all(&buf[..n])
+            .await
+            .map_err(io(part.display().to_string()))?;
+    }
+    finish(out, &part, to).await?;
+    Ok(Copied {
+        bytes,
+        digest: format!("sha256:{:x}", hash.finalize()),
+    })
+}
+
+async fn write_stream(
+    mut response: reqwest::Response,
+    to: &Path,
+    source: &str,
+) -> Result<Copied, FetchError> {
+    let (mut out, part) = create(to).await?;
+    let mut hash = Sha256::new();
+    let mut bytes = 0u64;
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?
+    {
+        hash.update(&chunk);
+        bytes += chunk.len() as u64;
+        out.write_all(&chunk)
+            .await
+            .map_err(io(part.display().to_string()))?;
+    }
+    finish(out, &part, to).await?;
+    Ok(Copied {
+        bytes,
+        digest: format!("sha256:{:x}", hash.finalize()),
+    })
+}
+
+async fn create(to: &Path) -> Result<(tokio::fs::File, PathBuf), FetchError> {
+    if let Some(dir) = to.parent() {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(io(dir.display().to_string()))?;
+    }
+    let part = part_of(to);
+    let file = tokio::fs::File::create(&part)
+        .await
+        .map_err(io(part.display().to_string()))?;
+    Ok((file, part))
+}
+
+async fn finish(mut out: tokio::fs::File, part: &Path, to: &Path) -> Result<(), FetchError> {
+    out.flush().await.map_err(io(part.display().to_string()))?;
+    out.sync_all()
+        .await
+        .map_err(io(part.display().to_string()))?;
+    drop(out);
+    tokio::fs::rename(part, to)
+        .await
+        .map_err(io(to.display().to_string()))
+}
+
+/// Copies every file under `from` to the same place under `to`.
+async fn copy_tree(from: &Path, to: &Path) -> Result<Copied, FetchError> {
+    let mut files = Vec::new();
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(rel) = dirs.pop() {
+        let mut entries = tokio::fs::read_dir(from.join(&rel))
+            .await
+            .map_err(|e| FetchError::Source(format!("{}: {e}", from.join(&rel).display())))?;
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(io(from.join(&rel).display().to_string()))?
+        {
+            let kind = entry
+                .file_type()
+                .await
+                .map_err(io(entry.path().display().to_string()))?;
+            let path = rel.join(entry.file_name());
+            if kind.is_dir() {
+                dirs.push(path);
+            } else if kind.is_file() {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let mut manifest = Sha256::new();
+    let mut bytes = 0u64;
+    for rel in &files {
+        let source = from.join(rel);
+        let file = tokio::fs::File::open(&source)
+            .await
+            .map_err(|e| FetchError::Source(format!("{}: {e}", source.display())))?;
+        let copied = write_file(file, &to.join(rel), &source.display().to_string()).await?;
+        bytes += copied.bytes;
+        manifest.update(format!("{}  {}\n", copied.digest, rel.display()).as_bytes());
+    }
+    Ok(Copied {
+        bytes,
+        digest: format!("sha256:{:x}", manifest.finalize()),
+    })
+}

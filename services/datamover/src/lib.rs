@@ -1,0 +1,462 @@
+//! The data mover brings each volume's declared inputs (its `ingress` steps) to every
+//! site where the volume is held, before any job that mounts it there starts: the
+//! Workflow aggregate releases such a job only once `workflow.volume_staged.v1` says the
+//! data arrived, and fails the workflow with the reason when a step fails for good
+//! (`workflow.volume_staging_failed.v1`), so no job runs on missing data. Every copy is a
+//! Transfer aggregate (requested, then completed with its bytes and digest, or failed),
+//! which the data-locality map and the ledger read.
+//!
+//! Where the bytes go: the data mover writes into the volume's directory at the site
+//! ([`meridian_adapter_core::volume_dir`] under the site's volume root, which its adapter
+//! gives: [`meridian_adapter_core::SiteAdapter::volume_root`]), for sites whose
+//! storage this machine reaches (the local site). Other sites' volumes are refused with
+//! that reason. Sources: `file://` (a file or a whole tree) and `http(s)://`; other
+//! schemes are refused as not supported yet ([`fetch`]).
+//!
+//! Restarts: at start the mover reads the log for volumes allocated and not yet staged,
+//! and for transfers already done; a copy that was under way is made again from the
+//! start (files are written beside their name and renamed once whole), and a finished
+//! one is not repeated.
+
+pub mod fetch;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use meridian_eventlog::aggregates::{self, ExecuteError};
+use meridian_eventlog::{EventLog, LogError};
+use meridian_events::aggregate::{
+    Transfer, TransferCommand, Workflow, WorkflowCommand, WorkflowError,
+};
+use meridian_events::vocabulary::workflow::StorageClass;
+use meridian_events::vocabulary::{Endpoint, Location};
+use meridian_events::{AggregateKind, Event, EventContext, TransferEvent, WorkflowEvent};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+/// One volume held at one site: (workflow, volume, site).
+type Holding = (Uuid, String, String);
+
+/// A transfer already in the log, by what it copies: (workflow, source, destination).
+type TransferKey = (Uuid, Endpoint, Endpoint);
+
+#[derive(Debug, thiserror::Error)]
+pub enum MoverError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("undecodable event at position {position}: {message}")]
+    Decode { position: u64, message: String },
+}
+
+/// How often a step whose source did not answer is tried before it fails for good.
+const TRIES: u32 = 3;
+
+pub struct DataMover {
+    log: Arc<dyn EventLog>,
+    /// Each reachable site's volume root.
+    roots: Arc<BTreeMap<String, PathBuf>>,
+    http: reqwest::Client,
+    /// Transfers found in the log at start: their id, and whether they completed.
+    transfers: Arc<Mutex<HashMap<TransferKey, (Uuid, bool)>>>,
+    /// Holdings being staged now.
+    busy: Arc<Mutex<HashSet<Holding>>>,
+    retry_after: Duration,
+    /// The sites this mover answers for; `None`: every site (one mover for the whole
+    /// deployment, as in `meridian up`).
+    sites: Option<std::collections::BTreeSet<String>>,
+}
+
+impl DataMover {
+    /// A mover that writes into the volumes of `roots` (site → volume root).
+    pub fn new(log: Arc<dyn EventLog>, roots: BTreeMap<String, PathBuf>) -> DataMover {
+        DataMover {
+            log,
+            roots: Arc::new(roots),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(30))
+                .build()
+                .unwrap_or_default(),
+            transfers: Default::default(),
+            busy: Default::default(),
+            retry_after: Duration::from_secs(1),
+            sites: None,
+        }
+    }
+
+    /// Answers only for these sites (the site of an adapter process, which runs beside
+    /// its storage); volumes elsewhere are another mover's.
+    pub fn only(mut self, sites: impl IntoIterator<Item = String>) -> DataMover {
+        self.sites = Some(sites.into_iter().collect());
+        self
+    }
+
+    /// The durable subscription's name: one per mover.
+    fn subscription(&self) -> String {
+        match &self.sites {
+            None => "datamover".into(),
+            Some(sites) => {
+                let names: Vec<&str> = sites.iter().map(String::as_str).collect();
+                let clean: String = names
+                    .join("-")
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '-' {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                format!("datamover-{clean}")
+            }
+        }
+    }
+
+    /// How long after a source did not answer it is asked again (doubling each time).
+    pub fn with_retry_after(mut self, after: Duration) -> DataMover {
+        self.retry_after = after;
+        self
+    }
+
+    /// Runs until `shutdown` turns true.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), MoverError> {
+        for holding in self.recover().await? {
+            self.start(holding);
+        }
+        let mut sub = self.log.subscribe(&self.subscription()).await?;
+        loop {
+            tokio::select! {
+                commits = sub.next(128, Duration::from_millis(200)) => {
+                    for commit in commits? {
+                        for raw in commit.events {
+                            if raw.aggregate.kind != AggregateKind::Workflow {
+                                continue;
+                            }
+                            let envelope = raw.decode::<Event>().map_err(|e| MoverError::Decode {
+                                position: commit.position,
+                                message: e.to_string(),
+                            })?;
+                            if let Event::Workflow(WorkflowEvent::VolumeAllocated {
+                                volume,
+                                class: StorageClass::Volume,
+                                site,
+                                ..
+                            }) = envelope.payload
+                            {
+                                self.start((envelope.aggregate.id, volume, site));
+                            }
+                        }
+                        sub.ack(commit.position).await?;
+                    }
+                }
+                _ = shutdown.changed() => return Ok(()),
+            }
+        }
+    }
+
+    /// The volumes allocated and not yet staged, failed or given back, and the transfers
+    /// the log already has.
+    async fn recover(&self) -> Result<Vec<Holding>, MoverError> {
+        let mut open: Vec<Holding> = Vec::new();
+        let mut transfers: HashMap<Uuid, (TransferKey, bool)> = HashMap::new();
+        let mut after = 0;
+        loop {
+            let commits = self.log.read_from(after, 512).await?;
+            let Some(last) = commits.last() else { break };
+            after = last.position;
+            for commit in commits {
+                for raw in commit.events {
+                    if !matches!(
+                        raw.aggregate.kind,
+                        AggregateKind::Workflow | AggregateKind::Transfer
+                    ) {
+                        continue;
+                    }
+                    let e = raw.decode::<Event>().map_err(|e| MoverError::Decode {
+                        position: commit.position,
+                        message: e.to_string(),
+                    })?;
+                    let id = e.aggregate.id;
+                    match e.payload {
+                        Event::Workflow(WorkflowEvent::VolumeAllocated {
+                            volume,
+                            class: StorageClass::Volume,
+                            site,
+                            ..
+                        }) => open.push((id, volume, site)),
+                        Event::Workflow(
+                            WorkflowEvent::VolumeStaged { volume, site, .. }
+                            | WorkflowEvent::VolumeStagingFailed { volume, site, .. }
+                            | WorkflowEvent::VolumeReleased { volume, site, .. },
+                        ) => open.retain(|h| *h != (id, volume.clone(), site.clone())),
+                        Event::Workflow(
+                            WorkflowEvent::Finished { .. }
+                            | WorkflowEvent::Failed { .. }
+                            | WorkflowEvent::Cancelled { .. },
+                        ) => open.retain(|h| h.0 != id),
+                        Event::Transfer(TransferEvent::Requested {
+                            workflow_id,
+                            source,
+                            destination,
+                            ..
+                        }) => {
+                            transfers.insert(id, ((workflow_id, source, destination), false));
+                        }
+                        Event::Transfer(TransferEvent::Completed { .. }) => {
+                            if let Some(t) = transfers.get_mut(&id) {
+                                t.1 = true;
+                            }
+                        }
+                        Event::Transfer(TransferEvent::Failed { .. }) => {
+                            transfers.remove(&id);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let mut known = self.transfers.lock().expect("transfers");
+        for (id, (key, done)) in transfers {
+            known.insert(key, (id, done));
+        }
+        Ok(open)
+    }
+
+    /// Stages `holding` in the background, unless that is under way already.
+    fn start(&self, holding: Holding) {
+        if self.sites.as_ref().is_some_and(|s| !s.contains(&holding.2)) {
+            return;
+        }
+        if !self.busy.lock().expect("busy").insert(holding.clone()) {
+            return;
+        }
+        let job = Staging {
+            log: self.log.clone(),
+            roots: self.roots.clone(),
+            http: self.http.clone(),
+            transfers: self.transfers.clone(),
+            retry_after: self.retry_after,
+        };
+        let busy = self.busy.clone();
+        tokio::spawn(async move {
+            let (workflow, volume, site) = &holding;
+            if let Err(e) = job.stage(&holding).await {
+                tracing::error!(%workflow, volume, site, error = %e, "staging stopped; it resumes when the data mover restarts");
+            }
+            busy.lock().expect("busy").remove(&holding);
+        });
+    }
+}
+
+/// What one staging needs, apart from the mover.
+struct Staging {
+    log: Arc<dyn EventLog>,
+    roots: Arc<BTreeMap<String, PathBuf>>,
+    http: reqwest::Client,
+    transfers: Arc<Mutex<HashMap<TransferKey, (Uuid, bool)>>>,
+    retry_after: Duration,
+}
+
+impl Staging {
+    /// Carries out every ingress step of a volume at a site, then records it staged; or
+    /// records the step that failed, and why.
+    async fn stage(&self, (workflow_id, volume, site): &Holding) -> Result<(), LogError> {
+        let loaded = aggregates::load::<Workflow>(&*self.log, *workflow_id).await?;
+        let wf = &loaded.state;
+        let live = wf.state().is_some_and(|s| {
+            !s.is_terminal() && s != meridian_events::aggregate::WorkflowState::CancelRequested
+        });
+        if !live || wf.is_staged(volume, site) {
+            return Ok(());
+        }
+        let Some(steps) = wf
+            .spec()
+            .and_then(|s| s.volumes.get(volume))
+            .map(|v| v.ingress.clone())
+            .filter(|steps| !steps.is_empty())
+        else {
+            return Ok(());
+        };
+        let tenant = loaded
+            .history
+            .first()
+            .map_or_else(|| "default".to_string(), |e| e.tenant.clone());
+        let ctx = EventContext {
+            correlation_id: *workflow_id,
+            ..EventContext::new_chain(tenant)
+        };
+        let Some(root) = self.roots.get(site) else {
+            let reason = format!(
+                "the data mover cannot write to site {site}'s storage: ingress reaches only \
+                 sites on its own machine (the local site) for now"
+            );
+            return self
+                .on_workflow(&ctx, *workflow_id, volume, site, Err(reason))
+                .await;
+        };
+        let dir = meridian_adapter_core::volume_dir(root, *workflow_id, volume);
+        let mut done = Vec::new();
+        for step in steps {
+            let source = Endpoint::Uri {
+                uri: step.source.clone(),
+            };
+            let destination = Endpoint::SitePath {
+                site: site.clone(),
+                path: format!("{volume}:{}", step.destination),
+            };
+            let key = (*workflow_id, source.clone(), destination.clone());
+            let known = self.transfers.lock().expect("transfers").get(&key).copied();
+            let id = match known {
+                Some((id, true)) => {
+                    done.push(id);
+                    continue;
+                }
+                Some((id, false)) => id,
+                None => {
+                    let id = Uuid::now_v7();
+                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
+                        TransferCommand::Request {
+                            workflow_id: *workflow_id,
+                            source: source.clone(),
+                            destination: destination.clone(),
+                            bytes_expected: None,
+                        }
+                    })
+                    .await
+                    .map_err(execute_failed)?;
+                    self.transfers
+                        .lock()
+                        .expect("transfers")
+                        .insert(key.clone(), (id, false));
+                    id
+                }
+            };
+            tracing::info!(workflow = %workflow_id, volume, site, source = step.source, "ingress started");
+            let started_at = Utc::now();
+            match self.copy(&step.source, &dir, &step.destination).await {
+                Ok(copied) => {
+                    let from = match step.source.starts_with("file://") {
+                        true => Location::Site { site: site.clone() },
+                        false => Location::Region {
+                            region: "internet".into(),
+                        },
+                    };
+                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
+                        TransferCommand::Complete {
+                            bytes: copied.bytes,
+                            digest: copied.digest.clone(),
+                            from: from.clone(),
+                            to: Location::Site { site: site.clone() },
+                            started_at,
+                            ended_at: Utc::now().max(started_at),
+                            egress: None,
+                        }
+                    })
+                    .await
+                    .map_err(execute_failed)?;
+                    tracing::info!(workflow = %workflow_id, volume, site, source = step.source, bytes = copied.bytes, digest = copied.digest, "ingress done");
+                    self.transfers
+                        .lock()
+                        .expect("transfers")
+                        .insert(key, (id, true));
+                    done.push(id);
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    tracing::warn!(workflow = %workflow_id, volume, site, %reason, "ingress failed");
+                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
+                        TransferCommand::Fail {
+                            reason: reason.clone(),
+                        }
+                    })
+                    .await
+                    .map_err(execute_failed)?;
+                    self.transfers.lock().expect("transfers").remove(&key);
+                    return self
+                        .on_workflow(&ctx, *workflow_id, volume, site, Err(reason))
+                        .await;
+                }
+            }
+        }
+        self.on_workflow(&ctx, *workflow_id, volume, site, Ok(done))
+            .await
+    }
+
+    /// One step, tried again while its source does not answer.
+    async fn copy(
+        &self,
+        source: &str,
+        dir: &std::path::Path,
+        destination: &str,
+    ) -> Result<fetch::Copied, fetch::FetchError> {
+        let mut wait = self.retry_after;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match fetch::copy(&self.http, source, dir, destination).await {
+                Err(fetch::FetchError::Unreachable(why)) if tries < TRIES => {
+                    tracing::warn!(source, why, "the source did not answer; trying again");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Records the volume staged (with its transfers) or its staging failed.
+    async fn on_workflow(
+        &self,
+        ctx: &EventContext,
+        workflow_id: Uuid,
+        volume: &str,
+        site: &str,
+        outcome: Result<Vec<Uuid>, String>,
+    ) -> Result<(), LogError> {
+        let command = match outcome {
+            Ok(transfers) => WorkflowCommand::RecordVolumeStaged {
+                volume: volume.to_string(),
+                site: site.to_string(),
+                transfers,
+            },
+            Err(reason) => WorkflowCommand::FailVolumeStaging {
+                volume: volume.to_string(),
+                site: site.to_string(),
+                reason,
+            },
+        };
+        match aggregates::execute::<Workflow, _>(&*self.log, workflow_id, ctx, |_| command.clone())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(ExecuteError::Log(e)) => Err(e),
+            // Recorded already, given back, or the workflow ended meanwhile.
+            Err(ExecuteError::Rejected(
+                e @ (WorkflowError::AlreadyStaged { .. }
+                | WorkflowError::VolumeNotAllocated { .. }
+                | WorkflowError::AlreadyCancelled
+                | WorkflowError::AlreadyTerminal { .. }),
+            )) => {
+                tracing::debug!(workflow = %workflow_id, volume, site, reason = %e, "staging no longer applies");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(workflow = %workflow_id, volume, site, error = %e, "the workflow refused the staging");
+                Ok(())
+            }
+        }
+    }
+}
+
+fn execute_failed<E: std::error::Error + 'static>(e: ExecuteError<E>) -> LogError {
+    match e {
+        ExecuteError::Log(e) => e,
+        other => LogError::Corrupt {
+            position: 0,
+            message: format!("a transfer refused its own command: {other}"),
+        },
+    }
+}

@@ -1,0 +1,444 @@
+//! The data mover with the router over a real SQLite log: a volume's ingress from a
+//! `file://` path and from a real HTTP server lands in the volume's directory before the
+//! job that mounts it is dispatched; a missing object fails the workflow with its name;
+//! a site the mover cannot write to is refused with that reason; a copy under way when
+//! the mover stopped is finished under the same transfer.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use meridian_datamover::DataMover;
+use meridian_eventlog::aggregates::{decode_all, execute, load};
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+use meridian_events::aggregate::{
+    Site, SiteCommand, Transfer, TransferCommand, Workflow, WorkflowCommand, WorkflowState,
+};
+use meridian_events::vocabulary::Endpoint;
+use meridian_events::{
+    ComputeOffer, ComputePricing, Currency, Envelope, Event, EventContext, JobEvent, PriceSheet,
+    SiteKind, TransferEvent, WorkflowEvent,
+};
+use rust_decimal::Decimal;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+struct Bench {
+    log: Arc<dyn EventLog>,
+    dir: tempfile::TempDir,
+    stop: watch::Sender<bool>,
+    http: String,
+}
+
+impl Bench {
+    /// A log with sites `local` (which the mover reaches) and `far` (which it does not),
+    /// the router, and an HTTP server that serves `/x.csv`.
+    async fn new() -> Bench {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn EventLog> =
+            Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+        register(&*log, "local", "1").await;
+        register(&*log, "far", "0.5").await;
+        let (stop, stopped) = watch::channel(false);
+        let router_log = log.clone();
+        let router_stop = stopped.clone();
+        tokio::spawn(async move {
+            meridian_router::Router::new(router_log)
+                .await
+                .unwrap()
+                .run(router_stop)
+                .await
+                .unwrap();
+        });
+        let http = serve_http().await;
+        Bench {
+            log,
+            dir,
+            stop,
+            http,
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("volumes")
+    }
+
+    fn mover(&self) -> tokio::task::JoinHandle<()> {
+        let roots = BTreeMap::from([("local".to_string(), self.root())]);
+        let mover =
+            DataMover::new(self.log.clone(), roots).with_retry_after(Duration::from_millis(50));
+        let stopped = self.stop.subscribe();
+        tokio::spawn(async move { mover.run(stopped).await.unwrap() })
+    }
+
+    async fn submit(&self, yaml: &str) -> Uuid {
+        let id = Uuid::now_v7();
+        let spec = meridian_spec::parse(yaml).unwrap();
+        execute::<Workflow, _>(&*self.log, id, &EventContext::new_chain("t"), |_| {
+            WorkflowCommand::Submit {
+                workflow_id: id,
+                spec: spec.clone(),
+                submitted_by: "tester".into(),
+                idempotency_key: None,
+                parent_workflow_id: None,
+            }
+        })
+        .await
+        .unwrap();
+        id
+    }
+
+    /// Every event so far, with its log position.
+    async fn events(&self) -> Vec<(u64, Envelope<Event>)> {
+        let mut out = Vec::new();
+        for commit in self.log.read_from(0, 100_000).await.unwrap() {
+            for e in decode_all(commit.events).unwrap() {
+                out.push((commit.position, e));
+            }
+        }
+        out
+    }
+
+    async fn wait_for<T>(&self, what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {:#?}",
+                self.events()
+                    .await
+                    .iter()
+                    .map(|(_, e)| e.payload.kind())
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+async fn register(log: &dyn EventLog, name: &str, core_hour: &str) {
+    let prices = PriceSheet {
+        currency: Currency::USD,
+        effective_from: Utc::now() - chrono::Duration::days(1),
+        source: "test".into(),
+        compute: vec![ComputeOffer {
+            offer: "node".into(),
+            pricing: ComputePricing::Resource {
+                per_core_hour: core_hour.parse().unwrap(),
+                per_gib_memory_hour: Decimal::ZERO,
+                per_gpu_hour: Decimal::ZERO,
+            },
+        }],
+        storage_per_gib_hour: Decimal::ZERO,
+        egress_per_gb: Decimal::ZERO,
+        egress_by_destination: None,
+        egress_tiers: Vec::new(),
+    };
+    let id = Uuid::now_v7();
+    let ctx = EventContext::new_chain("system");
+    execute::<Site, _>(log, id, &ctx, |_| SiteCommand::Register {
+        name: name.into(),
+        kind: SiteKind::Local,
+        region: "here".into(),
+        jurisdiction: "eu".into(),
+        credentials_secret: None,
+        labels: BTreeMap::from([("max_cpus".into(), "8".into())]),
+        prices: Some(prices.clone()),
+    })
+    .await
+    .unwrap();
+    execute::<Site, _>(log, id, &ctx, |_| SiteCommand::Heartbeat {
+        adapter: "test".into(),
+        instance: Uuid::now_v7(),
+        ttl_secs: 86_400,
+        arrays: None,
+    })
+    .await
+    .unwrap();
+}
+
+/// A real HTTP/1.1 server on a free port: `/x.csv` is `a,b\n1,2\n`, anything else 404.
+async fn serve_http() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&request);
+                let path = line.split_whitespace().nth(1).unwrap_or("/");
+                let answer = match path {
+                    "/x.csv" => "HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\na,b\n1,2\n".to_string(),
+                    _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
+                };
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{address}")
+}
+
+fn workflow(name: &str, site: &str, ingress: &[(String, &str)]) -> String {
+    let steps: Vec<String> = ingress
+        .iter()
+        .map(|(source, destination)| {
+            format!("      - {{source: \"{source}\", destination: \"{destination}\"}}\n")
+        })
+        .collect();
+    format!(
+        "version: v1\nname: {name}\nplacement: {{sites: [{site}]}}\nvolumes:\n  data:\n    size: 1GiB\n    ingress:\n{}jobs:\n  read:\n    image: host\n    command: [\"true\"]\n    mounts: {{data: /data}}\n",
+        steps.concat()
+    )
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(bytes))
+}
+
+fn transfers_completed(events: &[(u64, Envelope<Event>)]) -> Vec<(u64, String)> {
+    events
+        .iter()
+        .filter_map(|(_, e)| match &e.payload {
+            Event::Transfer(TransferEvent::Completed { bytes, digest, .. }) => {
+                Some((*bytes, digest.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_lands_in_the_volume_before_its_job_is_dispatched() {
+    let b = Bench::new().await;
+    let source = b.dir.path().join("in");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    std::fs::write(source.join("a.txt"), "hello\n").unwrap();
+    std::fs::write(source.join("sub/b.txt"), "world\n").unwrap();
+    let id = b
+        .submit(&workflow(
+            "two-sources",
+            "local",
+            &[
+                (format!("file://{}", source.display()), "/tree/"),
+                (format!("{}/x.csv", b.http), "/csv/"),
+            ],
+        ))
+        .await;
+    // Held, and saying why, until the mover runs.
+    b.wait_for("the hold", async || {
+        b.events().await.iter().find_map(|(_, e)| match &e.payload {
+            Event::Workflow(WorkflowEvent::ReleaseHeld { reason, .. }) => {
+                assert_eq!(
+                    reason,
+                    "held: waiting for the data of volume data to arrive at local"
+                );
+                Some(())
+            }
+            _ => None,
+        })
+    })
+    .await;
+    let _mover = b.mover();
+    let events = b
+        .wait_for("the job's dispatch", async || {
+            let events = b.events().await;
+            events
+                .iter()
+                .any(|(_, e)| matches!(e.payload, Event::Job(JobEvent::Dispatched { .. })))
+                .then_some(events)
+        })
+        .await;
+    let staged_at = events
+        .iter()
+        .find(|(_, e)| {
+            matches!(
+                e.payload,
+                Event::Workflow(WorkflowEvent::VolumeStaged { .. })
+            )
+        })
+        .map(|(p, _)| *p)
+        .expect("staged");
+    let dispatched_at = events
+        .iter()
+        .find(|(_, e)| matches!(e.payload, Event::Job(JobEvent::Dispatched { .. })))
+        .map(|(p, _)| *p)
+        .unwrap();
+    assert!(staged_at < dispatched_at, "the data came first");
+    let volume = b.root().join(id.to_string()).join("data");
+    assert_eq!(
+        std::fs::read_to_string(volume.join("tree/a.txt")).unwrap(),
+        "hello\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(volume.join("tree/sub/b.txt")).unwrap(),
+        "world\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(volume.join("csv/x.csv")).unwrap(),
+        "a,b\n1,2\n"
+    );
+    // The tree's digest is its manifest's: each file's digest and path, sorted.
+    let manifest = format!(
+        "{}  a.txt\n{}  sub/b.txt\n",
+        sha256(b"hello\n"),
+        sha256(b"world\n")
+    );
+    assert_eq!(
+        transfers_completed(&events),
+        [
+            (12, sha256(manifest.as_bytes())),
+            (8, sha256(b"a,b\n1,2\n"))
+        ]
+    );
+    assert!(
+        !walk(&volume)
+            .iter()
+            .any(|p| p.to_string_lossy().ends_with(".meridian-part")),
+        "no part files are left"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_object_fails_the_workflow_with_its_name_and_nothing_runs() {
+    let b = Bench::new().await;
+    let _mover = b.mover();
+    let missing = format!("{}/missing.csv", b.http);
+    let id = b
+        .submit(&workflow("missing", "local", &[(missing.clone(), "/in/")]))
+        .await;
+    let reason = b
+        .wait_for("the workflow's failure", async || {
+            let wf = load::<Workflow>(&*b.log, id).await.unwrap();
+            wf.history.iter().find_map(|e| match &e.payload {
+                Event::Workflow(WorkflowEvent::Failed { reason, .. }) => Some(reason.clone()),
+                _ => None,
+            })
+        })
+        .await;
+    assert_eq!(
+        reason,
+        format!("the data of volume data could not be brought to local: {missing}: the server answered 404 Not Found")
+    );
+    let events = b.events().await;
+    assert!(!events
+        .iter()
+        .any(|(_, e)| matches!(e.payload, Event::Job(JobEvent::Dispatched { .. }))));
+    assert!(events
+        .iter()
+        .any(|(_, e)| matches!(&e.payload, Event::Transfer(TransferEvent::Failed { reason, .. }) if reason.contains("missing.csv"))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_the_mover_cannot_reach_is_refused_with_the_reason() {
+    let b = Bench::new().await;
+    let _mover = b.mover();
+    let id = b
+        .submit(&workflow(
+            "far-away",
+            "far",
+            &[(format!("{}/x.csv", b.http), "/in/")],
+        ))
+        .await;
+    let wf = b
+        .wait_for("the failure", async || {
+            let wf = load::<Workflow>(&*b.log, id).await.unwrap().state;
+            (wf.state() == Some(WorkflowState::Failed)).then_some(wf)
+        })
+        .await;
+    assert!(matches!(
+        wf.data_wait("read"),
+        Some(meridian_events::aggregate::workflow::DataWait::Failed { reason, .. })
+            if reason.contains("cannot write to site far's storage")
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_under_way_at_a_stop_is_finished_under_the_same_transfer() {
+    let b = Bench::new().await;
+    let source = format!("{}/x.csv", b.http);
+    let id = b
+        .submit(&workflow("resumed", "local", &[(source.clone(), "/in/")]))
+        .await;
+    b.wait_for("the volume", async || {
+        let wf = load::<Workflow>(&*b.log, id).await.unwrap().state;
+        let held = wf.allocated_volumes().next().is_some();
+        held.then_some(())
+    })
+    .await;
+    // What a mover that died mid-copy left: a transfer requested, never completed.
+    let earlier = Uuid::now_v7();
+    execute::<Transfer, _>(&*b.log, earlier, &EventContext::new_chain("t"), |_| {
+        TransferCommand::Request {
+            workflow_id: id,
+            source: Endpoint::Uri {
+                uri: source.clone(),
+            },
+            destination: Endpoint::SitePath {
+                site: "local".into(),
+                path: "data:/in/".into(),
+            },
+            bytes_expected: None,
+        }
+    })
+    .await
+    .unwrap();
+    let _mover = b.mover();
+    b.wait_for("the staging", async || {
+        load::<Workflow>(&*b.log, id)
+            .await
+            .unwrap()
+            .state
+            .is_staged("data", "local")
+            .then_some(())
+    })
+    .await;
+    let events = b.events().await;
+    let requested: Vec<Uuid> = events
+        .iter()
+        .filter(|(_, e)| matches!(e.payload, Event::Transfer(TransferEvent::Requested { .. })))
+        .map(|(_, e)| e.aggregate.id)
+        .collect();
+    assert_eq!(requested, [earlier], "no second transfer for the same copy");
+    let transfer = load::<Transfer>(&*b.log, earlier).await.unwrap();
+    assert!(matches!(
+        transfer.history.last().map(|e| &e.payload),
+        Some(Event::Transfer(TransferEvent::Completed { bytes: 8, .. }))
+    ));
+}
