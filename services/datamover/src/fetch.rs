@@ -1,5 +1,6 @@
 //! Copies one ingress step into a volume directory: a `file://` path (a file or a whole
-//! tree) or an `http(s)://` object, streamed, never held in memory, each file written
+//! tree), an `http(s)://` object, or an `s3://` object or prefix (through the
+//! `object_store` crate), streamed, never held in memory, each file written
 //! beside its final name and renamed into place once whole. Every copy yields its bytes
 //! and a digest: the file's SHA-256, or for a tree the SHA-256 of its manifest (each
 //! file's digest and path, sorted).
@@ -116,10 +117,115 @@ pub async fn copy(
         };
         return write_stream(response, &to, source).await;
     }
+    if let Some(rest) = source.strip_prefix("s3://") {
+        return copy_s3(source, rest, &target, into_dir).await;
+    }
     let scheme = source.split_once("://").map_or(source, |(s, _)| s);
     Err(FetchError::Invalid(format!(
-        "{source}: {scheme}:// sources are not supported by this data mover yet (file://, http:// and https:// are)"
+        "{source}: {scheme}:// sources are not supported by this data mover yet (file://, http://, https:// and s3:// are)"
     )))
+}
+
+/// An S3 bucket, with the credentials, region and endpoint of the standard `AWS_*`
+/// environment (`AWS_ENDPOINT_URL` for a server of one's own; plain HTTP is allowed
+/// to an `http://` endpoint).
+fn s3_bucket(bucket: &str) -> Result<object_store::aws::AmazonS3, FetchError> {
+    let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+    if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
+        builder = builder
+            .with_allow_http(endpoint.starts_with("http://"))
+            .with_endpoint(endpoint);
+    }
+    builder
+        .build()
+        .map_err(|e| FetchError::Invalid(format!("s3://{bucket}: {e}")))
+}
+
+/// `s3://bucket/key` (one object) or `s3://bucket/prefix/` (every object under it, laid
+/// out by the rest of its key).
+async fn copy_s3(
+    source: &str,
+    rest: &str,
+    target: &Path,
+    into_dir: bool,
+) -> Result<Copied, FetchError> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+
+    let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(FetchError::Invalid(format!("{source}: no bucket")));
+    }
+    let store = s3_bucket(bucket)?;
+    let failed = |e: object_store::Error| match e {
+        object_store::Error::NotFound { path, .. } => {
+            FetchError::Source(format!("{source}: no object s3://{bucket}/{path}"))
+        }
+        object_store::Error::Generic { .. } => FetchError::Unreachable(format!("{source}: {e}")),
+        e => FetchError::Source(format!("{source}: {e}")),
+    };
+    if !key.is_empty() && !key.ends_with('/') {
+        let path = object_store::path::Path::from(key);
+        let to = match into_dir {
+            true => target.join(path.filename().unwrap_or("object")),
+            false => target.to_path_buf(),
+        };
+        let got = store.get(&path).await.map_err(failed)?;
+        return write_chunks(got.into_stream().map_err(failed), &to).await;
+    }
+    let prefix = object_store::path::Path::from(key.trim_end_matches('/'));
+    let mut objects: Vec<object_store::ObjectMeta> = store
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(failed)?;
+    if objects.is_empty() {
+        return Err(FetchError::Source(format!("{source}: no objects under it")));
+    }
+    objects.sort_by(|a, b| a.location.cmp(&b.location));
+    let mut manifest = Sha256::new();
+    let mut bytes = 0u64;
+    for object in objects {
+        let relative: Vec<String> = object
+            .location
+            .prefix_match(&prefix)
+            .map(|parts| parts.map(|p| p.as_ref().to_string()).collect())
+            .unwrap_or_default();
+        let rel = relative.join("/");
+        let to = destination(target, &rel)?;
+        let got = store.get(&object.location).await.map_err(failed)?;
+        let copied = write_chunks(got.into_stream().map_err(failed), &to).await?;
+        bytes += copied.bytes;
+        manifest.update(format!("{}  {rel}\n", copied.digest).as_bytes());
+    }
+    Ok(Copied {
+        bytes,
+        digest: format!("sha256:{:x}", manifest.finalize()),
+    })
+}
+
+/// Writes a stream of chunks to `to`, hashing as it goes.
+async fn write_chunks<S>(mut chunks: S, to: &Path) -> Result<Copied, FetchError>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, FetchError>> + Unpin,
+{
+    use futures::StreamExt;
+    let (mut out, part) = create(to).await?;
+    let mut hash = Sha256::new();
+    let mut bytes = 0u64;
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk?;
+        hash.update(&chunk);
+        bytes += chunk.len() as u64;
+        out.write_all(&chunk)
+            .await
+            .map_err(io(part.display().to_string()))?;
+    }
+    finish(out, &part, to).await?;
+    Ok(Copied {
+        bytes,
+        digest: format!("sha256:{:x}", hash.finalize()),
+    })
 }
 
 /// The file's part name while it is written: renamed to its own once whole.

@@ -10,8 +10,8 @@
 //! ([`meridian_adapter_core::volume_dir`] under the site's volume root, which its adapter
 //! gives: [`meridian_adapter_core::SiteAdapter::volume_root`]), for sites whose
 //! storage this machine reaches (the local site). Other sites' volumes are refused with
-//! that reason. Sources: `file://` (a file or a whole tree) and `http(s)://`; other
-//! schemes are refused as not supported yet ([`fetch`]).
+//! that reason. Sources: `file://` (a file or a whole tree), `http(s)://` and `s3://`
+//! (an object or a prefix); other schemes are refused as not supported yet ([`fetch`]).
 //!
 //! Restarts: at start the mover reads the log for volumes allocated and not yet staged,
 //! and for transfers already done; a copy that was under way is made again from the
