@@ -25,7 +25,7 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 45] = [
+const TAGS: [&str; 48] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -43,6 +43,9 @@ const TAGS: [&str; 45] = [
     "workflow.volume_released.v1",
     "workflow.volume_staged.v1",
     "workflow.volume_staging_failed.v1",
+    "workflow.egress_due.v1",
+    "workflow.volume_exported.v1",
+    "workflow.volume_export_failed.v1",
     "job.dispatched.v1",
     "job.submitted_to_site.v1",
     "job.started.v1",
@@ -272,6 +275,25 @@ fn every_event() -> Vec<Event> {
             volume: "data".into(),
             site: site(),
             reason: "s3://bucket/x: not found".into(),
+        }
+        .into(),
+        WorkflowEvent::EgressDue {
+            volumes: vec![meridian_events::vocabulary::workflow::VolumeAt {
+                volume: "results".into(),
+                site: site(),
+            }],
+        }
+        .into(),
+        WorkflowEvent::VolumeExported {
+            volume: "results".into(),
+            site: site(),
+            transfers: vec![uuid::Uuid::nil()],
+        }
+        .into(),
+        WorkflowEvent::VolumeExportFailed {
+            volume: "results".into(),
+            site: site(),
+            reason: "s3://bucket/out/: access denied".into(),
         }
         .into(),
         JobEvent::Dispatched {

@@ -222,3 +222,141 @@ fn data_given_back_is_gone() {
         Some(DataWait::Staging { .. })
     ));
 }
+
+// --- Egress: outputs are copied out before the workflow finishes ------------------------
+
+fn out_spec() -> meridian_spec::Workflow {
+    serde_json::from_value(json!({
+        "version": "v1",
+        "name": "with-outputs",
+        "volumes": {
+            "results": {"size": "1GiB", "egress": [{"source": "/out/", "destination": "s3://results/run-1/"}]}
+        },
+        "jobs": {
+            "write": {"image": "host", "command": ["true"], "mounts": {"results": "/r"}}
+        }
+    }))
+    .unwrap()
+}
+
+fn with_outputs_running() -> Workflow {
+    let events = vec![
+        WorkflowEvent::Submitted {
+            workflow_id: id(WORKFLOW),
+            name: "with-outputs".into(),
+            spec: out_spec(),
+            submitted_by: "ada".into(),
+            idempotency_key: None,
+            parent_workflow_id: None,
+        },
+        placed_event(1),
+        allocated("results"),
+        WorkflowEvent::JobReleased {
+            job: "write".into(),
+            index: None,
+            job_id: id(20),
+            site: "hpc-eu".into(),
+            attempt: 1,
+            batch: None,
+        },
+    ];
+    given::<Workflow>(events).state().clone()
+}
+
+fn results_at() -> meridian_events::vocabulary::workflow::VolumeAt {
+    meridian_events::vocabulary::workflow::VolumeAt {
+        volume: "results".into(),
+        site: "hpc-eu".into(),
+    }
+}
+
+#[test]
+fn outputs_are_copied_out_before_the_workflow_finishes() {
+    let wf = given_state(with_outputs_running())
+        .when(
+            WorkflowCommand::SettleJob {
+                job_id: id(20),
+                outcome: JobOutcome::Succeeded,
+            },
+            at(1, 0),
+        )
+        .then(vec![
+            WorkflowEvent::JobSettled {
+                job: "write".into(),
+                index: None,
+                job_id: id(20),
+                outcome: JobOutcome::Succeeded,
+                retry: false,
+            },
+            WorkflowEvent::EgressDue {
+                volumes: vec![results_at()],
+            },
+        ]);
+    assert_eq!(wf.state(), Some(WorkflowState::Running), "not finished yet");
+    assert_eq!(wf.egress_due(), vec![results_at()]);
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::RecordVolumeExported {
+                volume: "results".into(),
+                site: "hpc-eu".into(),
+                transfers: vec![id(80)],
+            },
+            at(1, 5),
+        )
+        .then(vec![
+            WorkflowEvent::VolumeExported {
+                volume: "results".into(),
+                site: "hpc-eu".into(),
+                transfers: vec![id(80)],
+            },
+            WorkflowEvent::Finished {
+                finished_at: at(1, 5),
+            },
+        ]);
+    assert_eq!(wf.state(), Some(WorkflowState::Finished));
+}
+
+#[test]
+fn an_export_not_due_is_refused_and_a_failed_one_fails_the_workflow() {
+    given_state(with_outputs_running())
+        .when(
+            WorkflowCommand::RecordVolumeExported {
+                volume: "results".into(),
+                site: "hpc-eu".into(),
+                transfers: vec![],
+            },
+            at(0, 30),
+        )
+        .then_err(|e| matches!(e, WorkflowError::NoEgressDue { .. }));
+    let (_, wf) = given_state(with_outputs_running())
+        .when(
+            WorkflowCommand::SettleJob {
+                job_id: id(20),
+                outcome: JobOutcome::Succeeded,
+            },
+            at(1, 0),
+        )
+        .then_ok();
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::FailVolumeExport {
+                volume: "results".into(),
+                site: "hpc-eu".into(),
+                reason: "s3://results/run-1/: access denied".into(),
+            },
+            at(1, 5),
+        )
+        .then(vec![
+            WorkflowEvent::VolumeExportFailed {
+                volume: "results".into(),
+                site: "hpc-eu".into(),
+                reason: "s3://results/run-1/: access denied".into(),
+            },
+            WorkflowEvent::Failed {
+                reason: "the outputs in volume results could not be copied out of hpc-eu: s3://results/run-1/: access denied".into(),
+                failed_jobs: vec![],
+                failed_at: at(1, 5),
+            },
+        ]);
+    assert_eq!(wf.state(), Some(WorkflowState::Failed));
+}

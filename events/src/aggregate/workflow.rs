@@ -26,7 +26,9 @@ use uuid::Uuid;
 use super::Aggregate;
 use crate::envelope::AggregateKind;
 use crate::money::{ComputeRate, Currency, Money, StorageRate};
-use crate::vocabulary::workflow::{PlacementExplanation, SiteRejection, StorageClass, Verdict};
+use crate::vocabulary::workflow::{
+    PlacementExplanation, SiteRejection, StorageClass, Verdict, VolumeAt,
+};
 use crate::vocabulary::{ArrayBatch, JobOutcome, TaskRef, WorkflowEvent, MAX_ARRAY_BATCH};
 
 /// How many times one task may run when its runs keep failing through the site's fault.
@@ -150,6 +152,18 @@ pub enum WorkflowCommand {
         site: String,
         reason: String,
     },
+    /// Every egress step of `volume` at `site` is done.
+    RecordVolumeExported {
+        volume: String,
+        site: String,
+        transfers: Vec<Uuid>,
+    },
+    /// An egress step of `volume` at `site` failed for good.
+    FailVolumeExport {
+        volume: String,
+        site: String,
+        reason: String,
+    },
     /// A released job's Job aggregate reached a terminal state.
     SettleJob {
         job_id: Uuid,
@@ -207,6 +221,10 @@ pub enum WorkflowError {
     InvalidArrayIndex { task: TaskRef, reason: String },
     #[error("{task} cannot run now: {reason}")]
     JobNotRunnable { task: TaskRef, reason: String },
+    #[error("volume {volume:?} at {site} is not due to be copied out")]
+    NoEgressDue { volume: String, site: String },
+    #[error("volume {volume:?} at {site} was already copied out")]
+    AlreadyExported { volume: String, site: String },
     #[error("volume {volume:?} declares no ingress")]
     NoIngress { volume: String },
     #[error("the ingress of volume {volume:?} at {site} was already recorded")]
@@ -464,6 +482,10 @@ pub struct Workflow {
     staged: BTreeSet<(String, String)>,
     /// Volumes whose ingress failed for good, by (volume, site), and why.
     staging_failed: BTreeMap<(String, String), String>,
+    /// The volumes to copy out, once every job was done; empty before.
+    egress_due: Vec<VolumeAt>,
+    /// Volumes copied out, by (volume, site).
+    exported: BTreeSet<(String, String)>,
 }
 
 /// Why a step's data is not at its site yet.
@@ -582,6 +604,35 @@ impl Workflow {
                 _ => None,
             }
         })
+    }
+
+    /// The volumes held with egress steps not yet copied out, in order.
+    pub fn egress_pending(&self) -> Vec<VolumeAt> {
+        let Some(spec) = &self.spec else {
+            return Vec::new();
+        };
+        self.volumes
+            .keys()
+            .filter(|(volume, _)| {
+                spec.volumes
+                    .get(volume)
+                    .is_some_and(|v| !v.egress.is_empty())
+            })
+            .filter(|key| !self.exported.contains(*key))
+            .map(|(volume, site)| VolumeAt {
+                volume: volume.clone(),
+                site: site.clone(),
+            })
+            .collect()
+    }
+
+    /// The volumes due to be copied out now (every job done), not yet exported.
+    pub fn egress_due(&self) -> Vec<VolumeAt> {
+        self.egress_due
+            .iter()
+            .filter(|v| !self.exported.contains(&(v.volume.clone(), v.site.clone())))
+            .cloned()
+            .collect()
     }
 
     /// Whether `volume`'s ingress at `site` is done.
@@ -793,7 +844,13 @@ impl Workflow {
                     && !self.wanted(counts, name, &doomed))
         };
         if counts.iter().all(|(name, c)| done(name, c)) {
-            return Some(WorkflowEvent::Finished { finished_at: now });
+            // Outputs are copied out first; the workflow finishes once they are.
+            let pending = self.egress_pending();
+            return match (pending.is_empty(), self.egress_due.is_empty()) {
+                (true, _) => Some(WorkflowEvent::Finished { finished_at: now }),
+                (false, true) => Some(WorkflowEvent::EgressDue { volumes: pending }),
+                (false, false) => None,
+            };
         }
         if counts.keys().any(|job| self.releasable(counts, job, ended)) {
             return None;
@@ -928,6 +985,58 @@ impl Workflow {
             return Err(not_runnable(wait.to_string()));
         }
         Ok(())
+    }
+
+    /// Records that `volume` at `site` was copied out, or (with `failure`) that it could
+    /// not be: the workflow finishes once every due volume is out, and fails at once on
+    /// a failure.
+    fn export(
+        &self,
+        volume: String,
+        site: String,
+        transfers: Vec<Uuid>,
+        failure: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
+        let state = self.active_state()?;
+        let due = VolumeAt {
+            volume: volume.clone(),
+            site: site.clone(),
+        };
+        if !self.egress_due.contains(&due) {
+            return Err(WorkflowError::NoEgressDue { volume, site });
+        }
+        if self.exported.contains(&(volume.clone(), site.clone())) {
+            return Err(WorkflowError::AlreadyExported { volume, site });
+        }
+        match failure {
+            Some(reason) => Ok(vec![
+                WorkflowEvent::VolumeExportFailed {
+                    volume: volume.clone(),
+                    site: site.clone(),
+                    reason: reason.clone(),
+                },
+                WorkflowEvent::Failed {
+                    reason: format!(
+                        "the outputs in volume {volume} could not be copied out of {site}: {reason}"
+                    ),
+                    failed_jobs: self.failed.clone(),
+                    failed_at: now,
+                },
+            ]),
+            None => {
+                let event = WorkflowEvent::VolumeExported {
+                    volume,
+                    site,
+                    transfers,
+                };
+                let mut next = self.clone();
+                next.apply(&event);
+                let end =
+                    next.conclusion(state, next.running.len(), &next.counts(), None, now, None);
+                Ok([event].into_iter().chain(end).collect())
+            }
+        }
     }
 
     /// Records that `volume`'s ingress at `site` is done, or (with `failure`) that it
@@ -1549,6 +1658,17 @@ impl Aggregate for Workflow {
                 reason,
             } => self.stage(volume, site, Vec::new(), Some(reason), now),
 
+            WorkflowCommand::RecordVolumeExported {
+                volume,
+                site,
+                transfers,
+            } => self.export(volume, site, transfers, None, now),
+            WorkflowCommand::FailVolumeExport {
+                volume,
+                site,
+                reason,
+            } => self.export(volume, site, Vec::new(), Some(reason), now),
+
             WorkflowCommand::SettleJob { job_id, outcome } => self.settle(job_id, outcome, now),
 
             WorkflowCommand::RequestCancel { by, reason } => {
@@ -1808,6 +1928,11 @@ impl Aggregate for Workflow {
             WorkflowEvent::VolumeStaged { volume, site, .. } => {
                 self.staged.insert((volume.clone(), site.clone()));
             }
+            WorkflowEvent::EgressDue { volumes } => self.egress_due = volumes.clone(),
+            WorkflowEvent::VolumeExported { volume, site, .. } => {
+                self.exported.insert((volume.clone(), site.clone()));
+            }
+            WorkflowEvent::VolumeExportFailed { .. } => {}
             WorkflowEvent::VolumeStagingFailed {
                 volume,
                 site,

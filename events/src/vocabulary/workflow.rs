@@ -185,6 +185,29 @@ pub enum WorkflowEvent {
         reason: String,
     },
 
+    /// Every job is done and these volumes have egress steps: the data mover copies
+    /// them out; the workflow finishes once every one is exported.
+    #[serde(rename = "workflow.egress_due.v1")]
+    EgressDue { volumes: Vec<VolumeAt> },
+
+    /// Every egress step of `volume` at `site` is done.
+    #[serde(rename = "workflow.volume_exported.v1")]
+    VolumeExported {
+        volume: String,
+        site: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        transfers: Vec<Uuid>,
+    },
+
+    /// An egress step of `volume` at `site` failed for good; the workflow fails with the
+    /// reason, and the volume's data stays at the site until it is given back.
+    #[serde(rename = "workflow.volume_export_failed.v1")]
+    VolumeExportFailed {
+        volume: String,
+        site: String,
+        reason: String,
+    },
+
     /// The space was given back. Repeats the allocation's numbers, so that this event
     /// alone is a complete storage charge: `bytes` from `allocated_at` to `released_at`
     /// at `rate`.
@@ -198,6 +221,13 @@ pub enum WorkflowEvent {
         allocated_at: DateTime<Utc>,
         released_at: DateTime<Utc>,
     },
+}
+
+/// A volume held at a site.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct VolumeAt {
+    pub volume: String,
+    pub site: String,
 }
 
 /// What a storage allocation holds.
@@ -258,6 +288,9 @@ impl WorkflowEvent {
             WorkflowEvent::VolumeReleased { .. } => "workflow.volume_released.v1",
             WorkflowEvent::VolumeStaged { .. } => "workflow.volume_staged.v1",
             WorkflowEvent::VolumeStagingFailed { .. } => "workflow.volume_staging_failed.v1",
+            WorkflowEvent::EgressDue { .. } => "workflow.egress_due.v1",
+            WorkflowEvent::VolumeExported { .. } => "workflow.volume_exported.v1",
+            WorkflowEvent::VolumeExportFailed { .. } => "workflow.volume_export_failed.v1",
         }
     }
 }

@@ -355,10 +355,30 @@ async fn apply_workflow(
             .execute(&mut **tx)
             .await?;
         }
+        // Nothing waits silently: a workflow whose jobs are done says it copies out.
+        WorkflowEvent::EgressDue { volumes } => {
+            let names: Vec<String> = volumes
+                .iter()
+                .map(|v| format!("{} at {}", v.volume, v.site))
+                .collect();
+            sqlx::query(
+                "UPDATE intake_workflows SET reason = $1
+                 WHERE id = $2 AND state IN ('placed', 'running')",
+            )
+            .bind(format!(
+                "copying out its outputs: volume {}",
+                names.join(", ")
+            ))
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
         WorkflowEvent::Billed { .. }
         | WorkflowEvent::VolumeAllocated { .. }
         | WorkflowEvent::VolumeReleased { .. }
-        | WorkflowEvent::VolumeStagingFailed { .. } => return Ok(()),
+        | WorkflowEvent::VolumeStagingFailed { .. }
+        | WorkflowEvent::VolumeExported { .. }
+        | WorkflowEvent::VolumeExportFailed { .. } => return Ok(()),
     }
     touch(tx, &id, &at).await
 }

@@ -380,11 +380,14 @@ impl App {
             .collect();
         job_ids.sort();
         job_ids.dedup();
-        // And the copies its staged volumes rest on.
+        // And the copies its volumes' data came in and went out by.
         let transfers = events
             .iter()
             .filter(|e| {
-                e.payload.get("type").and_then(|t| t.as_str()) == Some("workflow.volume_staged.v1")
+                matches!(
+                    e.payload.get("type").and_then(|t| t.as_str()),
+                    Some("workflow.volume_staged.v1" | "workflow.volume_exported.v1")
+                )
             })
             .filter_map(|e| e.payload.get("transfers")?.as_array().cloned())
             .flatten()

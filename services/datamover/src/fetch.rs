@@ -317,30 +317,7 @@ async fn finish(mut out: tokio::fs::File, part: &Path, to: &Path) -> Result<(), 
 
 /// Copies every file under `from` to the same place under `to`.
 async fn copy_tree(from: &Path, to: &Path) -> Result<Copied, FetchError> {
-    let mut files = Vec::new();
-    let mut dirs = vec![PathBuf::new()];
-    while let Some(rel) = dirs.pop() {
-        let mut entries = tokio::fs::read_dir(from.join(&rel))
-            .await
-            .map_err(|e| FetchError::Source(format!("{}: {e}", from.join(&rel).display())))?;
-        while let Some(entry) = entries
-            .next_entry()
-            .await
-            .map_err(io(from.join(&rel).display().to_string()))?
-        {
-            let kind = entry
-                .file_type()
-                .await
-                .map_err(io(entry.path().display().to_string()))?;
-            let path = rel.join(entry.file_name());
-            if kind.is_dir() {
-                dirs.push(path);
-            } else if kind.is_file() {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
+    let files = files_under(from).await?;
     let mut manifest = Sha256::new();
     let mut bytes = 0u64;
     for rel in &files {
@@ -356,4 +333,147 @@ async fn copy_tree(from: &Path, to: &Path) -> Result<Copied, FetchError> {
         bytes,
         digest: format!("sha256:{:x}", manifest.finalize()),
     })
+}
+
+/// Copies `source_path` in the volume (a file, or a directory and all under it) out to
+/// `destination` (`file://…` or `s3://bucket/key`; ending in `/`, or for a directory, a
+/// place the files go under by their path in it).
+pub async fn copy_out(
+    volume_dir: &Path,
+    source_path: &str,
+    destination_uri: &str,
+) -> Result<Copied, FetchError> {
+    let from = destination(volume_dir, source_path)?;
+    let meta = tokio::fs::metadata(&from)
+        .await
+        .map_err(|e| FetchError::Source(format!("{source_path} in the volume: {e}")))?;
+    let into_dir = destination_uri.ends_with('/') || meta.is_dir();
+    let files: Vec<(String, PathBuf)> = match meta.is_dir() {
+        true => files_under(&from)
+            .await?
+            .into_iter()
+            .map(|rel| (rel.display().to_string(), from.join(rel)))
+            .collect(),
+        false => vec![(
+            from.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            from.clone(),
+        )],
+    };
+    let mut manifest = Sha256::new();
+    let mut total = 0u64;
+    let mut last = None;
+    for (rel, path) in &files {
+        let copied = if let Some(root) = destination_uri.strip_prefix("file://") {
+            let to = match into_dir {
+                true => destination(Path::new(root), rel)?,
+                false => PathBuf::from(root),
+            };
+            let file = tokio::fs::File::open(path)
+                .await
+                .map_err(|e| FetchError::Source(format!("{}: {e}", path.display())))?;
+            write_file(file, &to, &path.display().to_string()).await?
+        } else if let Some(rest) = destination_uri.strip_prefix("s3://") {
+            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+            let key = match into_dir {
+                true => format!("{}/{rel}", key.trim_end_matches('/'))
+                    .trim_start_matches('/')
+                    .to_string(),
+                false => key.to_string(),
+            };
+            put_s3(destination_uri, bucket, &key, path).await?
+        } else {
+            let scheme = destination_uri
+                .split_once("://")
+                .map_or(destination_uri, |(s, _)| s);
+            return Err(FetchError::Invalid(format!(
+                "{destination_uri}: {scheme}:// destinations are not supported by this data mover yet (file:// and s3:// are)"
+            )));
+        };
+        total += copied.bytes;
+        manifest.update(format!("{}  {rel}\n", copied.digest).as_bytes());
+        last = Some(copied);
+    }
+    match (meta.is_dir(), last) {
+        (false, Some(one)) => Ok(one),
+        _ => Ok(Copied {
+            bytes: total,
+            digest: format!("sha256:{:x}", manifest.finalize()),
+        }),
+    }
+}
+
+/// Uploads one file to `s3://bucket/key` in parts, hashing as it goes.
+async fn put_s3(uri: &str, bucket: &str, key: &str, path: &Path) -> Result<Copied, FetchError> {
+    use object_store::ObjectStore;
+    if bucket.is_empty() || key.is_empty() {
+        return Err(FetchError::Invalid(format!(
+            "{uri}: a bucket and a key are needed"
+        )));
+    }
+    let store = s3_bucket(bucket)?;
+    let failed = |e: object_store::Error| match e {
+        object_store::Error::Generic { .. } => FetchError::Unreachable(format!("{uri}: {e}")),
+        e => FetchError::Source(format!("{uri}: {e}")),
+    };
+    let upload = store
+        .put_multipart(&object_store::path::Path::from(key))
+        .await
+        .map_err(failed)?;
+    let mut writer = object_store::WriteMultipart::new(upload);
+    let mut file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| FetchError::Source(format!("{}: {e}", path.display())))?;
+    let mut hash = Sha256::new();
+    let mut bytes = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .await
+            .map_err(io(path.display().to_string()))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        bytes += n as u64;
+        writer.wait_for_capacity(4).await.map_err(failed)?;
+        writer.write(&buf[..n]);
+    }
+    writer.finish().await.map_err(failed)?;
+    Ok(Copied {
+        bytes,
+        digest: format!("sha256:{:x}", hash.finalize()),
+    })
+}
+
+/// Every file under `dir`, by its path relative to it, sorted.
+async fn files_under(dir: &Path) -> Result<Vec<PathBuf>, FetchError> {
+    let mut files = Vec::new();
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(rel) = dirs.pop() {
+        let mut entries = tokio::fs::read_dir(dir.join(&rel))
+            .await
+            .map_err(io(dir.join(&rel).display().to_string()))?;
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(io(dir.join(&rel).display().to_string()))?
+        {
+            let kind = entry
+                .file_type()
+                .await
+                .map_err(io(entry.path().display().to_string()))?;
+            let path = rel.join(entry.file_name());
+            if kind.is_dir() {
+                dirs.push(path);
+            } else if kind.is_file() && !path.to_string_lossy().ends_with(".meridian-part") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
 }

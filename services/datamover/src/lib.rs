@@ -13,12 +13,19 @@
 //! that reason. Sources: `file://` (a file or a whole tree), `http(s)://` and `s3://`
 //! (an object or a prefix); other schemes are refused as not supported yet ([`fetch`]).
 //!
+//! Egress: once every job of a workflow is done, the workflow names the volumes to copy
+//! out (`workflow.egress_due.v1`); the mover copies each volume's `egress` steps to their
+//! destinations (`file://`, `s3://`), records it exported, and the workflow finishes
+//! after the last one (or fails with the reason). Each copy out is billed at the site's
+//! egress price in force.
+//!
 //! Restarts: at start the mover reads the log for volumes allocated and not yet staged,
 //! and for transfers already done; a copy that was under way is made again from the
 //! start (files are written beside their name and renamed once whole), and a finished
 //! one is not repeated.
 
 pub mod fetch;
+pub mod testkit;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -39,6 +46,13 @@ use uuid::Uuid;
 
 /// One volume held at one site: (workflow, volume, site).
 type Holding = (Uuid, String, String);
+
+/// What the mover does for a holding: bring its ingress in, or copy its outputs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Work {
+    Stage,
+    Export,
+}
 
 /// A transfer already in the log, by what it copies: (workflow, source, destination).
 type TransferKey = (Uuid, Endpoint, Endpoint);
@@ -61,8 +75,8 @@ pub struct DataMover {
     http: reqwest::Client,
     /// Transfers found in the log at start: their id, and whether they completed.
     transfers: Arc<Mutex<HashMap<TransferKey, (Uuid, bool)>>>,
-    /// Holdings being staged now.
-    busy: Arc<Mutex<HashSet<Holding>>>,
+    /// Holdings being staged or exported now.
+    busy: Arc<Mutex<HashSet<(Work, Holding)>>>,
     retry_after: Duration,
     /// The sites this mover answers for; `None`: every site (one mover for the whole
     /// deployment, as in `meridian up`).
@@ -123,8 +137,8 @@ impl DataMover {
 
     /// Runs until `shutdown` turns true.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), MoverError> {
-        for holding in self.recover().await? {
-            self.start(holding);
+        for (work, holding) in self.recover().await? {
+            self.start(work, holding);
         }
         let mut sub = self.log.subscribe(&self.subscription()).await?;
         loop {
@@ -139,14 +153,20 @@ impl DataMover {
                                 position: commit.position,
                                 message: e.to_string(),
                             })?;
-                            if let Event::Workflow(WorkflowEvent::VolumeAllocated {
-                                volume,
-                                class: StorageClass::Volume,
-                                site,
-                                ..
-                            }) = envelope.payload
-                            {
-                                self.start((envelope.aggregate.id, volume, site));
+                            let id = envelope.aggregate.id;
+                            match envelope.payload {
+                                Event::Workflow(WorkflowEvent::VolumeAllocated {
+                                    volume,
+                                    class: StorageClass::Volume,
+                                    site,
+                                    ..
+                                }) => self.start(Work::Stage, (id, volume, site)),
+                                Event::Workflow(WorkflowEvent::EgressDue { volumes }) => {
+                                    for v in volumes {
+                                        self.start(Work::Export, (id, v.volume, v.site));
+                                    }
+                                }
+                                _ => {}
                             }
                         }
                         sub.ack(commit.position).await?;
@@ -157,10 +177,10 @@ impl DataMover {
         }
     }
 
-    /// The volumes allocated and not yet staged, failed or given back, and the transfers
-    /// the log already has.
-    async fn recover(&self) -> Result<Vec<Holding>, MoverError> {
-        let mut open: Vec<Holding> = Vec::new();
+    /// The volumes allocated and not yet staged, failed or given back, those due to be
+    /// copied out and not yet, and the transfers the log already has.
+    async fn recover(&self) -> Result<Vec<(Work, Holding)>, MoverError> {
+        let mut open: Vec<(Work, Holding)> = Vec::new();
         let mut transfers: HashMap<Uuid, (TransferKey, bool)> = HashMap::new();
         let mut after = 0;
         loop {
@@ -186,17 +206,31 @@ impl DataMover {
                             class: StorageClass::Volume,
                             site,
                             ..
-                        }) => open.push((id, volume, site)),
+                        }) => open.push((Work::Stage, (id, volume, site))),
+                        Event::Workflow(WorkflowEvent::EgressDue { volumes }) => open.extend(
+                            volumes
+                                .into_iter()
+                                .map(|v| (Work::Export, (id, v.volume, v.site))),
+                        ),
                         Event::Workflow(
                             WorkflowEvent::VolumeStaged { volume, site, .. }
-                            | WorkflowEvent::VolumeStagingFailed { volume, site, .. }
-                            | WorkflowEvent::VolumeReleased { volume, site, .. },
-                        ) => open.retain(|h| *h != (id, volume.clone(), site.clone())),
+                            | WorkflowEvent::VolumeStagingFailed { volume, site, .. },
+                        ) => {
+                            open.retain(|w| *w != (Work::Stage, (id, volume.clone(), site.clone())))
+                        }
+                        Event::Workflow(
+                            WorkflowEvent::VolumeExported { volume, site, .. }
+                            | WorkflowEvent::VolumeExportFailed { volume, site, .. },
+                        ) => open
+                            .retain(|w| *w != (Work::Export, (id, volume.clone(), site.clone()))),
+                        Event::Workflow(WorkflowEvent::VolumeReleased { volume, site, .. }) => {
+                            open.retain(|(_, h)| *h != (id, volume.clone(), site.clone()))
+                        }
                         Event::Workflow(
                             WorkflowEvent::Finished { .. }
                             | WorkflowEvent::Failed { .. }
                             | WorkflowEvent::Cancelled { .. },
-                        ) => open.retain(|h| h.0 != id),
+                        ) => open.retain(|(_, h)| h.0 != id),
                         Event::Transfer(TransferEvent::Requested {
                             workflow_id,
                             source,
@@ -225,12 +259,17 @@ impl DataMover {
         Ok(open)
     }
 
-    /// Stages `holding` in the background, unless that is under way already.
-    fn start(&self, holding: Holding) {
+    /// Stages or exports `holding` in the background, unless that is under way already.
+    fn start(&self, work: Work, holding: Holding) {
         if self.sites.as_ref().is_some_and(|s| !s.contains(&holding.2)) {
             return;
         }
-        if !self.busy.lock().expect("busy").insert(holding.clone()) {
+        if !self
+            .busy
+            .lock()
+            .expect("busy")
+            .insert((work, holding.clone()))
+        {
             return;
         }
         let job = Staging {
@@ -243,10 +282,14 @@ impl DataMover {
         let busy = self.busy.clone();
         tokio::spawn(async move {
             let (workflow, volume, site) = &holding;
-            if let Err(e) = job.stage(&holding).await {
-                tracing::error!(%workflow, volume, site, error = %e, "staging stopped; it resumes when the data mover restarts");
+            let done = match work {
+                Work::Stage => job.stage(&holding).await,
+                Work::Export => job.export(&holding).await,
+            };
+            if let Err(e) = done {
+                tracing::error!(%workflow, volume, site, error = %e, ?work, "stopped; it resumes when the data mover restarts");
             }
-            busy.lock().expect("busy").remove(&holding);
+            busy.lock().expect("busy").remove(&(work, holding));
         });
     }
 }
@@ -383,6 +426,188 @@ impl Staging {
         }
         self.on_workflow(&ctx, *workflow_id, volume, site, Ok(done))
             .await
+    }
+
+    /// Copies every egress step of a volume at a site out, then records it exported; or
+    /// records the step that failed, and why.
+    async fn export(&self, (workflow_id, volume, site): &Holding) -> Result<(), LogError> {
+        let loaded = aggregates::load::<Workflow>(&*self.log, *workflow_id).await?;
+        let wf = &loaded.state;
+        let due = wf
+            .egress_due()
+            .iter()
+            .any(|v| v.volume == *volume && v.site == *site);
+        if !due {
+            return Ok(());
+        }
+        let steps = wf
+            .spec()
+            .and_then(|s| s.volumes.get(volume))
+            .map(|v| v.egress.clone())
+            .unwrap_or_default();
+        let tenant = loaded
+            .history
+            .first()
+            .map_or_else(|| "default".to_string(), |e| e.tenant.clone());
+        let ctx = EventContext {
+            correlation_id: *workflow_id,
+            ..EventContext::new_chain(tenant)
+        };
+        let Some(root) = self.roots.get(site) else {
+            let reason = format!(
+                "the data mover cannot read site {site}'s storage: egress reaches only sites \
+                 on its own machine (the local site) for now"
+            );
+            return self
+                .exported(&ctx, *workflow_id, volume, site, Err(reason))
+                .await;
+        };
+        let dir = meridian_adapter_core::volume_dir(root, *workflow_id, volume);
+        // The site's price for data leaving it, in force now: what the copy is billed at.
+        let tariff = meridian_domain::Catalog::load(&*self.log)
+            .await?
+            .find(site)
+            .and_then(|s| s.prices_at(Utc::now()).map(|p| p.egress_tariff()));
+        let mut done = Vec::new();
+        for step in steps {
+            let source = Endpoint::SitePath {
+                site: site.clone(),
+                path: format!("{volume}:{}", step.source),
+            };
+            let destination = Endpoint::Uri {
+                uri: step.destination.clone(),
+            };
+            let key = (*workflow_id, source.clone(), destination.clone());
+            let known = self.transfers.lock().expect("transfers").get(&key).copied();
+            let id = match known {
+                Some((id, true)) => {
+                    done.push(id);
+                    continue;
+                }
+                Some((id, false)) => id,
+                None => {
+                    let id = Uuid::now_v7();
+                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
+                        TransferCommand::Request {
+                            workflow_id: *workflow_id,
+                            source: source.clone(),
+                            destination: destination.clone(),
+                            bytes_expected: None,
+                        }
+                    })
+                    .await
+                    .map_err(execute_failed)?;
+                    self.transfers
+                        .lock()
+                        .expect("transfers")
+                        .insert(key.clone(), (id, false));
+                    id
+                }
+            };
+            tracing::info!(workflow = %workflow_id, volume, site, destination = step.destination, "egress started");
+            let started_at = Utc::now();
+            match self.copy_out(&dir, &step.source, &step.destination).await {
+                Ok(copied) => {
+                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
+                        TransferCommand::Complete {
+                            bytes: copied.bytes,
+                            digest: copied.digest.clone(),
+                            from: Location::Site { site: site.clone() },
+                            to: Location::Region {
+                                region: "internet".into(),
+                            },
+                            started_at,
+                            ended_at: Utc::now().max(started_at),
+                            egress: tariff.clone(),
+                        }
+                    })
+                    .await
+                    .map_err(execute_failed)?;
+                    tracing::info!(workflow = %workflow_id, volume, site, destination = step.destination, bytes = copied.bytes, "egress done");
+                    self.transfers
+                        .lock()
+                        .expect("transfers")
+                        .insert(key, (id, true));
+                    done.push(id);
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    tracing::warn!(workflow = %workflow_id, volume, site, %reason, "egress failed");
+                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
+                        TransferCommand::Fail {
+                            reason: reason.clone(),
+                        }
+                    })
+                    .await
+                    .map_err(execute_failed)?;
+                    self.transfers.lock().expect("transfers").remove(&key);
+                    return self
+                        .exported(&ctx, *workflow_id, volume, site, Err(reason))
+                        .await;
+                }
+            }
+        }
+        self.exported(&ctx, *workflow_id, volume, site, Ok(done))
+            .await
+    }
+
+    /// One egress step, tried again while its destination does not answer.
+    async fn copy_out(
+        &self,
+        dir: &std::path::Path,
+        source: &str,
+        destination: &str,
+    ) -> Result<fetch::Copied, fetch::FetchError> {
+        let mut wait = self.retry_after;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match fetch::copy_out(dir, source, destination).await {
+                Err(fetch::FetchError::Unreachable(why)) if tries < TRIES => {
+                    tracing::warn!(
+                        destination,
+                        why,
+                        "the destination did not answer; trying again"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Records the volume copied out (with its transfers), or why it could not be.
+    async fn exported(
+        &self,
+        ctx: &EventContext,
+        workflow_id: Uuid,
+        volume: &str,
+        site: &str,
+        outcome: Result<Vec<Uuid>, String>,
+    ) -> Result<(), LogError> {
+        let command = match outcome {
+            Ok(transfers) => WorkflowCommand::RecordVolumeExported {
+                volume: volume.to_string(),
+                site: site.to_string(),
+                transfers,
+            },
+            Err(reason) => WorkflowCommand::FailVolumeExport {
+                volume: volume.to_string(),
+                site: site.to_string(),
+                reason,
+            },
+        };
+        match aggregates::execute::<Workflow, _>(&*self.log, workflow_id, ctx, |_| command.clone())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(ExecuteError::Log(e)) => Err(e),
+            Err(e) => {
+                tracing::debug!(workflow = %workflow_id, volume, site, reason = %e, "the export no longer applies");
+                Ok(())
+            }
+        }
     }
 
     /// One step, tried again while its source does not answer.

@@ -2,7 +2,8 @@
 //! `file://` path and from a real HTTP server lands in the volume's directory before the
 //! job that mounts it is dispatched; a missing object fails the workflow with its name;
 //! a site the mover cannot write to is refused with that reason; a copy under way when
-//! the mover stopped is finished under the same transfer.
+//! the mover stopped is finished under the same transfer; outputs are copied out before
+//! the workflow finishes, billed at the site's egress price.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +16,8 @@ use meridian_eventlog::aggregates::{decode_all, execute, load};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{
-    Site, SiteCommand, Transfer, TransferCommand, Workflow, WorkflowCommand, WorkflowState,
+    Job, JobCommand, Site, SiteCommand, Transfer, TransferCommand, Workflow, WorkflowCommand,
+    WorkflowState,
 };
 use meridian_events::vocabulary::Endpoint;
 use meridian_events::{
@@ -441,4 +443,97 @@ async fn a_copy_under_way_at_a_stop_is_finished_under_the_same_transfer() {
         transfer.history.last().map(|e| &e.payload),
         Some(Event::Transfer(TransferEvent::Completed { bytes: 8, .. }))
     ));
+}
+
+/// Runs job `job_id` to success, as a site runner would.
+async fn run_job(log: &dyn EventLog, job_id: Uuid) {
+    let ctx = EventContext::new_chain("t");
+    let now = Utc::now();
+    for cmd in [
+        JobCommand::RecordSubmission {
+            backend_job_id: "1".into(),
+        },
+        JobCommand::Start {
+            started_at: now,
+            allocated: meridian_events::Allocation {
+                nodes: 1,
+                cpus: 1,
+                memory_bytes: 1 << 30,
+                gpus: None,
+            },
+            hosts: vec![],
+        },
+        JobCommand::Finish {
+            ended_at: now,
+            exit_code: 0,
+            usage: meridian_events::vocabulary::Usage::default(),
+        },
+    ] {
+        execute::<Job, _>(log, job_id, &ctx, |_| cmd.clone())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_are_copied_out_before_the_workflow_finishes() {
+    let b = Bench::new().await;
+    let _mover = b.mover();
+    let exported = b.dir.path().join("exported");
+    let id = b
+        .submit(&format!(
+            "version: v1\nname: outputs\nplacement: {{sites: [local]}}\nvolumes:\n  results:\n    size: 1GiB\n    egress:\n      - {{source: /out/, destination: \"file://{}/\"}}\njobs:\n  write:\n    image: host\n    command: [\"true\"]\n    mounts: {{results: /r}}\n",
+            exported.display()
+        ))
+        .await;
+    let job = b
+        .wait_for("the job's dispatch", async || {
+            b.events().await.iter().find_map(|(_, e)| match e.payload {
+                Event::Job(JobEvent::Dispatched { .. }) => Some(e.aggregate.id),
+                _ => None,
+            })
+        })
+        .await;
+    // What the job wrote, where the site keeps the volume.
+    let out = b.root().join(id.to_string()).join("results").join("out");
+    std::fs::create_dir_all(out.join("deep")).unwrap();
+    std::fs::write(out.join("r.txt"), "result\n").unwrap();
+    std::fs::write(out.join("deep/s.txt"), "more\n").unwrap();
+    run_job(&*b.log, job).await;
+    b.wait_for("the end", async || {
+        let wf = load::<Workflow>(&*b.log, id).await.unwrap().state;
+        (wf.state() == Some(WorkflowState::Finished)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(exported.join("r.txt")).unwrap(),
+        "result\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(exported.join("deep/s.txt")).unwrap(),
+        "more\n"
+    );
+    let events = b.events().await;
+    let at = |kind: &str| {
+        events
+            .iter()
+            .find(|(_, e)| e.payload.kind() == kind)
+            .map(|(p, _)| *p)
+            .unwrap_or_else(|| panic!("no {kind}"))
+    };
+    assert!(at("workflow.egress_due.v1") < at("workflow.volume_exported.v1"));
+    assert!(at("workflow.volume_exported.v1") <= at("workflow.finished.v1"));
+    let billed = events.iter().find_map(|(_, e)| match &e.payload {
+        Event::Transfer(TransferEvent::Completed { bytes, egress, .. }) => {
+            Some((*bytes, egress.clone()))
+        }
+        _ => None,
+    });
+    let (bytes, tariff) = billed.expect("the copy out");
+    assert_eq!(bytes, 12);
+    assert_eq!(
+        tariff.map(|t| t.currency),
+        Some(Currency::USD),
+        "billed at the site's egress price"
+    );
 }

@@ -1,71 +1,15 @@
-//! `s3://` ingress against a real S3 server (moto's, started here on a free port;
+//! `s3://` against a real S3 server (moto's, started here on a free port;
 //! `scripts/test` installs it with `pip install 'moto[server]'`): one object and a whole
 //! prefix land in the volume through the `object_store` crate, with the credentials and
-//! endpoint of the standard `AWS_*` environment; a missing object fails with its name.
+//! endpoint of the standard `AWS_*` environment; a missing object fails with its name;
+//! a volume's outputs go out to a prefix in parts, and come back the same.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
-use meridian_datamover::fetch::{copy, FetchError};
+use meridian_datamover::fetch::{copy, copy_out, FetchError};
+use meridian_datamover::testkit::Moto;
 use object_store::ObjectStore;
 use sha2::{Digest, Sha256};
-
-/// A moto server for this test binary, stopped when dropped.
-struct Moto {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn moto_binary() -> String {
-    if let Ok(path) = std::env::var("MERIDIAN_MOTO_SERVER") {
-        return path;
-    }
-    let on_path = Command::new("sh")
-        .args(["-c", "command -v moto_server"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    on_path.unwrap_or_else(|| {
-        panic!(
-            "these tests need moto's S3 server (moto_server): install it with \
-             `python3 -m pip install 'moto[server]'` (scripts/test does), or set MERIDIAN_MOTO_SERVER"
-        )
-    })
-}
-
-async fn moto() -> Moto {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(moto_binary())
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start moto_server");
-    let url = format!("http://127.0.0.1:{port}");
-    let moto = Moto { child, url };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while reqwest::get(&moto.url).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "moto_server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    moto
-}
 
 fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{:x}", Sha256::digest(bytes))
@@ -73,19 +17,13 @@ fn sha256(bytes: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_and_prefixes_come_in_from_s3_and_a_missing_one_is_named() {
-    let moto = moto().await;
+    let moto = Moto::start();
     // The standard environment, as a site's operator would set it.
-    std::env::set_var("AWS_ENDPOINT_URL", &moto.url);
-    std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-    std::env::set_var("AWS_REGION", "us-east-1");
+    for (key, value) in moto.env() {
+        std::env::set_var(key, value);
+    }
     let http = reqwest::Client::new();
-    let made = http
-        .put(format!("{}/datasets", moto.url))
-        .send()
-        .await
-        .unwrap();
-    assert!(made.status().is_success(), "{made:?}");
+    moto.bucket("datasets");
     let store = object_store::aws::AmazonS3Builder::from_env()
         .with_bucket_name("datasets")
         .with_endpoint(&moto.url)
@@ -124,6 +62,32 @@ async fn objects_and_prefixes_come_in_from_s3_and_a_missing_one_is_named() {
         sha256(b"c\n3\n")
     );
     assert_eq!((tree.bytes, tree.digest), (12, sha256(manifest.as_bytes())));
+
+    // Out again, to another prefix (every upload is a multipart one).
+    let out = copy_out(volume.path(), "/in/", "s3://datasets/copied/")
+        .await
+        .expect("out to a prefix");
+    assert_eq!(
+        (out.bytes, out.digest.clone()),
+        (12, sha256(manifest.as_bytes()))
+    );
+    let big_out = copy_out(
+        volume.path(),
+        "/model/weights.bin",
+        "s3://datasets/out/w.bin",
+    )
+    .await
+    .expect("one file out");
+    assert_eq!(big_out.digest, sha256(&big));
+    let back = tempfile::tempdir().unwrap();
+    copy(&http, "s3://datasets/copied/", back.path(), "/again/")
+        .await
+        .unwrap();
+    assert_eq!(read(back.path(), "again/deep/b.csv"), b"c\n3\n");
+    let big_back = copy(&http, "s3://datasets/out/w.bin", back.path(), "/w.bin")
+        .await
+        .unwrap();
+    assert_eq!(big_back.digest, sha256(&big));
 
     let missing = copy(&http, "s3://datasets/nothing.csv", volume.path(), "/in/").await;
     match missing {

@@ -1062,3 +1062,79 @@ fn ingress_from_a_path_reaches_the_job_and_a_missing_one_fails_with_its_name() {
     );
     assert!(status["jobs"].as_array().unwrap().is_empty(), "{status:#}");
 }
+
+/// The data mover end to end against a real S3 server (moto's): inputs come in from
+/// S3, the job reads them and writes results, the results go out to S3 before the
+/// workflow finishes, and each copy is in the events with its bytes.
+#[test]
+fn inputs_from_s3_and_results_back_to_s3() {
+    let moto = meridian_datamover::testkit::Moto::start();
+    moto.bucket("inputs");
+    moto.bucket("results");
+    moto.put("inputs", "run-1/cells.csv", b"id,value\n1,42\n2,43\n");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let env: Vec<(&str, String)> = moto.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let up = Proc::spawn(
+        "up",
+        dir.path(),
+        &[
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &listen,
+            "--local-cpus",
+            "2",
+        ],
+        &env,
+    );
+    wait_ready(&server, &[&up]);
+    let file = write(
+        dir.path(),
+        "s3.yaml",
+        "version: v1\nname: s3-in-out\nvolumes:\n  data:\n    size: 1GiB\n    ingress:\n      - {source: \"s3://inputs/run-1/\", destination: /in/}\n    egress:\n      - {source: /out/, destination: \"s3://results/run-1/\"}\njobs:\n  count:\n    image: host\n    command: [sh, -c, \"mkdir -p $MERIDIAN_VOLUME_DATA/out && wc -l < $MERIDIAN_VOLUME_DATA/in/cells.csv > $MERIDIAN_VOLUME_DATA/out/count.txt\"]\n    mounts: {data: /data}\n",
+    );
+    let status = submit_wait(&server, &file);
+    assert_eq!(status["state"], "finished", "{status:#}\n{}", up.output());
+    assert_eq!(
+        moto.get("results", "run-1/count.txt")
+            .map(|b| String::from_utf8_lossy(&b).trim().to_string()),
+        Some("3".to_string()),
+        "the result is in the bucket"
+    );
+    let id = status["id"].as_str().unwrap();
+    let events = cli_json(&server, &["events", id]);
+    let copies: Vec<u64> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["payload"]["type"] == "transfer.completed.v1")
+        .map(|e| e["payload"]["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(copies, [19, 2], "one copy in, one out: {events:#}");
+    // The copy out is on the bill, by its bytes (2 B is 0.000000002 GB), at the local
+    // site's egress price.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let bill = cli_json(&server, &["bill", id]);
+        let egress: Vec<&serde_json::Value> = bill["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["category"] == "egress")
+            .collect();
+        if let [line] = egress.as_slice() {
+            assert_eq!(line["quantity"], "0.000000002", "{line:#}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no egress line: {bill:#}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
