@@ -72,8 +72,28 @@ impl Cli {
         tag: &str,
         name: Option<&str>,
     ) -> Result<Option<BackendJobId>, AdapterError> {
+        self.find_tagged(tag, name, false).await
+    }
+
+    /// The array job tagged `tag` (named `name`), by the array's own id: pending tasks of
+    /// an array are one line (`4242_[3-9%2]`), and accounting lists each task (`4242_7`).
+    pub async fn find_array(
+        &self,
+        tag: &str,
+        name: &str,
+    ) -> Result<Option<BackendJobId>, AdapterError> {
+        self.find_tagged(tag, Some(name), true).await
+    }
+
+    async fn find_tagged(
+        &self,
+        tag: &str,
+        name: Option<&str>,
+        array: bool,
+    ) -> Result<Option<BackendJobId>, AdapterError> {
+        let format = if array { "%F|%k" } else { "%i|%k" };
         let out = self
-            .run(Command::new("squeue").args(["--me", "-h", "-t", "all", "-o", "%i|%k"]))
+            .run(Command::new("squeue").args(["--me", "-h", "-t", "all", "-o", format]))
             .await?;
         if !out.success() {
             return Err(Self::failed("squeue", &out));
@@ -99,39 +119,8 @@ impl Cli {
             }
             return Err(Self::failed("sacct", &out));
         }
-        Ok(lowest_tagged(&out.stdout, tag))
-    }
-
-    /// The array job tagged `tag` (named `name`): slurmctld's jobs, then accounting.
-    /// Pending tasks of an array are one line (`4242_[3-9%2]`), so the array's own id
-    /// (`%F`) is read rather than the task's.
-    pub async fn find_array(
-        &self,
-        tag: &str,
-        name: &str,
-    ) -> Result<Option<BackendJobId>, AdapterError> {
-        let out = self
-            .run(Command::new("squeue").args(["--me", "-h", "-t", "all", "-o", "%F|%k"]))
-            .await?;
-        if !out.success() {
-            return Err(Self::failed("squeue", &out));
-        }
-        if let Some(id) = lowest_tagged(&out.stdout, tag) {
-            return Ok(Some(id));
-        }
-        let since = Utc::now()
-            - chrono::Duration::from_std(self.config.poll.find_lookback)
-                .unwrap_or(chrono::Duration::days(30));
-        let sacct = Command::new("sacct")
-            .args(["-P", "-n", "-X", "--format=JobID,Comment"])
-            .arg(format!("--starttime={}", since.format("%Y-%m-%dT%H:%M:%S")))
-            .arg(format!("--name={name}"));
-        let out = self.run(sacct.utc_times()).await?;
-        if !out.success() {
-            if out.stderr.contains(NO_ACCOUNTING) {
-                return Ok(None);
-            }
-            return Err(Self::failed("sacct", &out));
+        if !array {
+            return Ok(lowest_tagged(&out.stdout, tag));
         }
         // `4242_7` or `4242_[3-9]`: the array is what comes before the `_`.
         let arrays: String = out

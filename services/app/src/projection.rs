@@ -288,13 +288,7 @@ async fn apply_workflow(
             };
             ensure_task(tx, &task).await?;
             // A release ends the hold it was under.
-            sqlx::query(
-                "UPDATE intake_workflows SET reason = NULL WHERE id = $1 AND reason LIKE $2",
-            )
-            .bind(&id)
-            .bind(format!("{HELD}%"))
-            .execute(&mut **tx)
-            .await?;
+            clear_hold(tx, &id).await?;
         }
         WorkflowEvent::JobSettled {
             job_id,
@@ -338,7 +332,14 @@ async fn apply_workflow(
             .execute(&mut **tx)
             .await?;
         }
-        WorkflowEvent::Finished { .. } => set_state(tx, &id, "finished", None).await?,
+        // Whatever it waited for (a hold, copying out) is over.
+        WorkflowEvent::Finished { .. } => {
+            set_state(tx, &id, "finished", None).await?;
+            sqlx::query("UPDATE intake_workflows SET reason = NULL WHERE id = $1")
+                .bind(&id)
+                .execute(&mut **tx)
+                .await?;
+        }
         WorkflowEvent::Failed { reason, .. } => {
             set_state(tx, &id, "failed", Some(reason.as_str())).await?
         }
@@ -346,15 +347,7 @@ async fn apply_workflow(
         WorkflowEvent::Cancelled { .. } => set_state(tx, &id, "cancelled", None).await?,
         // The bill and storage have their own endpoint and read model (the ledger).
         // Its data arrived: the hold it was under for it ends.
-        WorkflowEvent::VolumeStaged { .. } => {
-            sqlx::query(
-                "UPDATE intake_workflows SET reason = NULL WHERE id = $1 AND reason LIKE $2",
-            )
-            .bind(&id)
-            .bind(format!("{HELD}%"))
-            .execute(&mut **tx)
-            .await?;
-        }
+        WorkflowEvent::VolumeStaged { .. } => clear_hold(tx, &id).await?,
         // Nothing waits silently: a workflow whose jobs are done says it copies out.
         WorkflowEvent::EgressDue { volumes } => {
             let names: Vec<String> = volumes
@@ -381,6 +374,16 @@ async fn apply_workflow(
         | WorkflowEvent::VolumeExportFailed { .. } => return Ok(()),
     }
     touch(tx, &id, &at).await
+}
+
+/// Ends the hold a workflow was under (`held: …`), if any.
+async fn clear_hold(tx: &mut Tx, id: &str) -> Result<(), StoreError> {
+    sqlx::query("UPDATE intake_workflows SET reason = NULL WHERE id = $1 AND reason LIKE $2")
+        .bind(id)
+        .bind(format!("{HELD}%"))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 async fn set_state(

@@ -115,7 +115,11 @@ pub async fn copy(
             true => target.join(name),
             false => target,
         };
-        return write_stream(response, &to, source).await;
+        use futures::TryStreamExt;
+        let chunks = response
+            .bytes_stream()
+            .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")));
+        return write_chunks(chunks, &to).await;
     }
     if let Some(rest) = source.strip_prefix("s3://") {
         return copy_s3(source, rest, &target, into_dir).await;
@@ -255,32 +259,6 @@ async fn write_file(
         hash.update(&buf[..n]);
         bytes += n as u64;
         out.write_all(&buf[..n])
-            .await
-            .map_err(io(part.display().to_string()))?;
-    }
-    finish(out, &part, to).await?;
-    Ok(Copied {
-        bytes,
-        digest: format!("sha256:{:x}", hash.finalize()),
-    })
-}
-
-async fn write_stream(
-    mut response: reqwest::Response,
-    to: &Path,
-    source: &str,
-) -> Result<Copied, FetchError> {
-    let (mut out, part) = create(to).await?;
-    let mut hash = Sha256::new();
-    let mut bytes = 0u64;
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?
-    {
-        hash.update(&chunk);
-        bytes += chunk.len() as u64;
-        out.write_all(&chunk)
             .await
             .map_err(io(part.display().to_string()))?;
     }

@@ -282,11 +282,7 @@ impl DataMover {
         let busy = self.busy.clone();
         tokio::spawn(async move {
             let (workflow, volume, site) = &holding;
-            let done = match work {
-                Work::Stage => job.stage(&holding).await,
-                Work::Export => job.export(&holding).await,
-            };
-            if let Err(e) = done {
+            if let Err(e) = job.carry_out(work, &holding).await {
                 tracing::error!(%workflow, volume, site, error = %e, ?work, "stopped; it resumes when the data mover restarts");
             }
             busy.lock().expect("busy").remove(&(work, holding));
@@ -304,25 +300,38 @@ struct Staging {
 }
 
 impl Staging {
-    /// Carries out every ingress step of a volume at a site, then records it staged; or
-    /// records the step that failed, and why.
-    async fn stage(&self, (workflow_id, volume, site): &Holding) -> Result<(), LogError> {
+    /// Carries out every step of `work` for a volume at a site (its ingress, or its
+    /// egress once due), then records it done; or records the step that failed, and why.
+    async fn carry_out(
+        &self,
+        work: Work,
+        (workflow_id, volume, site): &Holding,
+    ) -> Result<(), LogError> {
         let loaded = aggregates::load::<Workflow>(&*self.log, *workflow_id).await?;
         let wf = &loaded.state;
-        let live = wf.state().is_some_and(|s| {
-            !s.is_terminal() && s != meridian_events::aggregate::WorkflowState::CancelRequested
-        });
-        if !live || wf.is_staged(volume, site) {
-            return Ok(());
-        }
-        let Some(steps) = wf
+        let wanted = match work {
+            Work::Stage => {
+                wf.state().is_some_and(|s| {
+                    !s.is_terminal()
+                        && s != meridian_events::aggregate::WorkflowState::CancelRequested
+                }) && !wf.is_staged(volume, site)
+            }
+            Work::Export => wf
+                .egress_due()
+                .iter()
+                .any(|v| v.volume == *volume && v.site == *site),
+        };
+        let steps = wf
             .spec()
             .and_then(|s| s.volumes.get(volume))
-            .map(|v| v.ingress.clone())
-            .filter(|steps| !steps.is_empty())
-        else {
+            .map(|v| match work {
+                Work::Stage => v.ingress.clone(),
+                Work::Export => v.egress.clone(),
+            })
+            .unwrap_or_default();
+        if !wanted || steps.is_empty() {
             return Ok(());
-        };
+        }
         let tenant = loaded
             .history
             .first()
@@ -331,30 +340,62 @@ impl Staging {
             correlation_id: *workflow_id,
             ..EventContext::new_chain(tenant)
         };
+        let done = |outcome| self.record(work, &ctx, *workflow_id, volume, site, outcome);
         let Some(root) = self.roots.get(site) else {
-            let reason = format!(
-                "the data mover cannot write to site {site}'s storage: ingress reaches only \
-                 sites on its own machine (the local site) for now"
-            );
-            return self
-                .on_workflow(&ctx, *workflow_id, volume, site, Err(reason))
-                .await;
+            let (verb, what) = match work {
+                Work::Stage => ("write to", "ingress"),
+                Work::Export => ("read", "egress"),
+            };
+            return done(Err(format!(
+                "the data mover cannot {verb} site {site}'s storage: {what} reaches only sites \
+                 on its own machine (the local site) for now"
+            )))
+            .await;
         };
         let dir = meridian_adapter_core::volume_dir(root, *workflow_id, volume);
-        let mut done = Vec::new();
+        // Data leaving the site is billed at its egress price in force now.
+        let tariff = match work {
+            Work::Stage => None,
+            Work::Export => meridian_domain::Catalog::load(&*self.log)
+                .await?
+                .find(site)
+                .and_then(|s| s.prices_at(Utc::now()).map(|p| p.egress_tariff())),
+        };
+        let mut transfers = Vec::new();
         for step in steps {
-            let source = Endpoint::Uri {
-                uri: step.source.clone(),
-            };
-            let destination = Endpoint::SitePath {
+            let in_volume = |path: &str| Endpoint::SitePath {
                 site: site.clone(),
-                path: format!("{volume}:{}", step.destination),
+                path: format!("{volume}:{path}"),
+            };
+            let (source, destination, (from, to)) = match work {
+                Work::Stage => (
+                    Endpoint::Uri {
+                        uri: step.source.clone(),
+                    },
+                    in_volume(&step.destination),
+                    (
+                        source_location(&step.source, site),
+                        Location::Site { site: site.clone() },
+                    ),
+                ),
+                Work::Export => (
+                    in_volume(&step.source),
+                    Endpoint::Uri {
+                        uri: step.destination.clone(),
+                    },
+                    (
+                        Location::Site { site: site.clone() },
+                        Location::Region {
+                            region: "internet".into(),
+                        },
+                    ),
+                ),
             };
             let key = (*workflow_id, source.clone(), destination.clone());
             let known = self.transfers.lock().expect("transfers").get(&key).copied();
             let id = match known {
                 Some((id, true)) => {
-                    done.push(id);
+                    transfers.push(id);
                     continue;
                 }
                 Some((id, false)) => id,
@@ -377,145 +418,16 @@ impl Staging {
                     id
                 }
             };
-            tracing::info!(workflow = %workflow_id, volume, site, source = step.source, "ingress started");
+            tracing::info!(workflow = %workflow_id, volume, site, ?work, source = step.source, destination = step.destination, "copy started");
             let started_at = Utc::now();
-            match self.copy(&step.source, &dir, &step.destination).await {
+            match self.copy(work, &dir, &step.source, &step.destination).await {
                 Ok(copied) => {
-                    let from = match step.source.starts_with("file://") {
-                        true => Location::Site { site: site.clone() },
-                        false => Location::Region {
-                            region: "internet".into(),
-                        },
-                    };
                     aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
                         TransferCommand::Complete {
                             bytes: copied.bytes,
                             digest: copied.digest.clone(),
                             from: from.clone(),
-                            to: Location::Site { site: site.clone() },
-                            started_at,
-                            ended_at: Utc::now().max(started_at),
-                            egress: None,
-                        }
-                    })
-                    .await
-                    .map_err(execute_failed)?;
-                    tracing::info!(workflow = %workflow_id, volume, site, source = step.source, bytes = copied.bytes, digest = copied.digest, "ingress done");
-                    self.transfers
-                        .lock()
-                        .expect("transfers")
-                        .insert(key, (id, true));
-                    done.push(id);
-                }
-                Err(e) => {
-                    let reason = e.to_string();
-                    tracing::warn!(workflow = %workflow_id, volume, site, %reason, "ingress failed");
-                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
-                        TransferCommand::Fail {
-                            reason: reason.clone(),
-                        }
-                    })
-                    .await
-                    .map_err(execute_failed)?;
-                    self.transfers.lock().expect("transfers").remove(&key);
-                    return self
-                        .on_workflow(&ctx, *workflow_id, volume, site, Err(reason))
-                        .await;
-                }
-            }
-        }
-        self.on_workflow(&ctx, *workflow_id, volume, site, Ok(done))
-            .await
-    }
-
-    /// Copies every egress step of a volume at a site out, then records it exported; or
-    /// records the step that failed, and why.
-    async fn export(&self, (workflow_id, volume, site): &Holding) -> Result<(), LogError> {
-        let loaded = aggregates::load::<Workflow>(&*self.log, *workflow_id).await?;
-        let wf = &loaded.state;
-        let due = wf
-            .egress_due()
-            .iter()
-            .any(|v| v.volume == *volume && v.site == *site);
-        if !due {
-            return Ok(());
-        }
-        let steps = wf
-            .spec()
-            .and_then(|s| s.volumes.get(volume))
-            .map(|v| v.egress.clone())
-            .unwrap_or_default();
-        let tenant = loaded
-            .history
-            .first()
-            .map_or_else(|| "default".to_string(), |e| e.tenant.clone());
-        let ctx = EventContext {
-            correlation_id: *workflow_id,
-            ..EventContext::new_chain(tenant)
-        };
-        let Some(root) = self.roots.get(site) else {
-            let reason = format!(
-                "the data mover cannot read site {site}'s storage: egress reaches only sites \
-                 on its own machine (the local site) for now"
-            );
-            return self
-                .exported(&ctx, *workflow_id, volume, site, Err(reason))
-                .await;
-        };
-        let dir = meridian_adapter_core::volume_dir(root, *workflow_id, volume);
-        // The site's price for data leaving it, in force now: what the copy is billed at.
-        let tariff = meridian_domain::Catalog::load(&*self.log)
-            .await?
-            .find(site)
-            .and_then(|s| s.prices_at(Utc::now()).map(|p| p.egress_tariff()));
-        let mut done = Vec::new();
-        for step in steps {
-            let source = Endpoint::SitePath {
-                site: site.clone(),
-                path: format!("{volume}:{}", step.source),
-            };
-            let destination = Endpoint::Uri {
-                uri: step.destination.clone(),
-            };
-            let key = (*workflow_id, source.clone(), destination.clone());
-            let known = self.transfers.lock().expect("transfers").get(&key).copied();
-            let id = match known {
-                Some((id, true)) => {
-                    done.push(id);
-                    continue;
-                }
-                Some((id, false)) => id,
-                None => {
-                    let id = Uuid::now_v7();
-                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
-                        TransferCommand::Request {
-                            workflow_id: *workflow_id,
-                            source: source.clone(),
-                            destination: destination.clone(),
-                            bytes_expected: None,
-                        }
-                    })
-                    .await
-                    .map_err(execute_failed)?;
-                    self.transfers
-                        .lock()
-                        .expect("transfers")
-                        .insert(key.clone(), (id, false));
-                    id
-                }
-            };
-            tracing::info!(workflow = %workflow_id, volume, site, destination = step.destination, "egress started");
-            let started_at = Utc::now();
-            match self.copy_out(&dir, &step.source, &step.destination).await {
-                Ok(copied) => {
-                    aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
-                        TransferCommand::Complete {
-                            bytes: copied.bytes,
-                            digest: copied.digest.clone(),
-                            from: Location::Site { site: site.clone() },
-                            to: Location::Region {
-                                region: "internet".into(),
-                            },
+                            to: to.clone(),
                             started_at,
                             ended_at: Utc::now().max(started_at),
                             egress: tariff.clone(),
@@ -523,16 +435,16 @@ impl Staging {
                     })
                     .await
                     .map_err(execute_failed)?;
-                    tracing::info!(workflow = %workflow_id, volume, site, destination = step.destination, bytes = copied.bytes, "egress done");
+                    tracing::info!(workflow = %workflow_id, volume, site, ?work, bytes = copied.bytes, digest = copied.digest, "copy done");
                     self.transfers
                         .lock()
                         .expect("transfers")
                         .insert(key, (id, true));
-                    done.push(id);
+                    transfers.push(id);
                 }
                 Err(e) => {
                     let reason = e.to_string();
-                    tracing::warn!(workflow = %workflow_id, volume, site, %reason, "egress failed");
+                    tracing::warn!(workflow = %workflow_id, volume, site, ?work, %reason, "copy failed");
                     aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
                         TransferCommand::Fail {
                             reason: reason.clone(),
@@ -541,89 +453,32 @@ impl Staging {
                     .await
                     .map_err(execute_failed)?;
                     self.transfers.lock().expect("transfers").remove(&key);
-                    return self
-                        .exported(&ctx, *workflow_id, volume, site, Err(reason))
-                        .await;
+                    return done(Err(reason)).await;
                 }
             }
         }
-        self.exported(&ctx, *workflow_id, volume, site, Ok(done))
-            .await
+        done(Ok(transfers)).await
     }
 
-    /// One egress step, tried again while its destination does not answer.
-    async fn copy_out(
-        &self,
-        dir: &std::path::Path,
-        source: &str,
-        destination: &str,
-    ) -> Result<fetch::Copied, fetch::FetchError> {
-        let mut wait = self.retry_after;
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match fetch::copy_out(dir, source, destination).await {
-                Err(fetch::FetchError::Unreachable(why)) if tries < TRIES => {
-                    tracing::warn!(
-                        destination,
-                        why,
-                        "the destination did not answer; trying again"
-                    );
-                    tokio::time::sleep(wait).await;
-                    wait *= 2;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Records the volume copied out (with its transfers), or why it could not be.
-    async fn exported(
-        &self,
-        ctx: &EventContext,
-        workflow_id: Uuid,
-        volume: &str,
-        site: &str,
-        outcome: Result<Vec<Uuid>, String>,
-    ) -> Result<(), LogError> {
-        let command = match outcome {
-            Ok(transfers) => WorkflowCommand::RecordVolumeExported {
-                volume: volume.to_string(),
-                site: site.to_string(),
-                transfers,
-            },
-            Err(reason) => WorkflowCommand::FailVolumeExport {
-                volume: volume.to_string(),
-                site: site.to_string(),
-                reason,
-            },
-        };
-        match aggregates::execute::<Workflow, _>(&*self.log, workflow_id, ctx, |_| command.clone())
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(ExecuteError::Log(e)) => Err(e),
-            Err(e) => {
-                tracing::debug!(workflow = %workflow_id, volume, site, reason = %e, "the export no longer applies");
-                Ok(())
-            }
-        }
-    }
-
-    /// One step, tried again while its source does not answer.
+    /// One step, tried again while the far side does not answer.
     async fn copy(
         &self,
-        source: &str,
+        work: Work,
         dir: &std::path::Path,
+        source: &str,
         destination: &str,
     ) -> Result<fetch::Copied, fetch::FetchError> {
         let mut wait = self.retry_after;
         let mut tries = 0;
         loop {
             tries += 1;
-            match fetch::copy(&self.http, source, dir, destination).await {
+            let copied = match work {
+                Work::Stage => fetch::copy(&self.http, source, dir, destination).await,
+                Work::Export => fetch::copy_out(dir, source, destination).await,
+            };
+            match copied {
                 Err(fetch::FetchError::Unreachable(why)) if tries < TRIES => {
-                    tracing::warn!(source, why, "the source did not answer; trying again");
+                    tracing::warn!(source, destination, why, "no answer; trying again");
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                 }
@@ -632,24 +487,38 @@ impl Staging {
         }
     }
 
-    /// Records the volume staged (with its transfers) or its staging failed.
-    async fn on_workflow(
+    /// Records the volume staged or exported (with its transfers), or why it could not
+    /// be. A workflow that moved on meanwhile (recorded already, volume given back,
+    /// ended) refuses it, which is no error.
+    async fn record(
         &self,
+        work: Work,
         ctx: &EventContext,
         workflow_id: Uuid,
         volume: &str,
         site: &str,
         outcome: Result<Vec<Uuid>, String>,
     ) -> Result<(), LogError> {
-        let command = match outcome {
-            Ok(transfers) => WorkflowCommand::RecordVolumeStaged {
-                volume: volume.to_string(),
-                site: site.to_string(),
+        let (volume, site) = (volume.to_string(), site.to_string());
+        let command = match (work, outcome) {
+            (Work::Stage, Ok(transfers)) => WorkflowCommand::RecordVolumeStaged {
+                volume,
+                site,
                 transfers,
             },
-            Err(reason) => WorkflowCommand::FailVolumeStaging {
-                volume: volume.to_string(),
-                site: site.to_string(),
+            (Work::Stage, Err(reason)) => WorkflowCommand::FailVolumeStaging {
+                volume,
+                site,
+                reason,
+            },
+            (Work::Export, Ok(transfers)) => WorkflowCommand::RecordVolumeExported {
+                volume,
+                site,
+                transfers,
+            },
+            (Work::Export, Err(reason)) => WorkflowCommand::FailVolumeExport {
+                volume,
+                site,
                 reason,
             },
         };
@@ -658,21 +527,35 @@ impl Staging {
         {
             Ok(_) => Ok(()),
             Err(ExecuteError::Log(e)) => Err(e),
-            // Recorded already, given back, or the workflow ended meanwhile.
             Err(ExecuteError::Rejected(
                 e @ (WorkflowError::AlreadyStaged { .. }
+                | WorkflowError::AlreadyExported { .. }
+                | WorkflowError::NoEgressDue { .. }
                 | WorkflowError::VolumeNotAllocated { .. }
                 | WorkflowError::AlreadyCancelled
                 | WorkflowError::AlreadyTerminal { .. }),
             )) => {
-                tracing::debug!(workflow = %workflow_id, volume, site, reason = %e, "staging no longer applies");
+                tracing::debug!(workflow = %workflow_id, ?work, reason = %e, "no longer applies");
                 Ok(())
             }
             Err(e) => {
-                tracing::warn!(workflow = %workflow_id, volume, site, error = %e, "the workflow refused the staging");
+                tracing::warn!(workflow = %workflow_id, ?work, error = %e, "the workflow refused it");
                 Ok(())
             }
         }
+    }
+}
+
+/// Where an ingress source is, for the locality map: a path on this machine is at the
+/// site; anything else comes from the internet.
+fn source_location(source: &str, site: &str) -> Location {
+    match source.starts_with("file://") {
+        true => Location::Site {
+            site: site.to_string(),
+        },
+        false => Location::Region {
+            region: "internet".into(),
+        },
     }
 }
 

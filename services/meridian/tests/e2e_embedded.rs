@@ -1100,6 +1100,10 @@ fn inputs_from_s3_and_results_back_to_s3() {
     );
     let status = submit_wait(&server, &file);
     assert_eq!(status["state"], "finished", "{status:#}\n{}", up.output());
+    assert!(
+        status["reason"].is_null(),
+        "nothing left to wait for: {status:#}"
+    );
     assert_eq!(
         moto.get("results", "run-1/count.txt")
             .map(|b| String::from_utf8_lossy(&b).trim().to_string()),
