@@ -171,12 +171,12 @@ impl Cli {
         }
     }
 
-    /// Several jobs' states, asking once per array for its tasks (`scontrol show job
-    /// <array>` lists each started task and the pending rest as one line); a task that
-    /// ended, or that line does not hold, is asked for alone.
-    pub async fn status_all(&self, ids: &[BackendJobId]) -> Vec<Result<JobReport, AdapterError>> {
-        let mut out: Vec<Option<Result<JobReport, AdapterError>>> =
-            ids.iter().map(|_| None).collect();
+    /// What one `scontrol show job <array>` per array says of its tasks among `ids` (it
+    /// lists each started task and the pending rest as one line): a report for each task
+    /// still waiting or running; `None` for the rest, a task that ended included (its
+    /// CPU time is in accounting), to be asked for alone.
+    pub async fn array_statuses(&self, ids: &[BackendJobId]) -> Vec<Option<JobReport>> {
+        let mut out: Vec<Option<JobReport>> = ids.iter().map(|_| None).collect();
         for (array, tasks) in array_tasks(ids) {
             let Ok(shown) = self
                 .run(
@@ -204,22 +204,15 @@ impl Cli {
                     .or_else(queued)
                     .and_then(|(_, line)| scontrol_record(line))
                     .map(|record| record.report(&ids[i]));
-                // An ended task's CPU time is in accounting: asked for alone, below.
+                // An ended task's CPU time is in accounting: it is asked for alone.
                 if let Some(Ok(report)) =
                     report.filter(|r| r.as_ref().is_ok_and(|r| !r.state.is_terminal()))
                 {
-                    out[i] = Some(Ok(report));
+                    out[i] = Some(report);
                 }
             }
         }
-        let mut all = Vec::with_capacity(ids.len());
-        for (id, known) in ids.iter().zip(out) {
-            all.push(match known {
-                Some(report) => report,
-                None => self.status(id).await,
-            });
-        }
-        all
+        out
     }
 
     /// One job's accounting record: slurmdbd's, or with `jobcomp` the jobcomp log's.

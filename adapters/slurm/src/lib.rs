@@ -278,11 +278,20 @@ impl SiteAdapter for SlurmAdapter {
         }
     }
 
+    /// An array's waiting and running tasks in one call per array; the rest alone.
     async fn status_all(&self, ids: &[BackendJobId]) -> Vec<Result<JobReport, AdapterError>> {
-        match &self.backend {
-            Backend::Cli(cli) => cli.status_all(ids).await,
-            Backend::Rest(rest) => rest.status_all(ids).await,
+        let known = match &self.backend {
+            Backend::Cli(cli) => cli.array_statuses(ids).await,
+            Backend::Rest(rest) => rest.array_statuses(ids).await,
+        };
+        let mut all = Vec::with_capacity(ids.len());
+        for (id, known) in ids.iter().zip(known) {
+            all.push(match known {
+                Some(report) => Ok(report),
+                None => self.status(id).await,
+            });
         }
+        all
     }
 
     async fn cancel(&self, id: &BackendJobId) -> Result<(), AdapterError> {

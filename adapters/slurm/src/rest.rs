@@ -353,11 +353,11 @@ impl Rest {
         }
     }
 
-    /// Several jobs' states, reading each array's records once for all its tasks; what
-    /// that does not settle (a task that ended, one slurmctld forgot) is asked for alone.
-    pub async fn status_all(&self, ids: &[BackendJobId]) -> Vec<Result<JobReport, AdapterError>> {
-        let mut out: Vec<Option<Result<JobReport, AdapterError>>> =
-            ids.iter().map(|_| None).collect();
+    /// What one read of each array's records says of its tasks among `ids`: a report for
+    /// each task still waiting or running; `None` for the rest (a task that ended, one
+    /// slurmctld forgot), to be asked for alone.
+    pub async fn array_statuses(&self, ids: &[BackendJobId]) -> Vec<Option<JobReport>> {
+        let mut out: Vec<Option<JobReport>> = ids.iter().map(|_| None).collect();
         if let Ok(v) = self.version().await {
             for (array, tasks) in crate::cli::array_tasks(ids) {
                 let Ok(answer) = self
@@ -375,19 +375,12 @@ impl Rest {
                         .map(|job| ctld_record(job).report(&ids[i]))
                         .filter(|r| r.as_ref().is_ok_and(|r| !r.state.is_terminal()))
                     {
-                        out[i] = Some(Ok(report));
+                        out[i] = Some(report);
                     }
                 }
             }
         }
-        let mut all = Vec::with_capacity(ids.len());
-        for (id, known) in ids.iter().zip(out) {
-            all.push(match known {
-                Some(report) => report,
-                None => self.status(id).await,
-            });
-        }
-        all
+        out
     }
 
     /// One task of an array. slurmrestd 22.05 does not read `<array>_<task>` ids, so the

@@ -911,13 +911,7 @@ impl Workflow {
         job_id: Uuid,
         site: String,
     ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
-        if self.active_state()? == WorkflowState::Submitted {
-            return Err(WorkflowError::NotPlaced);
-        }
-        let node = self
-            .nodes
-            .get(&job)
-            .ok_or_else(|| WorkflowError::UnknownJob { job: job.clone() })?;
+        let node = self.placed_node(&job)?;
         let task = TaskRef::new(job, index);
         match (node.array, index) {
             (None, None) => {}
@@ -957,6 +951,31 @@ impl Workflow {
             attempt,
             batch: None,
         }])
+    }
+
+    /// The node of `job`, in a workflow placed and not ending.
+    fn placed_node(&self, job: &str) -> Result<&JobNode, WorkflowError> {
+        if self.active_state()? == WorkflowState::Submitted {
+            return Err(WorkflowError::NotPlaced);
+        }
+        self.nodes
+            .get(job)
+            .ok_or_else(|| WorkflowError::UnknownJob {
+                job: job.to_string(),
+            })
+    }
+
+    /// `event`, and what ends the workflow once it is applied, if anything does.
+    fn and_conclusion(
+        &self,
+        state: WorkflowState,
+        event: WorkflowEvent,
+        now: DateTime<Utc>,
+    ) -> Vec<WorkflowEvent> {
+        let mut next = self.clone();
+        next.apply(&event);
+        let end = next.conclusion(state, next.running.len(), &next.counts(), None, now, None);
+        [event].into_iter().chain(end).collect()
     }
 
     /// Why `task` of `node` may not be released now, whatever its array's cap: what it
@@ -1024,18 +1043,15 @@ impl Workflow {
                     failed_at: now,
                 },
             ]),
-            None => {
-                let event = WorkflowEvent::VolumeExported {
+            None => Ok(self.and_conclusion(
+                state,
+                WorkflowEvent::VolumeExported {
                     volume,
                     site,
                     transfers,
-                };
-                let mut next = self.clone();
-                next.apply(&event);
-                let end =
-                    next.conclusion(state, next.running.len(), &next.counts(), None, now, None);
-                Ok([event].into_iter().chain(end).collect())
-            }
+                },
+                now,
+            )),
         }
     }
 
@@ -1077,10 +1093,7 @@ impl Workflow {
                 reason,
             },
         };
-        let mut next = self.clone();
-        next.apply(&event);
-        let end = next.conclusion(state, next.running.len(), &next.counts(), None, now, None);
-        Ok([event].into_iter().chain(end).collect())
+        Ok(self.and_conclusion(state, event, now))
     }
 
     /// The next tasks of `job`'s array to release as one submission of at most `max`
@@ -1124,13 +1137,7 @@ impl Workflow {
         batch_id: Uuid,
         cap: u32,
     ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
-        if self.active_state()? == WorkflowState::Submitted {
-            return Err(WorkflowError::NotPlaced);
-        }
-        let node = self
-            .nodes
-            .get(&job)
-            .ok_or_else(|| WorkflowError::UnknownJob { job: job.clone() })?;
+        let node = self.placed_node(&job)?;
         let invalid = |reason: String| WorkflowError::InvalidArrayBatch {
             job: job.clone(),
             reason,
