@@ -1142,3 +1142,94 @@ fn inputs_from_s3_and_results_back_to_s3() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+/// A slow HTTP source: `/slow.bin` is 64 KiB of `x` sent in 32 pieces a tenth of a
+/// second apart. Returns its URL and how many requests it has had.
+fn slow_source() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/slow.bin", listener.local_addr().unwrap());
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 2048];
+                let _ = stream.read(&mut buf);
+                let piece = vec![b'x'; 2048];
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    piece.len() * 32
+                );
+                for _ in 0..32 {
+                    if stream.write_all(&piece).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            });
+        }
+    });
+    (url, requests)
+}
+
+/// A kill -9 of `meridian up` while an ingress copy is under way: the restarted data
+/// mover copies it again under the same transfer, the job then runs once on the whole
+/// file, and the log holds one transfer for the step.
+#[test]
+fn a_kill_mid_ingress_copies_again_under_the_same_transfer() {
+    let (url, requests) = slow_source();
+    let mut up = up();
+    let file = write(
+        up.dir.path(),
+        "slow-data.yaml",
+        &format!(
+            "version: v1\nname: slow-data\nvolumes:\n  data:\n    size: 1GiB\n    ingress:\n      - {{source: \"{url}\", destination: /in/}}\njobs:\n  size:\n    image: host\n    command: [sh, -c, \"wc -c < $MERIDIAN_VOLUME_DATA/in/slow.bin\"]\n    mounts: {{data: /data}}\n"
+        ),
+    );
+    let id = submit(&up.server, &file);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while requests.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the copy never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    up.proc.kill();
+    let port: u16 = up.server.rsplit(':').next().unwrap().parse().unwrap();
+    let dir = std::mem::replace(&mut up.dir, tempfile::tempdir().unwrap());
+    drop(up);
+    let up = up_in(dir, port);
+    let status = wait_state(&up.server, &id, &["finished", "failed"]);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    assert_eq!(
+        requests.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "fetched again once"
+    );
+    let logs = cli_ok(&up.server, &["logs", &id, "size"]);
+    assert!(logs.contains("65536"), "the job saw the whole file: {logs}");
+    let events = cli_json(&up.server, &["events", &id]);
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["payload"]["type"].as_str())
+        .filter(|k| k.starts_with("transfer."))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["transfer.requested.v1", "transfer.completed.v1"],
+        "one transfer, completed once: {events:#}"
+    );
+}
