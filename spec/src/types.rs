@@ -113,7 +113,7 @@ pub struct Volume {
     pub egress: Vec<DataStep>,
 }
 
-/// One copy: a URI (`s3://`, `gs://`, `az://`, `https://`, `http://`, `file://`) to an
+/// One copy: a URI (`s3://`, `gs://`, `az://`, `hf://`, `https://`, `http://`, `file://`) to an
 /// absolute path in the volume (ingress), or an absolute path in the volume to a URI (egress).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

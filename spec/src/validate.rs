@@ -60,7 +60,9 @@ const ARRAY_FIELDS: [&str; 3] = ["start", "end", "parallelism"];
 const REPLICA_FIELDS: [&str; 2] = ["min", "max"];
 
 /// URI schemes a volume's data steps may copy from or to.
-pub const DATA_SCHEMES: [&str; 6] = ["s3://", "gs://", "az://", "https://", "http://", "file://"];
+pub const DATA_SCHEMES: [&str; 7] = [
+    "s3://", "gs://", "az://", "hf://", "https://", "http://", "file://",
+];
 
 // What each kind of value should be, as said in "expected …" and "required; expected …".
 const VERSION: &str = "\"v1\"";

@@ -591,7 +591,7 @@ fn volumes() {
         error(&v("{ingress: []}")),
         "volumes.data.size: required; expected a size such as 16GiB or 500MB"
     );
-    let uri = "a URI starting with s3://, gs://, az://, https://, http:// or file://";
+    let uri = "a URI starting with s3://, gs://, az://, hf://, https://, http:// or file://";
     assert_eq!(
         errors(&v(
             "{size: 1GiB, ingress: [{source: ftp://x/y, destination: in}], egress: [{source: s3://a/b, destination: s3://}]}"

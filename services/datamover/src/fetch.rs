@@ -1,6 +1,7 @@
 //! Copies one ingress step into a volume directory: a `file://` path (a file or a whole
-//! tree), an `http(s)://` object, or an `s3://` object or prefix (through the
-//! `object_store` crate), streamed, never held in memory, each file written
+//! tree), an `http(s)://` object, an `s3://` object or prefix (through the
+//! `object_store` crate), or a model repository (`hf://`), streamed, never held in
+//! memory, each file written
 //! beside its final name and renamed into place once whole. Every copy yields its bytes
 //! and a digest: the file's SHA-256, or for a tree the SHA-256 of its manifest (each
 //! file's digest and path, sorted).
@@ -124,9 +125,12 @@ pub async fn copy(
     if let Some(rest) = source.strip_prefix("s3://") {
         return copy_s3(source, rest, &target, into_dir).await;
     }
+    if let Some(rest) = source.strip_prefix("hf://") {
+        return copy_hf(http, source, rest, &target).await;
+    }
     let scheme = source.split_once("://").map_or(source, |(s, _)| s);
     Err(FetchError::Invalid(format!(
-        "{source}: {scheme}:// sources are not supported by this data mover yet (file://, http://, https:// and s3:// are)"
+        "{source}: {scheme}:// sources are not supported by this data mover yet (file://, http://, https://, s3:// and hf:// are)"
     )))
 }
 
@@ -201,6 +205,98 @@ async fn copy_s3(
         let copied = write_chunks(got.into_stream().map_err(failed), &to).await?;
         bytes += copied.bytes;
         manifest.update(format!("{}  {rel}\n", copied.digest).as_bytes());
+    }
+    Ok(Copied {
+        bytes,
+        digest: format!("sha256:{:x}", manifest.finalize()),
+    })
+}
+
+/// `hf://ORG/MODEL[@REVISION]`: every file of a model repository at a revision (`main`
+/// by default), through the Hub's HTTP file API at `HF_ENDPOINT` (by default
+/// `https://huggingface.co`, so a mirror or a stand-in can serve), with `HF_TOKEN` as a
+/// bearer token when it is set. Files keep their paths in the repository.
+async fn copy_hf(
+    http: &reqwest::Client,
+    source: &str,
+    rest: &str,
+    target: &Path,
+) -> Result<Copied, FetchError> {
+    use futures::TryStreamExt;
+
+    let (repo, revision) = rest.split_once('@').unwrap_or((rest, "main"));
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+            && !s.split('/').any(|p| p.is_empty() || p == "." || p == "..")
+    };
+    if !valid(repo) || repo.split('/').count() != 2 || !valid(revision) {
+        return Err(FetchError::Invalid(format!(
+            "{source}: expected hf://ORG/MODEL or hf://ORG/MODEL@REVISION"
+        )));
+    }
+    let endpoint = std::env::var("HF_ENDPOINT")
+        .unwrap_or_else(|_| "https://huggingface.co".into())
+        .trim_end_matches('/')
+        .to_string();
+    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty());
+    let get = |url: String| {
+        let request = http.get(url);
+        match &token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
+        }
+    };
+    let answer = |what: &str, status: reqwest::StatusCode| -> FetchError {
+        let why = format!("{source}: {what}: the Hub answered {status}");
+        match status.is_server_error() || status.as_u16() == 429 {
+            true => FetchError::Unreachable(why),
+            false => FetchError::Source(why),
+        }
+    };
+    let listing = get(format!(
+        "{endpoint}/api/models/{repo}/tree/{revision}?recursive=true"
+    ))
+    .send()
+    .await
+    .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?;
+    if !listing.status().is_success() {
+        return Err(answer("listing its files", listing.status()));
+    }
+    let entries: Vec<serde_json::Value> = listing.json().await.map_err(|e| {
+        FetchError::Source(format!(
+            "{source}: the file list is not what the Hub sends: {e}"
+        ))
+    })?;
+    let mut files: Vec<String> = entries
+        .iter()
+        .filter(|e| e["type"] == "file")
+        .filter_map(|e| e["path"].as_str().map(str::to_string))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(FetchError::Source(format!(
+            "{source}: the repository has no files"
+        )));
+    }
+    let mut manifest = Sha256::new();
+    let mut bytes = 0u64;
+    for path in files {
+        let to = destination(target, &path)?;
+        let response = get(format!("{endpoint}/{repo}/resolve/{revision}/{path}"))
+            .send()
+            .await
+            .map_err(|e| FetchError::Unreachable(format!("{source}: {path}: {e}")))?;
+        if !response.status().is_success() {
+            return Err(answer(&path, response.status()));
+        }
+        let chunks = response
+            .bytes_stream()
+            .map_err(|e| FetchError::Unreachable(format!("{source}: {path}: {e}")));
+        let copied = write_chunks(chunks, &to).await?;
+        bytes += copied.bytes;
+        manifest.update(format!("{}  {path}\n", copied.digest).as_bytes());
     }
     Ok(Copied {
         bytes,

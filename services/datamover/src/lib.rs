@@ -10,8 +10,9 @@
 //! ([`meridian_adapter_core::volume_dir`] under the site's volume root, which its adapter
 //! gives: [`meridian_adapter_core::SiteAdapter::volume_root`]), for sites whose
 //! storage this machine reaches (the local site). Other sites' volumes are refused with
-//! that reason. Sources: `file://` (a file or a whole tree), `http(s)://` and `s3://`
-//! (an object or a prefix); other schemes are refused as not supported yet ([`fetch`]).
+//! that reason. Sources: `file://` (a file or a whole tree), `http(s)://`, `s3://` (an
+//! object or a prefix) and `hf://` (a model repository); other schemes are refused as
+//! not supported yet ([`fetch`]).
 //!
 //! Egress: once every job of a workflow is done, the workflow names the volumes to copy
 //! out (`workflow.egress_due.v1`); the mover copies each volume's `egress` steps to their
