@@ -137,7 +137,26 @@ impl DataMover {
     }
 
     /// Runs until `shutdown` turns true.
+    /// Runs until `shutdown` turns true. A log that does not answer is waited for, as
+    /// the other services do: its work is found again in the log.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), MoverError> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.serve(&mut shutdown).await {
+                Err(MoverError::Log(e)) if e.is_transient() => {
+                    tracing::warn!(error = %e, "log unavailable; the data mover retries");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn serve(&self, shutdown: &mut watch::Receiver<bool>) -> Result<(), MoverError> {
         for (work, holding) in self.recover().await? {
             self.start(work, holding);
         }
@@ -283,8 +302,21 @@ impl DataMover {
         let busy = self.busy.clone();
         tokio::spawn(async move {
             let (workflow, volume, site) = &holding;
-            if let Err(e) = job.carry_out(work, &holding).await {
-                tracing::error!(%workflow, volume, site, error = %e, ?work, "stopped; it resumes when the data mover restarts");
+            // A log that does not answer is waited for; the copy starts again after it.
+            let mut backoff = Duration::from_millis(200);
+            loop {
+                match job.carry_out(work, &holding).await {
+                    Ok(()) => break,
+                    Err(e) if e.is_transient() => {
+                        tracing::warn!(%workflow, volume, site, error = %e, ?work, "log unavailable; trying again");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(10));
+                    }
+                    Err(e) => {
+                        tracing::error!(%workflow, volume, site, error = %e, ?work, "stopped; it resumes when the data mover restarts");
+                        break;
+                    }
+                }
             }
             busy.lock().expect("busy").remove(&(work, holding));
         });
