@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use meridian_eventlog::{EventLog, LogError};
 use meridian_events::vocabulary::site::{Capacity, Dataset, Shape};
-use meridian_events::vocabulary::{Location, TransferEvent};
+use meridian_events::vocabulary::{Endpoint, Location, TransferEvent};
 use meridian_events::JobEvent;
 use meridian_events::{AggregateKind, Envelope, Event, PriceSheet, SiteEvent, SiteKind};
 use uuid::Uuid;
@@ -85,6 +85,9 @@ pub struct Catalog {
     pub datasets: BTreeMap<String, (String, u64)>,
     /// The locality map: digest → the sites holding those bytes.
     pub holdings: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Copies from a URL under way (transfer → its source): once one completes, its
+    /// URL is a known data set with the digest and bytes it brought.
+    copying_from: BTreeMap<Uuid, String>,
     /// Tenants' placement policies and their egress so far this month.
     pub tenants: crate::tenant_view::TenantView,
     /// Price every site whether or not an adapter serves it: for offline quotes against a
@@ -248,7 +251,29 @@ impl Catalog {
             }
             return;
         }
-        if let Event::Transfer(TransferEvent::Completed { digest, to, .. }) = &envelope.payload {
+        if let Event::Transfer(TransferEvent::Requested {
+            source: Endpoint::Uri { uri },
+            ..
+        }) = &envelope.payload
+        {
+            self.copying_from.insert(envelope.aggregate.id, uri.clone());
+            return;
+        }
+        if let Event::Transfer(TransferEvent::Failed { .. }) = &envelope.payload {
+            self.copying_from.remove(&envelope.aggregate.id);
+            return;
+        }
+        if let Event::Transfer(TransferEvent::Completed {
+            digest, to, bytes, ..
+        }) = &envelope.payload
+        {
+            // What the data mover brought in from a URL is a data set placement can
+            // price and find again; one the catalogue declares keeps its declaration.
+            if let Some(uri) = self.copying_from.remove(&envelope.aggregate.id) {
+                self.datasets
+                    .entry(uri)
+                    .or_insert_with(|| (digest.clone(), *bytes));
+            }
             let sites: Vec<String> = match to {
                 Location::Site { site } => vec![site.clone()],
                 Location::Region { region } => self

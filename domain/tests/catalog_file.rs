@@ -250,6 +250,7 @@ fn a_finished_transfer_puts_the_bytes_at_its_destination() {
         started_at: now,
         ended_at: now,
         egress: None,
+        cached: false,
     });
     let aggregate = AggregateRef::new(AggregateKind::Transfer, uuid::Uuid::now_v7());
     for e in Envelope::sequence_after(
@@ -329,4 +330,64 @@ fn inputs_are_priced_by_where_they_travel() {
         "45",
         "500 GB × 0.09 over the internet"
     );
+}
+
+#[test]
+fn data_the_mover_brought_in_from_a_url_is_known_where_it_landed() {
+    use meridian_events::vocabulary::{Endpoint, Location, TransferEvent};
+    use meridian_events::{AggregateKind, AggregateRef, Envelope, Event, EventContext};
+    // No site declares the corpus: placement does not know its size or where it is.
+    let file = TWO_SITES
+        .replace("DATASETS_CHEAP", "")
+        .replace("DATASETS_PRICEY", "");
+    let mut catalog = offline_catalog(&parse(&file).unwrap());
+    let spec = meridian_spec::parse(DATA_JOB).unwrap();
+    let place =
+        |catalog: &meridian_domain::Catalog| match decide(&spec, catalog, chrono::Utc::now()) {
+            Decision::Placed(p) => p.site,
+            other => panic!("{:?}", other.rejections()),
+        };
+    assert_eq!(place(&catalog), "cheap");
+
+    // An earlier workflow's ingress brought it to pricey.
+    let now = chrono::Utc::now();
+    let workflow_id = uuid::Uuid::now_v7();
+    let events = vec![
+        Event::Transfer(TransferEvent::Requested {
+            workflow_id,
+            source: Endpoint::Uri {
+                uri: "gs://corpus/v2/shards/".into(),
+            },
+            destination: Endpoint::SitePath {
+                site: "pricey".into(),
+                path: "data:/in/".into(),
+            },
+            bytes_expected: None,
+        }),
+        Event::Transfer(TransferEvent::Completed {
+            workflow_id,
+            bytes: 500_000_000_000,
+            digest: "sha256:cc".into(),
+            from: Location::Region {
+                region: "internet".into(),
+            },
+            to: Location::Site {
+                site: "pricey".into(),
+            },
+            started_at: now,
+            ended_at: now,
+            egress: None,
+            cached: false,
+        }),
+    ];
+    let aggregate = AggregateRef::new(AggregateKind::Transfer, uuid::Uuid::now_v7());
+    for e in Envelope::sequence_after(aggregate, 0, &EventContext::new_chain("t"), now, events) {
+        catalog.observe(&e);
+    }
+    assert_eq!(
+        catalog.dataset_for("gs://corpus/v2/shards/"),
+        Some(("sha256:cc", 500_000_000_000))
+    );
+    // Moving 500 GB out of pricey (60 USD) now outweighs the cheaper compute (20 USD).
+    assert_eq!(place(&catalog), "pricey");
 }

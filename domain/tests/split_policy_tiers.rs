@@ -447,6 +447,7 @@ fn copied_out_of_holder(
         started_at,
         ended_at,
         egress: Some(tariff),
+        cached: false,
     });
     observe(catalog, tenant, AggregateKind::Transfer, event);
 }

@@ -25,7 +25,7 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 48] = [
+const TAGS: [&str; 49] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -64,6 +64,7 @@ const TAGS: [&str; 48] = [
     "site.heartbeat.v1",
     "site.disconnected.v1",
     "transfer.requested.v1",
+    "transfer.progressed.v1",
     "transfer.completed.v1",
     "transfer.failed.v1",
     "tenant.adjustment_granted.v1",
@@ -466,6 +467,13 @@ fn every_event() -> Vec<Event> {
                     per_gb: dec("0.015"),
                 }],
             }),
+            cached: true,
+        }
+        .into(),
+        TransferEvent::Progressed {
+            workflow_id: wf,
+            bytes_done: 512,
+            bytes_total: Some(1_000),
         }
         .into(),
         TransferEvent::Failed {

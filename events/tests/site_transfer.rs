@@ -249,6 +249,7 @@ fn complete(digest: &str) -> TransferCommand {
         started_at: at(0, 10),
         ended_at: at(0, 10) + Duration::seconds(95),
         egress: Some(tariff()),
+        cached: false,
     }
 }
 

@@ -37,6 +37,11 @@ pub enum TransferCommand {
         destination: Endpoint,
         bytes_expected: Option<u64>,
     },
+    /// How far the copy has got.
+    Progress {
+        bytes_done: u64,
+        bytes_total: Option<u64>,
+    },
     Complete {
         bytes: u64,
         digest: String,
@@ -45,6 +50,8 @@ pub enum TransferCommand {
         started_at: DateTime<Utc>,
         ended_at: DateTime<Utc>,
         egress: Option<EgressTariff>,
+        /// Copied from the site's own cache rather than fetched.
+        cached: bool,
     },
     /// Stamped with `now`.
     Fail { reason: String },
@@ -157,6 +164,17 @@ impl Aggregate for Transfer {
                     bytes_expected,
                 }])
             }
+            TransferCommand::Progress {
+                bytes_done,
+                bytes_total,
+            } => {
+                let workflow_id = self.open()?;
+                Ok(vec![TransferEvent::Progressed {
+                    workflow_id,
+                    bytes_done,
+                    bytes_total,
+                }])
+            }
             TransferCommand::Complete {
                 bytes,
                 digest,
@@ -165,6 +183,7 @@ impl Aggregate for Transfer {
                 started_at,
                 ended_at,
                 egress,
+                cached,
             } => {
                 let workflow_id = self.open()?;
                 if !valid_digest(&digest) {
@@ -190,6 +209,7 @@ impl Aggregate for Transfer {
                     started_at,
                     ended_at,
                     egress,
+                    cached,
                 }])
             }
             TransferCommand::Fail { reason } => {
@@ -222,6 +242,7 @@ impl Aggregate for Transfer {
                 self.digest = Some(digest.clone());
             }
             TransferEvent::Failed { .. } => self.state = Some(TransferState::Failed),
+            TransferEvent::Progressed { .. } => {}
         }
     }
 }

@@ -19,6 +19,17 @@ pub enum TransferEvent {
         bytes_expected: Option<u64>,
     },
 
+    /// How far a copy under way has got: sent at a modest rate (seconds apart) while
+    /// bytes move, for `meridian status` and `--wait`; nothing is billed from it.
+    #[serde(rename = "transfer.progressed.v1")]
+    Progressed {
+        workflow_id: Uuid,
+        bytes_done: u64,
+        /// The bytes expected, when the source said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes_total: Option<u64>,
+    },
+
     /// The bytes arrived. The data-locality map reads this as "`digest` is now at `to`";
     /// accounting bills `bytes` at `egress` when it crossed a billable boundary.
     #[serde(rename = "transfer.completed.v1")]
@@ -34,6 +45,10 @@ pub enum TransferEvent {
         /// The source's tariff in force; absent when the copy crossed no billable boundary.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         egress: Option<EgressTariff>,
+        /// The site already held these bytes (its cache): they were copied there, not
+        /// fetched from the source again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cached: bool,
     },
 
     #[serde(rename = "transfer.failed.v1")]
@@ -49,6 +64,7 @@ impl TransferEvent {
     pub fn kind(&self) -> &'static str {
         match self {
             TransferEvent::Requested { .. } => "transfer.requested.v1",
+            TransferEvent::Progressed { .. } => "transfer.progressed.v1",
             TransferEvent::Completed { .. } => "transfer.completed.v1",
             TransferEvent::Failed { .. } => "transfer.failed.v1",
         }

@@ -450,6 +450,7 @@ impl Generator {
             started_at,
             ended_at,
             egress: Some(tariff(site)),
+            cached: false,
         };
         let commit = self.commit(
             AggregateKind::Transfer,

@@ -178,6 +178,38 @@ pub struct WorkflowStatus {
     /// [`crate::MAX_LISTED_RUNS`] (then `jobs_truncated` is true).
     pub jobs: Vec<JobRun>,
     pub jobs_truncated: bool,
+    /// Each copy of its data the data mover made or is making (ingress, egress), in the
+    /// order they were asked for; at most [`crate::MAX_LISTED_RUNS`].
+    #[serde(default)]
+    pub transfers: Vec<TransferStatus>,
+}
+
+/// How far one copy of a workflow's data has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferState {
+    /// Under way.
+    Copying,
+    Completed,
+    Failed,
+}
+
+/// One copy of a workflow's data, as the data mover reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TransferStatus {
+    pub id: Uuid,
+    /// A URL, or `SITE:VOLUME:PATH` for a path in a volume at a site.
+    pub source: String,
+    pub destination: String,
+    pub state: TransferState,
+    /// Bytes copied so far (all of them once completed).
+    pub bytes_done: u64,
+    /// The bytes expected, when the source said.
+    pub bytes_total: Option<u64>,
+    /// The site already held these bytes (its cache): copied there, not fetched again.
+    pub cached: bool,
+    /// Why it failed.
+    pub reason: Option<String>,
 }
 
 /// One line of `GET /v1/workflows`.

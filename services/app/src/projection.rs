@@ -9,7 +9,10 @@
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use meridian_eventlog::Commit;
-use meridian_events::{AggregateKind, JobEvent, JobOutcome, RawEnvelope, WorkflowEvent};
+use meridian_events::vocabulary::Endpoint;
+use meridian_events::{
+    AggregateKind, JobEvent, JobOutcome, RawEnvelope, TransferEvent, WorkflowEvent,
+};
 use meridian_store::{Projection, StoreError, Tx};
 use sqlx::Row;
 use uuid::Uuid;
@@ -59,6 +62,20 @@ const SCHEMA: &[&str] = &[
         address TEXT NOT NULL,
         ready_at TEXT NOT NULL
     )",
+    // Each copy of a workflow's data (transfer.*), with its progress.
+    "CREATE TABLE IF NOT EXISTS intake_transfers (
+        id TEXT PRIMARY KEY,
+        workflow_id TEXT NOT NULL,
+        position BIGINT NOT NULL,
+        source TEXT NOT NULL,
+        destination TEXT NOT NULL,
+        state TEXT NOT NULL,
+        bytes_done BIGINT NOT NULL,
+        bytes_total BIGINT,
+        cached BIGINT NOT NULL,
+        reason TEXT
+    )",
+    "CREATE INDEX IF NOT EXISTS intake_transfers_workflow ON intake_transfers (workflow_id, position)",
     "CREATE INDEX IF NOT EXISTS intake_tasks_task ON intake_tasks (workflow_id, job, task_index)",
     "CREATE INDEX IF NOT EXISTS intake_tasks_release ON intake_tasks (workflow_id, released_position, job_id)",
     // GPU-hours each ended run held, per calendar month: what a tenant's GPU-hour budget
@@ -104,6 +121,7 @@ impl Projection for StatusProjection {
             "intake_tasks",
             "intake_services",
             "intake_gpu_hours",
+            "intake_transfers",
         ]
     }
 
@@ -125,7 +143,12 @@ impl Projection for StatusProjection {
                         .map_err(|e| failed(e.to_string()))?;
                     apply_job(tx, commit.position, envelope, &event).await?;
                 }
-                // Sites, transfers and tenants are other read models' business.
+                AggregateKind::Transfer => {
+                    let event: TransferEvent = serde_json::from_value(envelope.payload.clone())
+                        .map_err(|e| failed(e.to_string()))?;
+                    apply_transfer(tx, commit.position, envelope, &event).await?;
+                }
+                // Sites and tenants are other read models' business.
                 _ => {}
             }
         }
@@ -374,6 +397,85 @@ async fn apply_workflow(
         | WorkflowEvent::VolumeExportFailed { .. } => return Ok(()),
     }
     touch(tx, &id, &at).await
+}
+
+/// How an end of a copy reads in `GET /v1/workflows/{id}`.
+pub(crate) fn endpoint_text(endpoint: &Endpoint) -> String {
+    match endpoint {
+        Endpoint::Uri { uri } => uri.clone(),
+        Endpoint::SitePath { site, path } => format!("{site}:{path}"),
+    }
+}
+
+/// Folds one transfer.* event into its row; `meridian status` shows copies and their
+/// progress from it.
+async fn apply_transfer(
+    tx: &mut Tx,
+    position: u64,
+    envelope: &RawEnvelope,
+    event: &TransferEvent,
+) -> Result<(), StoreError> {
+    let id = envelope.aggregate.id.to_string();
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    match event {
+        TransferEvent::Requested {
+            workflow_id,
+            source,
+            destination,
+            bytes_expected,
+        } => {
+            sqlx::query(
+                "INSERT INTO intake_transfers
+                    (id, workflow_id, position, source, destination, state, bytes_done,
+                     bytes_total, cached, reason)
+                 VALUES ($1, $2, $3, $4, $5, 'copying', 0, $6, 0, NULL)
+                 ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(&id)
+            .bind(workflow_id.to_string())
+            .bind(count(position))
+            .bind(endpoint_text(source))
+            .bind(endpoint_text(destination))
+            .bind(bytes_expected.map(count))
+            .execute(&mut **tx)
+            .await?;
+        }
+        TransferEvent::Progressed {
+            bytes_done,
+            bytes_total,
+            ..
+        } => {
+            sqlx::query(
+                "UPDATE intake_transfers SET bytes_done = $1, bytes_total = COALESCE($2, bytes_total)
+                 WHERE id = $3 AND state = 'copying'",
+            )
+            .bind(count(*bytes_done))
+            .bind(bytes_total.map(count))
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        TransferEvent::Completed { bytes, cached, .. } => {
+            sqlx::query(
+                "UPDATE intake_transfers SET state = 'completed', bytes_done = $1,
+                    bytes_total = $1, cached = $2
+                 WHERE id = $3",
+            )
+            .bind(count(*bytes))
+            .bind(i64::from(*cached))
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        TransferEvent::Failed { reason, .. } => {
+            sqlx::query("UPDATE intake_transfers SET state = 'failed', reason = $1 WHERE id = $2")
+                .bind(reason)
+                .bind(&id)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// Ends the hold a workflow was under (`held: …`), if any.

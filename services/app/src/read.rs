@@ -10,7 +10,8 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use crate::api::{
-    JobRun, RunState, TaskCounts, WorkflowPage, WorkflowState, WorkflowStatus, WorkflowSummary,
+    JobRun, RunState, TaskCounts, TransferState, TransferStatus, WorkflowPage, WorkflowState,
+    WorkflowStatus, WorkflowSummary,
 };
 use crate::projection::{task_total, timestamp, NO_INDEX};
 use crate::MAX_LISTED_RUNS;
@@ -123,6 +124,18 @@ pub async fn status(store: &Store, id: Uuid) -> Result<Option<WorkflowStatus>, R
         .map(job_run)
         .collect::<Result<Vec<_>, _>>()?;
 
+    let transfers = sqlx::query(
+        "SELECT id, source, destination, state, bytes_done, bytes_total, cached, reason
+         FROM intake_transfers WHERE workflow_id = $1 ORDER BY position, id LIMIT $2",
+    )
+    .bind(&id_text)
+    .bind(MAX_LISTED_RUNS as i64)
+    .fetch_all(store.pool())
+    .await?
+    .iter()
+    .map(transfer)
+    .collect::<Result<Vec<_>, _>>()?;
+
     Ok(Some(WorkflowStatus {
         id: head.id,
         name: head.name,
@@ -135,7 +148,33 @@ pub async fn status(store: &Store, id: Uuid) -> Result<Option<WorkflowStatus>, R
         tasks,
         jobs,
         jobs_truncated,
+        transfers,
     }))
+}
+
+fn transfer(row: &AnyRow) -> Result<TransferStatus, ReadError> {
+    let table = "intake_transfers";
+    let state: String = row.try_get("state")?;
+    let count = |column: &str| -> Result<Option<u64>, ReadError> {
+        let n: Option<i64> = row.try_get(column)?;
+        n.map(|n| u64::try_from(n).map_err(|_| corrupt(table, column.to_string())))
+            .transpose()
+    };
+    Ok(TransferStatus {
+        id: uuid_column(row, table, "id")?,
+        source: row.try_get("source")?,
+        destination: row.try_get("destination")?,
+        state: match state.as_str() {
+            "copying" => TransferState::Copying,
+            "completed" => TransferState::Completed,
+            "failed" => TransferState::Failed,
+            other => return Err(corrupt(table, format!("state {other:?}"))),
+        },
+        bytes_done: count("bytes_done")?.unwrap_or(0),
+        bytes_total: count("bytes_total")?,
+        cached: row.try_get::<i64, _>("cached")? != 0,
+        reason: row.try_get("reason")?,
+    })
 }
 
 fn job_run(row: &AnyRow) -> Result<JobRun, ReadError> {
@@ -270,5 +309,6 @@ pub(crate) fn status_from_log(id: Uuid, loaded: &Loaded<Workflow>) -> Option<Wor
         },
         jobs: Vec::new(),
         jobs_truncated: false,
+        transfers: Vec::new(),
     })
 }

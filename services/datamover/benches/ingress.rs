@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use meridian_datamover::fetch::copy;
+use meridian_datamover::fetch::{copy, Progress};
 use meridian_datamover::testkit::Moto;
 use object_store::ObjectStore;
 
@@ -46,7 +46,7 @@ async fn main() {
     moto.bucket("bench");
     let store = object_store::aws::AmazonS3Builder::from_env()
         .with_bucket_name("bench")
-        .with_endpoint(&moto.url)
+        .with_endpoint(moto.url())
         .with_allow_http(true)
         .build()
         .unwrap();
@@ -69,9 +69,15 @@ async fn main() {
     reset_peak_rss();
     let before = peak_rss_kib();
     let started = Instant::now();
-    let copied = copy(&http, "s3://bench/big.bin", dir.path(), "/big.bin")
-        .await
-        .unwrap();
+    let copied = copy(
+        &http,
+        "s3://bench/big.bin",
+        dir.path(),
+        "/big.bin",
+        &Progress::default(),
+    )
+    .await
+    .unwrap();
     let ours = started.elapsed().as_secs_f64();
     let peak = peak_rss_kib();
     assert_eq!(copied.bytes as f64, bytes);

@@ -1,13 +1,19 @@
-//! Copies one ingress step into a volume directory: a `file://` path (a file or a whole
-//! tree), an `http(s)://` object, an `s3://` object or prefix (through the
-//! `object_store` crate), or a model repository (`hf://`), streamed, never held in
-//! memory, each file written
+//! Copies one ingress step into a volume directory, or one egress step out of it: a
+//! `file://` path (a file or a whole tree), an `http(s)://` object, an object or prefix in
+//! an object store (`s3://`, `gs://`, `az://`, all through the `object_store` crate), or
+//! a model repository (`hf://`), streamed, never held in memory, each file written
 //! beside its final name and renamed into place once whole. Every copy yields its bytes
 //! and a digest: the file's SHA-256, or for a tree the SHA-256 of its manifest (each
-//! file's digest and path, sorted).
+//! file's digest and path, sorted), and counts its bytes into a [`Progress`] as they go.
+//!
+//! [`fingerprint`] asks a source, cheaply, which version of its data it holds (an ETag,
+//! a size and modification time, a model's file ids), so that the site cache
+//! ([`crate::cache`]) can tell that the data it kept is still what the source holds.
 
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use object_store::ObjectStore;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -17,6 +23,48 @@ pub struct Copied {
     pub bytes: u64,
     /// `sha256:<hex>`.
     pub digest: String,
+    /// Whether the source was a tree (its digest is that of its manifest).
+    pub tree: bool,
+    /// Each file written with its own digest, by its path under the step's target (`""`:
+    /// the target itself), for the site cache to keep. Empty for copies out.
+    pub files: Vec<(String, String)>,
+}
+
+/// Bytes done and expected of the copy under way, counted by the copy and read by
+/// whoever reports its progress.
+#[derive(Debug, Default)]
+pub struct Progress {
+    done: AtomicU64,
+    total: AtomicU64,
+    total_known: AtomicBool,
+}
+
+impl Progress {
+    /// Bytes copied so far, and the bytes expected when the source said.
+    pub fn now(&self) -> (u64, Option<u64>) {
+        let done = self.done.load(Ordering::Relaxed);
+        let total = self
+            .total_known
+            .load(Ordering::Relaxed)
+            .then(|| self.total.load(Ordering::Relaxed));
+        (done, total)
+    }
+
+    pub(crate) fn advance(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn expect(&self, n: u64) {
+        self.total.fetch_add(n, Ordering::Relaxed);
+        self.total_known.store(true, Ordering::Relaxed);
+    }
+
+    /// Starts the count again (a copy tried again from its start).
+    pub fn restart(&self) {
+        self.done.store(0, Ordering::Relaxed);
+        self.total.store(0, Ordering::Relaxed);
+        self.total_known.store(false, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +92,10 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FetchError {
     move |source| FetchError::Io { what, source }
 }
 
+fn sha256_hex(hash: Sha256) -> String {
+    format!("sha256:{:x}", hash.finalize())
+}
+
 /// Where an ingress destination (an absolute path in the volume, `/data/` or
 /// `/data/x.bin`) is under `volume_dir`; a path that would leave the volume is refused.
 pub fn destination(volume_dir: &Path, path: &str) -> Result<PathBuf, FetchError> {
@@ -62,6 +114,40 @@ pub fn destination(volume_dir: &Path, path: &str) -> Result<PathBuf, FetchError>
     Ok(out)
 }
 
+/// Sums files copied one by one into the copy of a tree.
+#[derive(Default)]
+struct Tree {
+    manifest: Sha256,
+    bytes: u64,
+    files: Vec<(String, String)>,
+}
+
+impl Tree {
+    fn add(&mut self, rel: &str, copied: Copied) {
+        self.bytes += copied.bytes;
+        self.manifest
+            .update(format!("{}  {rel}\n", copied.digest).as_bytes());
+        self.files.push((rel.to_string(), copied.digest));
+    }
+
+    fn done(self) -> Copied {
+        Copied {
+            bytes: self.bytes,
+            digest: sha256_hex(self.manifest),
+            tree: true,
+            files: self.files,
+        }
+    }
+}
+
+/// One file's copy, named by its path under the step's target.
+fn one(rel: impl Into<String>, copied: Copied) -> Copied {
+    Copied {
+        files: vec![(rel.into(), copied.digest.clone())],
+        ..copied
+    }
+}
+
 /// Copies `source` to `destination` (a path in the volume; ending in `/`, a directory
 /// the source goes into under its own name).
 pub async fn copy(
@@ -69,6 +155,7 @@ pub async fn copy(
     source: &str,
     volume_dir: &Path,
     destination_path: &str,
+    progress: &Progress,
 ) -> Result<Copied, FetchError> {
     let into_dir = destination_path.ends_with('/');
     let target = destination(volume_dir, destination_path)?;
@@ -78,16 +165,22 @@ pub async fn copy(
             .await
             .map_err(|e| FetchError::Source(format!("{source}: {e}")))?;
         if meta.is_dir() {
-            return copy_tree(&from, &target).await;
+            return copy_tree(&from, &target, progress).await;
         }
-        let to = match into_dir {
-            true => target.join(from.file_name().unwrap_or_default()),
-            false => target,
+        progress.expect(meta.len());
+        let rel = match into_dir {
+            true => from
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            false => String::new(),
         };
         let file = tokio::fs::File::open(&from)
             .await
             .map_err(|e| FetchError::Source(format!("{source}: {e}")))?;
-        return write_file(file, &to, source).await;
+        let copied = write_file(file, &under(&target, &rel), source, progress).await?;
+        return Ok(one(rel, copied));
     }
     if source.starts_with("https://") || source.starts_with("http://") {
         let response = http
@@ -95,135 +188,376 @@ pub async fn copy(
             .send()
             .await
             .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?;
-        let status = response.status();
-        if status.is_server_error() || status.as_u16() == 429 {
-            return Err(FetchError::Unreachable(format!(
-                "{source}: the server answered {status}"
-            )));
-        }
-        if !status.is_success() {
-            return Err(FetchError::Source(format!(
-                "{source}: the server answered {status}"
-            )));
-        }
+        let response = answered(source, response)?;
         let name = response
             .url()
             .path_segments()
             .and_then(|mut s| s.next_back().map(str::to_string))
             .filter(|n| !n.is_empty() && n != "." && n != "..")
             .unwrap_or_else(|| "index".into());
-        let to = match into_dir {
-            true => target.join(name),
-            false => target,
+        let rel = match into_dir {
+            true => name,
+            false => String::new(),
         };
+        if let Some(length) = response.content_length() {
+            progress.expect(length);
+        }
         use futures::TryStreamExt;
         let chunks = response
             .bytes_stream()
             .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")));
-        return write_chunks(chunks, &to).await;
+        let copied = write_chunks(chunks, &under(&target, &rel), progress).await?;
+        return Ok(one(rel, copied));
     }
-    if let Some(rest) = source.strip_prefix("s3://") {
-        return copy_s3(source, rest, &target, into_dir).await;
+    if let Some(located) = object_store_for(source)? {
+        return copy_objects(source, located, &target, into_dir, progress).await;
     }
     if let Some(rest) = source.strip_prefix("hf://") {
-        return copy_hf(http, source, rest, &target).await;
+        return copy_hf(http, source, rest, &target, progress).await;
     }
     let scheme = source.split_once("://").map_or(source, |(s, _)| s);
     Err(FetchError::Invalid(format!(
-        "{source}: {scheme}:// sources are not supported by this data mover yet (file://, http://, https://, s3:// and hf:// are)"
+        "{source}: {scheme}:// sources are not supported by this data mover (file://, http://, https://, s3://, gs://, az:// and hf:// are)"
     )))
 }
 
-/// An S3 bucket, with the credentials, region and endpoint of the standard `AWS_*`
-/// environment (`AWS_ENDPOINT_URL` for a server of one's own; plain HTTP is allowed
-/// to an `http://` endpoint).
-fn s3_bucket(bucket: &str) -> Result<object_store::aws::AmazonS3, FetchError> {
-    let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
-    if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
-        builder = builder
-            .with_allow_http(endpoint.starts_with("http://"))
-            .with_endpoint(endpoint);
+/// `rel` under `target`; `""` is the target itself.
+fn under(target: &Path, rel: &str) -> PathBuf {
+    match rel.is_empty() {
+        true => target.to_path_buf(),
+        false => target.join(rel),
     }
-    builder
-        .build()
-        .map_err(|e| FetchError::Invalid(format!("s3://{bucket}: {e}")))
 }
 
-/// `s3://bucket/key` (one object) or `s3://bucket/prefix/` (every object under it, laid
-/// out by the rest of its key).
-async fn copy_s3(
-    source: &str,
-    rest: &str,
-    target: &Path,
-    into_dir: bool,
-) -> Result<Copied, FetchError> {
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
+/// A response whose status says the body is there; a server error or 429 may pass if
+/// asked again, anything else is the source's answer.
+fn answered(source: &str, response: reqwest::Response) -> Result<reqwest::Response, FetchError> {
+    let status = response.status();
+    if status.is_server_error() || status.as_u16() == 429 {
+        return Err(FetchError::Unreachable(format!(
+            "{source}: the server answered {status}"
+        )));
+    }
+    if !status.is_success() {
+        return Err(FetchError::Source(format!(
+            "{source}: the server answered {status}"
+        )));
+    }
+    Ok(response)
+}
 
+/// Where a bucket's objects are read and written.
+enum Bucket {
+    /// S3 and Azure Blob, through the `object_store` crate.
+    Store(Box<dyn ObjectStore>),
+    /// Google Cloud Storage, through its JSON API ([`crate::gcs`]).
+    Gcs(crate::gcs::GcsBucket),
+}
+
+/// An object store a URL names, with the key in it.
+pub struct Located {
+    bucket: Bucket,
+    /// `s3://bucket`, `gs://bucket`, `az://container`: how its objects are named back.
+    root: String,
+    key: String,
+}
+
+/// One object a URL names, with its path under the URL's prefix.
+struct Listed {
+    rel: String,
+    key: String,
+    size: u64,
+    /// What changes when the object is written again (ETag, version, time).
+    version: String,
+}
+
+/// The store behind an `s3://`, `gs://` or `az://` URL, configured from each ecosystem's
+/// standard environment; `None` for other schemes.
+///
+/// - S3: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, and
+///   `AWS_ENDPOINT_URL` for a server of one's own (plain HTTP allowed to an `http://` one).
+/// - Google Cloud Storage: `GOOGLE_APPLICATION_CREDENTIALS` (or `GOOGLE_SERVICE_ACCOUNT`);
+///   `STORAGE_EMULATOR_HOST`, as Google's own libraries read it, for an emulator, which
+///   takes no credentials.
+/// - Azure Blob: `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY` (or a SAS,
+///   or a service principal); `AZURE_STORAGE_USE_EMULATOR=true` for Azurite, at
+///   `AZURITE_BLOB_STORAGE_URL` (default `http://127.0.0.1:10000`).
+pub fn object_store_for(uri: &str) -> Result<Option<Located>, FetchError> {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return Ok(None);
+    };
+    if !matches!(scheme, "s3" | "gs" | "az") {
+        return Ok(None);
+    }
     let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
     if bucket.is_empty() {
-        return Err(FetchError::Invalid(format!("{source}: no bucket")));
+        return Err(FetchError::Invalid(format!(
+            "{uri}: no {}",
+            match scheme {
+                "az" => "container",
+                _ => "bucket",
+            }
+        )));
     }
-    let store = s3_bucket(bucket)?;
-    let failed = |e: object_store::Error| match e {
-        object_store::Error::NotFound { path, .. } => {
-            FetchError::Source(format!("{source}: no object s3://{bucket}/{path}"))
+    let invalid = |e: object_store::Error| FetchError::Invalid(format!("{uri}: {e}"));
+    let bucket_of = match scheme {
+        "s3" => {
+            let mut builder =
+                object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+            if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
+                builder = builder
+                    .with_allow_http(endpoint.starts_with("http://"))
+                    .with_endpoint(endpoint);
+            }
+            Bucket::Store(Box::new(builder.build().map_err(invalid)?))
         }
-        object_store::Error::Generic { .. } => FetchError::Unreachable(format!("{source}: {e}")),
-        e => FetchError::Source(format!("{source}: {e}")),
+        "gs" => Bucket::Gcs(crate::gcs::GcsBucket::from_env(uri, bucket)?),
+        _ => Bucket::Store(Box::new(
+            object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_container_name(bucket)
+                .build()
+                .map_err(invalid)?,
+        )),
     };
-    if !key.is_empty() && !key.ends_with('/') {
-        let path = object_store::path::Path::from(key);
-        let to = match into_dir {
-            true => target.join(path.filename().unwrap_or("object")),
-            false => target.to_path_buf(),
-        };
-        let got = store.get(&path).await.map_err(failed)?;
-        return write_chunks(got.into_stream().map_err(failed), &to).await;
-    }
-    let prefix = object_store::path::Path::from(key.trim_end_matches('/'));
-    let mut objects: Vec<object_store::ObjectMeta> = store
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(failed)?;
-    if objects.is_empty() {
-        return Err(FetchError::Source(format!("{source}: no objects under it")));
-    }
-    objects.sort_by(|a, b| a.location.cmp(&b.location));
-    let mut manifest = Sha256::new();
-    let mut bytes = 0u64;
-    for object in objects {
-        let relative: Vec<String> = object
-            .location
-            .prefix_match(&prefix)
-            .map(|parts| parts.map(|p| p.as_ref().to_string()).collect())
-            .unwrap_or_default();
-        let rel = relative.join("/");
-        let to = destination(target, &rel)?;
-        let got = store.get(&object.location).await.map_err(failed)?;
-        let copied = write_chunks(got.into_stream().map_err(failed), &to).await?;
-        bytes += copied.bytes;
-        manifest.update(format!("{}  {rel}\n", copied.digest).as_bytes());
-    }
-    Ok(Copied {
-        bytes,
-        digest: format!("sha256:{:x}", manifest.finalize()),
-    })
+    Ok(Some(Located {
+        bucket: bucket_of,
+        root: format!("{scheme}://{bucket}"),
+        key: key.to_string(),
+    }))
 }
 
-/// `hf://ORG/MODEL[@REVISION]`: every file of a model repository at a revision (`main`
-/// by default), through the Hub's HTTP file API at `HF_ENDPOINT` (by default
-/// `https://huggingface.co`, so a mirror or a stand-in can serve), with `HF_TOKEN` as a
-/// bearer token when it is set. Files keep their paths in the repository.
-async fn copy_hf(
+type Chunks = futures::stream::BoxStream<'static, Result<bytes::Bytes, FetchError>>;
+
+impl Located {
+    /// Whether the URL names one object (else every object under a prefix).
+    fn single(&self) -> bool {
+        !self.key.is_empty() && !self.key.ends_with('/')
+    }
+
+    /// How an object store's error reads, and whether asking again may help.
+    fn failed(&self, uri: &str) -> impl Fn(object_store::Error) -> FetchError {
+        let (uri, root) = (uri.to_string(), self.root.clone());
+        move |e| match e {
+            object_store::Error::NotFound { path, .. } => {
+                FetchError::Source(format!("{uri}: no object {root}/{path}"))
+            }
+            object_store::Error::Generic { .. } => FetchError::Unreachable(format!("{uri}: {e}")),
+            e => FetchError::Source(format!("{uri}: {e}")),
+        }
+    }
+
+    /// The objects the URL names: the one object (by its file name), or every object
+    /// under the prefix, sorted, each by its path under the prefix.
+    async fn objects(&self, source: &str) -> Result<Vec<Listed>, FetchError> {
+        use futures::TryStreamExt;
+        let file_name = |key: &str| key.rsplit('/').next().unwrap_or("object").to_string();
+        let mut objects = match (&self.bucket, self.single()) {
+            (Bucket::Gcs(gcs), true) => {
+                let o = gcs.head(source, &self.key).await?;
+                vec![Listed {
+                    rel: file_name(&o.name),
+                    key: o.name,
+                    size: o.size,
+                    version: o.version,
+                }]
+            }
+            (Bucket::Gcs(gcs), false) => gcs
+                .list(source, &self.key)
+                .await?
+                .into_iter()
+                .filter(|o| !o.name.ends_with('/'))
+                .map(|o| Listed {
+                    rel: o.name[self.key.len()..].to_string(),
+                    key: o.name,
+                    size: o.size,
+                    version: o.version,
+                })
+                .collect(),
+            (Bucket::Store(store), true) => {
+                let path = object_store::path::Path::from(self.key.as_str());
+                let o = store.head(&path).await.map_err(self.failed(source))?;
+                vec![Listed {
+                    rel: file_name(&self.key),
+                    key: self.key.clone(),
+                    size: o.size,
+                    version: store_version(&o),
+                }]
+            }
+            (Bucket::Store(store), false) => {
+                let prefix = object_store::path::Path::from(self.key.trim_end_matches('/'));
+                let listed: Vec<object_store::ObjectMeta> = store
+                    .list(Some(&prefix))
+                    .try_collect()
+                    .await
+                    .map_err(self.failed(source))?;
+                listed
+                    .into_iter()
+                    .map(|o| {
+                        let rel: Vec<String> = o
+                            .location
+                            .prefix_match(&prefix)
+                            .map(|parts| parts.map(|p| p.as_ref().to_string()).collect())
+                            .unwrap_or_default();
+                        Listed {
+                            rel: rel.join("/"),
+                            key: o.location.to_string(),
+                            size: o.size,
+                            version: store_version(&o),
+                        }
+                    })
+                    .collect()
+            }
+        };
+        if objects.is_empty() {
+            return Err(FetchError::Source(format!("{source}: no objects under it")));
+        }
+        objects.sort_by(|a, b| a.rel.cmp(&b.rel));
+        Ok(objects)
+    }
+
+    /// One object's bytes, as they arrive.
+    async fn get(&self, source: &str, key: &str) -> Result<Chunks, FetchError> {
+        use futures::{StreamExt, TryStreamExt};
+        match &self.bucket {
+            Bucket::Gcs(gcs) => Ok(gcs.get(source, key).await?.boxed()),
+            Bucket::Store(store) => {
+                let failed = self.failed(source);
+                let got = store
+                    .get(&object_store::path::Path::from(key))
+                    .await
+                    .map_err(&failed)?;
+                Ok(got.into_stream().map_err(failed).boxed())
+            }
+        }
+    }
+
+    /// Uploads one file to `key`, in parts, hashing and counting as it goes.
+    async fn put_file(
+        &self,
+        uri: &str,
+        key: &str,
+        path: &Path,
+        progress: &Progress,
+    ) -> Result<Copied, FetchError> {
+        if key.is_empty() {
+            return Err(FetchError::Invalid(format!(
+                "{uri}: a key is needed after the bucket or container"
+            )));
+        }
+        let store = match &self.bucket {
+            Bucket::Gcs(gcs) => return gcs.put_file(uri, key, path, progress).await,
+            Bucket::Store(store) => store,
+        };
+        let failed = self.failed(uri);
+        let upload = store
+            .put_multipart(&object_store::path::Path::from(key))
+            .await
+            .map_err(&failed)?;
+        let mut writer = object_store::WriteMultipart::new(upload);
+        let mut file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| FetchError::Source(format!("{}: {e}", path.display())))?;
+        let mut hash = Sha256::new();
+        let mut bytes = 0u64;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file
+                .read(&mut buf)
+                .await
+                .map_err(io(path.display().to_string()))?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&buf[..n]);
+            bytes += n as u64;
+            writer.wait_for_capacity(4).await.map_err(&failed)?;
+            writer.write(&buf[..n]);
+            progress.advance(n as u64);
+        }
+        writer.finish().await.map_err(&failed)?;
+        Ok(Copied {
+            bytes,
+            digest: sha256_hex(hash),
+            tree: false,
+            files: Vec::new(),
+        })
+    }
+}
+
+fn store_version(o: &object_store::ObjectMeta) -> String {
+    format!(
+        "{} {} {}",
+        o.e_tag.as_deref().unwrap_or_default(),
+        o.version.as_deref().unwrap_or_default(),
+        o.last_modified.timestamp_micros()
+    )
+}
+
+/// One object (into `target`, or under it by its name when `into_dir`) or every object
+/// under a prefix (laid out by the rest of its key).
+async fn copy_objects(
+    source: &str,
+    located: Located,
+    target: &Path,
+    into_dir: bool,
+    progress: &Progress,
+) -> Result<Copied, FetchError> {
+    let single = located.single();
+    let objects = located.objects(source).await?;
+    progress.expect(objects.iter().map(|o| o.size).sum());
+    let mut tree = Tree::default();
+    for object in objects {
+        let rel = match (single, into_dir) {
+            (true, false) => String::new(),
+            _ => object.rel,
+        };
+        let to = match rel.is_empty() {
+            true => target.to_path_buf(),
+            false => destination(target, &rel)?,
+        };
+        let chunks = located.get(source, &object.key).await?;
+        let copied = write_chunks(chunks, &to, progress).await?;
+        if single {
+            return Ok(one(rel, copied));
+        }
+        tree.add(&rel, copied);
+    }
+    Ok(tree.done())
+}
+
+/// The file list of `hf://ORG/MODEL[@REVISION]`: the Hub's endpoint, the repository, the
+/// revision (`main` by default), and each file's entry in the Hub's tree listing.
+struct HfListing {
+    endpoint: String,
+    repo: String,
+    revision: String,
+    files: Vec<serde_json::Value>,
+}
+
+fn hf_request(http: &reqwest::Client, url: String) -> reqwest::RequestBuilder {
+    let request = http.get(url);
+    match std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()) {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    }
+}
+
+fn hf_answer(source: &str, what: &str, status: reqwest::StatusCode) -> FetchError {
+    let why = format!("{source}: {what}: the Hub answered {status}");
+    match status.is_server_error() || status.as_u16() == 429 {
+        true => FetchError::Unreachable(why),
+        false => FetchError::Source(why),
+    }
+}
+
+/// Lists a model repository through the Hub's HTTP file API at `HF_ENDPOINT` (by
+/// default `https://huggingface.co`, so a mirror or a stand-in can serve), with
+/// `HF_TOKEN` as a bearer token when it is set.
+async fn hf_listing(
     http: &reqwest::Client,
     source: &str,
     rest: &str,
-    target: &Path,
-) -> Result<Copied, FetchError> {
-    use futures::TryStreamExt;
-
+) -> Result<HfListing, FetchError> {
     let (repo, revision) = rest.split_once('@').unwrap_or((rest, "main"));
     let valid = |s: &str| {
         !s.is_empty()
@@ -240,72 +574,88 @@ async fn copy_hf(
         .unwrap_or_else(|_| "https://huggingface.co".into())
         .trim_end_matches('/')
         .to_string();
-    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty());
-    let get = |url: String| {
-        let request = http.get(url);
-        match &token {
-            Some(t) => request.bearer_auth(t),
-            None => request,
-        }
-    };
-    let answer = |what: &str, status: reqwest::StatusCode| -> FetchError {
-        let why = format!("{source}: {what}: the Hub answered {status}");
-        match status.is_server_error() || status.as_u16() == 429 {
-            true => FetchError::Unreachable(why),
-            false => FetchError::Source(why),
-        }
-    };
-    let listing = get(format!(
-        "{endpoint}/api/models/{repo}/tree/{revision}?recursive=true"
-    ))
+    let listing = hf_request(
+        http,
+        format!("{endpoint}/api/models/{repo}/tree/{revision}?recursive=true"),
+    )
     .send()
     .await
     .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?;
     if !listing.status().is_success() {
-        return Err(answer("listing its files", listing.status()));
+        return Err(hf_answer(source, "listing its files", listing.status()));
     }
     let entries: Vec<serde_json::Value> = listing.json().await.map_err(|e| {
         FetchError::Source(format!(
             "{source}: the file list is not what the Hub sends: {e}"
         ))
     })?;
-    let mut files: Vec<String> = entries
-        .iter()
-        .filter(|e| e["type"] == "file")
-        .filter_map(|e| e["path"].as_str().map(str::to_string))
+    let mut files: Vec<serde_json::Value> = entries
+        .into_iter()
+        .filter(|e| e["type"] == "file" && e["path"].is_string())
         .collect();
-    files.sort();
+    files.sort_by(|a, b| a["path"].as_str().cmp(&b["path"].as_str()));
     if files.is_empty() {
         return Err(FetchError::Source(format!(
             "{source}: the repository has no files"
         )));
     }
-    let mut manifest = Sha256::new();
-    let mut bytes = 0u64;
-    for path in files {
-        let to = destination(target, &path)?;
-        let response = get(format!("{endpoint}/{repo}/resolve/{revision}/{path}"))
-            .send()
-            .await
-            .map_err(|e| FetchError::Unreachable(format!("{source}: {path}: {e}")))?;
+    Ok(HfListing {
+        endpoint,
+        repo: repo.to_string(),
+        revision: revision.to_string(),
+        files,
+    })
+}
+
+/// `hf://ORG/MODEL[@REVISION]`: every file of a model repository at a revision, each
+/// through `resolve` (following the Hub's redirects), keeping its path in the repository.
+async fn copy_hf(
+    http: &reqwest::Client,
+    source: &str,
+    rest: &str,
+    target: &Path,
+    progress: &Progress,
+) -> Result<Copied, FetchError> {
+    use futures::TryStreamExt;
+    let listing = hf_listing(http, source, rest).await?;
+    progress.expect(
+        listing
+            .files
+            .iter()
+            .filter_map(|f| f["size"].as_u64())
+            .sum(),
+    );
+    let mut tree = Tree::default();
+    for file in &listing.files {
+        let path = file["path"].as_str().unwrap_or_default();
+        let to = destination(target, path)?;
+        let response = hf_request(
+            http,
+            format!(
+                "{}/{}/resolve/{}/{path}",
+                listing.endpoint, listing.repo, listing.revision
+            ),
+        )
+        .send()
+        .await
+        .map_err(|e| FetchError::Unreachable(format!("{source}: {path}: {e}")))?;
         if !response.status().is_success() {
-            return Err(answer(&path, response.status()));
+            return Err(hf_answer(source, path, response.status()));
         }
         let chunks = response
             .bytes_stream()
             .map_err(|e| FetchError::Unreachable(format!("{source}: {path}: {e}")));
-        let copied = write_chunks(chunks, &to).await?;
-        bytes += copied.bytes;
-        manifest.update(format!("{}  {path}\n", copied.digest).as_bytes());
+        tree.add(path, write_chunks(chunks, &to, progress).await?);
     }
-    Ok(Copied {
-        bytes,
-        digest: format!("sha256:{:x}", manifest.finalize()),
-    })
+    Ok(tree.done())
 }
 
-/// Writes a stream of chunks to `to`, hashing as it goes.
-async fn write_chunks<S>(mut chunks: S, to: &Path) -> Result<Copied, FetchError>
+/// Writes a stream of chunks to `to`, hashing and counting as it goes.
+async fn write_chunks<S>(
+    mut chunks: S,
+    to: &Path,
+    progress: &Progress,
+) -> Result<Copied, FetchError>
 where
     S: futures::Stream<Item = Result<bytes::Bytes, FetchError>> + Unpin,
 {
@@ -320,11 +670,14 @@ where
         out.write_all(&chunk)
             .await
             .map_err(io(part.display().to_string()))?;
+        progress.advance(chunk.len() as u64);
     }
     finish(out, &part, to).await?;
     Ok(Copied {
         bytes,
-        digest: format!("sha256:{:x}", hash.finalize()),
+        digest: sha256_hex(hash),
+        tree: false,
+        files: Vec::new(),
     })
 }
 
@@ -335,10 +688,12 @@ fn part_of(to: &Path) -> PathBuf {
     to.with_file_name(name)
 }
 
-async fn write_file(
+/// Copies one local file to `to`, hashing and counting as it goes.
+pub(crate) async fn write_file(
     mut from: tokio::fs::File,
     to: &Path,
     source: &str,
+    progress: &Progress,
 ) -> Result<Copied, FetchError> {
     let (mut out, part) = create(to).await?;
     let mut hash = Sha256::new();
@@ -357,11 +712,14 @@ async fn write_file(
         out.write_all(&buf[..n])
             .await
             .map_err(io(part.display().to_string()))?;
+        progress.advance(n as u64);
     }
     finish(out, &part, to).await?;
     Ok(Copied {
         bytes,
-        digest: format!("sha256:{:x}", hash.finalize()),
+        digest: sha256_hex(hash),
+        tree: false,
+        files: Vec::new(),
     })
 }
 
@@ -390,32 +748,37 @@ async fn finish(mut out: tokio::fs::File, part: &Path, to: &Path) -> Result<(), 
 }
 
 /// Copies every file under `from` to the same place under `to`.
-async fn copy_tree(from: &Path, to: &Path) -> Result<Copied, FetchError> {
+async fn copy_tree(from: &Path, to: &Path, progress: &Progress) -> Result<Copied, FetchError> {
     let files = files_under(from).await?;
-    let mut manifest = Sha256::new();
-    let mut bytes = 0u64;
+    let mut sizes = 0;
+    for rel in &files {
+        sizes += tokio::fs::metadata(from.join(rel))
+            .await
+            .map(|m| m.len())
+            .unwrap_or(0);
+    }
+    progress.expect(sizes);
+    let mut tree = Tree::default();
     for rel in &files {
         let source = from.join(rel);
         let file = tokio::fs::File::open(&source)
             .await
             .map_err(|e| FetchError::Source(format!("{}: {e}", source.display())))?;
-        let copied = write_file(file, &to.join(rel), &source.display().to_string()).await?;
-        bytes += copied.bytes;
-        manifest.update(format!("{}  {}\n", copied.digest, rel.display()).as_bytes());
+        let copied =
+            write_file(file, &to.join(rel), &source.display().to_string(), progress).await?;
+        tree.add(&rel.display().to_string(), copied);
     }
-    Ok(Copied {
-        bytes,
-        digest: format!("sha256:{:x}", manifest.finalize()),
-    })
+    Ok(tree.done())
 }
 
 /// Copies `source_path` in the volume (a file, or a directory and all under it) out to
-/// `destination` (`file://…` or `s3://bucket/key`; ending in `/`, or for a directory, a
-/// place the files go under by their path in it).
+/// `destination` (`file://…`, or an object store's `s3://`, `gs://` or `az://` URL;
+/// ending in `/`, or for a directory, a place the files go under by their path in it).
 pub async fn copy_out(
     volume_dir: &Path,
     source_path: &str,
     destination_uri: &str,
+    progress: &Progress,
 ) -> Result<Copied, FetchError> {
     let from = destination(volume_dir, source_path)?;
     let meta = tokio::fs::metadata(&from)
@@ -436,95 +799,64 @@ pub async fn copy_out(
             from.clone(),
         )],
     };
-    let mut manifest = Sha256::new();
-    let mut total = 0u64;
+    let store = object_store_for(destination_uri)?;
+    if store.is_none() && !destination_uri.starts_with("file://") {
+        let scheme = destination_uri
+            .split_once("://")
+            .map_or(destination_uri, |(s, _)| s);
+        return Err(FetchError::Invalid(format!(
+            "{destination_uri}: {scheme}:// destinations are not supported by this data mover (file://, s3://, gs:// and az:// are)"
+        )));
+    }
+    for (_, path) in &files {
+        progress.expect(
+            tokio::fs::metadata(path)
+                .await
+                .map(|m| m.len())
+                .unwrap_or(0),
+        );
+    }
+    let mut tree = Tree::default();
     let mut last = None;
     for (rel, path) in &files {
-        let copied = if let Some(root) = destination_uri.strip_prefix("file://") {
-            let to = match into_dir {
-                true => destination(Path::new(root), rel)?,
-                false => PathBuf::from(root),
-            };
-            let file = tokio::fs::File::open(path)
-                .await
-                .map_err(|e| FetchError::Source(format!("{}: {e}", path.display())))?;
-            write_file(file, &to, &path.display().to_string()).await?
-        } else if let Some(rest) = destination_uri.strip_prefix("s3://") {
-            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-            let key = match into_dir {
-                true => format!("{}/{rel}", key.trim_end_matches('/'))
-                    .trim_start_matches('/')
-                    .to_string(),
-                false => key.to_string(),
-            };
-            put_s3(destination_uri, bucket, &key, path).await?
-        } else {
-            let scheme = destination_uri
-                .split_once("://")
-                .map_or(destination_uri, |(s, _)| s);
-            return Err(FetchError::Invalid(format!(
-                "{destination_uri}: {scheme}:// destinations are not supported by this data mover yet (file:// and s3:// are)"
-            )));
+        let copied = match (&store, destination_uri.strip_prefix("file://")) {
+            (None, Some(root)) => {
+                let to = match into_dir {
+                    true => destination(Path::new(root), rel)?,
+                    false => PathBuf::from(root),
+                };
+                let file = tokio::fs::File::open(path)
+                    .await
+                    .map_err(|e| FetchError::Source(format!("{}: {e}", path.display())))?;
+                write_file(file, &to, &path.display().to_string(), progress).await?
+            }
+            (Some(located), _) => {
+                let key = match into_dir {
+                    true => format!("{}/{rel}", located.key.trim_end_matches('/'))
+                        .trim_start_matches('/')
+                        .to_string(),
+                    false => located.key.clone(),
+                };
+                located
+                    .put_file(destination_uri, &key, path, progress)
+                    .await?
+            }
+            (None, None) => unreachable!("refused above"),
         };
-        total += copied.bytes;
-        manifest.update(format!("{}  {rel}\n", copied.digest).as_bytes());
-        last = Some(copied);
+        last = Some(copied.clone());
+        tree.add(rel, copied);
     }
     match (meta.is_dir(), last) {
         (false, Some(one)) => Ok(one),
         _ => Ok(Copied {
-            bytes: total,
-            digest: format!("sha256:{:x}", manifest.finalize()),
+            files: Vec::new(),
+            ..tree.done()
         }),
     }
 }
 
-/// Uploads one file to `s3://bucket/key` in parts, hashing as it goes.
-async fn put_s3(uri: &str, bucket: &str, key: &str, path: &Path) -> Result<Copied, FetchError> {
-    use object_store::ObjectStore;
-    if bucket.is_empty() || key.is_empty() {
-        return Err(FetchError::Invalid(format!(
-            "{uri}: a bucket and a key are needed"
-        )));
-    }
-    let store = s3_bucket(bucket)?;
-    let failed = |e: object_store::Error| match e {
-        object_store::Error::Generic { .. } => FetchError::Unreachable(format!("{uri}: {e}")),
-        e => FetchError::Source(format!("{uri}: {e}")),
-    };
-    let upload = store
-        .put_multipart(&object_store::path::Path::from(key))
-        .await
-        .map_err(failed)?;
-    let mut writer = object_store::WriteMultipart::new(upload);
-    let mut file = tokio::fs::File::open(path)
-        .await
-        .map_err(|e| FetchError::Source(format!("{}: {e}", path.display())))?;
-    let mut hash = Sha256::new();
-    let mut bytes = 0u64;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .await
-            .map_err(io(path.display().to_string()))?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        bytes += n as u64;
-        writer.wait_for_capacity(4).await.map_err(failed)?;
-        writer.write(&buf[..n]);
-    }
-    writer.finish().await.map_err(failed)?;
-    Ok(Copied {
-        bytes,
-        digest: format!("sha256:{:x}", hash.finalize()),
-    })
-}
-
 /// Every file under `dir`, by its path relative to it, sorted.
-async fn files_under(dir: &Path) -> Result<Vec<PathBuf>, FetchError> {
+pub(crate) async fn files_under(dir: &Path) -> Result<Vec<PathBuf>, FetchError> {
     let mut files = Vec::new();
     let mut dirs = vec![PathBuf::new()];
     while let Some(rel) = dirs.pop() {
@@ -550,4 +882,87 @@ async fn files_under(dir: &Path) -> Result<Vec<PathBuf>, FetchError> {
     }
     files.sort();
     Ok(files)
+}
+
+/// Which version of its data `source` holds now, asked cheaply (metadata, no content):
+/// for a file or tree its sizes and modification times, for HTTP the ETag or
+/// Last-Modified with the length, for an object store each object's ETag, size and
+/// modification time, for a model each file's id in the Hub. `None` when the source
+/// cannot say (an HTTP server with neither header): such a source is always fetched.
+pub async fn fingerprint(
+    http: &reqwest::Client,
+    source: &str,
+) -> Result<Option<String>, FetchError> {
+    let mut lines = Sha256::new();
+    if let Some(path) = source.strip_prefix("file://") {
+        let from = PathBuf::from(path);
+        let meta = tokio::fs::metadata(&from)
+            .await
+            .map_err(|e| FetchError::Source(format!("{source}: {e}")))?;
+        let files = match meta.is_dir() {
+            true => files_under(&from).await?,
+            false => vec![PathBuf::new()],
+        };
+        for rel in files {
+            let meta = tokio::fs::metadata(from.join(&rel))
+                .await
+                .map_err(io(from.join(&rel).display().to_string()))?;
+            let modified = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            lines.update(format!("{}\t{}\t{modified}\n", rel.display(), meta.len()).as_bytes());
+        }
+    } else if source.starts_with("https://") || source.starts_with("http://") {
+        let response = http
+            .head(source)
+            .send()
+            .await
+            .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?;
+        let response = answered(source, response)?;
+        let header = |name: reqwest::header::HeaderName| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let (etag, modified) = (
+            header(reqwest::header::ETAG),
+            header(reqwest::header::LAST_MODIFIED),
+        );
+        if etag.is_none() && modified.is_none() {
+            return Ok(None);
+        }
+        lines.update(
+            format!(
+                "{}\t{}\t{}\n",
+                etag.unwrap_or_default(),
+                modified.unwrap_or_default(),
+                header(reqwest::header::CONTENT_LENGTH).unwrap_or_default()
+            )
+            .as_bytes(),
+        );
+    } else if let Some(located) = object_store_for(source)? {
+        for o in located.objects(source).await? {
+            lines.update(format!("{}\t{}\t{}\n", o.rel, o.size, o.version).as_bytes());
+        }
+    } else if let Some(rest) = source.strip_prefix("hf://") {
+        for file in hf_listing(http, source, rest).await?.files {
+            lines.update(
+                format!(
+                    "{}\t{}\t{}\t{}\n",
+                    file["path"].as_str().unwrap_or_default(),
+                    file["oid"].as_str().unwrap_or_default(),
+                    file["lfs"]["oid"].as_str().unwrap_or_default(),
+                    file["size"].as_u64().unwrap_or_default()
+                )
+                .as_bytes(),
+            );
+        }
+    } else {
+        return Ok(None);
+    }
+    Ok(Some(sha256_hex(lines)))
 }

@@ -25,11 +25,13 @@
 //! start (files are written beside their name and renamed once whole), and a finished
 //! one is not repeated.
 
+pub mod cache;
 pub mod fetch;
+pub mod gcs;
 pub mod testkit;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -79,6 +81,7 @@ pub struct DataMover {
     /// Holdings being staged or exported now.
     busy: Arc<Mutex<HashSet<(Work, Holding)>>>,
     retry_after: Duration,
+    progress_every: Duration,
     /// The sites this mover answers for; `None`: every site (one mover for the whole
     /// deployment, as in `meridian up`).
     sites: Option<std::collections::BTreeSet<String>>,
@@ -97,6 +100,7 @@ impl DataMover {
             transfers: Default::default(),
             busy: Default::default(),
             retry_after: Duration::from_secs(1),
+            progress_every: Duration::from_secs(2),
             sites: None,
         }
     }
@@ -136,7 +140,13 @@ impl DataMover {
         self
     }
 
-    /// Runs until `shutdown` turns true.
+    /// How often a copy under way records how far it has got (`transfer.progressed.v1`);
+    /// two seconds by default.
+    pub fn with_progress_every(mut self, every: Duration) -> DataMover {
+        self.progress_every = every.max(Duration::from_millis(10));
+        self
+    }
+
     /// Runs until `shutdown` turns true. A log that does not answer is waited for, as
     /// the other services do: its work is found again in the log.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), MoverError> {
@@ -298,6 +308,7 @@ impl DataMover {
             http: self.http.clone(),
             transfers: self.transfers.clone(),
             retry_after: self.retry_after,
+            progress_every: self.progress_every,
         };
         let busy = self.busy.clone();
         tokio::spawn(async move {
@@ -330,6 +341,7 @@ struct Staging {
     http: reqwest::Client,
     transfers: Arc<Mutex<HashMap<TransferKey, (Uuid, bool)>>>,
     retry_after: Duration,
+    progress_every: Duration,
 }
 
 impl Staging {
@@ -453,8 +465,22 @@ impl Staging {
             };
             tracing::info!(workflow = %workflow_id, volume, site, ?work, source = step.source, destination = step.destination, "copy started");
             let started_at = Utc::now();
-            match self.copy(work, &dir, &step.source, &step.destination).await {
-                Ok(copied) => {
+            let copied = self
+                .copy(
+                    work,
+                    (root, &dir),
+                    (&step.source, &step.destination),
+                    id,
+                    &ctx,
+                )
+                .await;
+            match copied {
+                Ok((copied, cached)) => {
+                    // Bytes from the site's own cache came from the site.
+                    let from = match cached {
+                        true => Location::Site { site: site.clone() },
+                        false => from.clone(),
+                    };
                     aggregates::execute::<Transfer, _>(&*self.log, id, &ctx, |_| {
                         TransferCommand::Complete {
                             bytes: copied.bytes,
@@ -464,11 +490,12 @@ impl Staging {
                             started_at,
                             ended_at: Utc::now().max(started_at),
                             egress: tariff.clone(),
+                            cached,
                         }
                     })
                     .await
                     .map_err(execute_failed)?;
-                    tracing::info!(workflow = %workflow_id, volume, site, ?work, bytes = copied.bytes, digest = copied.digest, "copy done");
+                    tracing::info!(workflow = %workflow_id, volume, site, ?work, bytes = copied.bytes, digest = copied.digest, cached, "copy done");
                     self.transfers
                         .lock()
                         .expect("transfers")
@@ -493,21 +520,91 @@ impl Staging {
         done(Ok(transfers)).await
     }
 
-    /// One step, tried again while the far side does not answer.
+    /// One step, with its progress recorded every `progress_every` while bytes move.
+    /// Answers what was copied, and whether it came from the site's cache.
     async fn copy(
         &self,
         work: Work,
-        dir: &std::path::Path,
-        source: &str,
-        destination: &str,
-    ) -> Result<fetch::Copied, fetch::FetchError> {
+        (root, dir): (&Path, &Path),
+        (source, destination): (&str, &str),
+        transfer: Uuid,
+        ctx: &EventContext,
+    ) -> Result<(fetch::Copied, bool), fetch::FetchError> {
+        let progress = fetch::Progress::default();
+        let step = self.copy_step(work, (root, dir), (source, destination), &progress);
+        tokio::pin!(step);
+        let mut tick = tokio::time::interval(self.progress_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        tick.tick().await;
+        let mut reported = (0, None);
+        loop {
+            tokio::select! {
+                done = &mut step => return done,
+                _ = tick.tick() => {
+                    let now = progress.now();
+                    if now.0 == reported.0 {
+                        continue;
+                    }
+                    reported = now;
+                    let recorded = aggregates::execute::<Transfer, _>(&*self.log, transfer, ctx, |_| {
+                        TransferCommand::Progress { bytes_done: now.0, bytes_total: now.1 }
+                    })
+                    .await;
+                    if let Err(e) = recorded {
+                        // Progress is for people watching; the copy goes on without it.
+                        tracing::debug!(%transfer, error = %e, "progress not recorded");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ingress: from the site cache when it holds what the source holds now, else
+    /// fetched and then kept in the cache. Egress: copied out. A far side that does not
+    /// answer is asked again, [`TRIES`] times in all.
+    async fn copy_step(
+        &self,
+        work: Work,
+        (root, dir): (&Path, &Path),
+        (source, destination): (&str, &str),
+        progress: &fetch::Progress,
+    ) -> Result<(fetch::Copied, bool), fetch::FetchError> {
+        let cache = cache::SiteCache::at(root);
+        let into_dir = destination.ends_with('/');
+        let fingerprint = match work {
+            Work::Export => None,
+            Work::Stage => match fetch::fingerprint(&self.http, source).await {
+                Ok(f) => f,
+                Err(e) => {
+                    // The fetch itself says what is wrong with the source.
+                    tracing::debug!(source, error = %e, "no fingerprint; not cached");
+                    None
+                }
+            },
+        };
+        if let Some(fingerprint) = &fingerprint {
+            if let Some(entry) = cache.find(source, into_dir, fingerprint).await {
+                let target = fetch::destination(dir, destination)?;
+                match cache
+                    .restore(source, into_dir, &entry, &target, progress)
+                    .await
+                {
+                    Ok(copied) => return Ok((copied, true)),
+                    Err(e) => {
+                        tracing::warn!(source, error = %e, "the site cache's copy is unusable; fetching");
+                        progress.restart();
+                    }
+                }
+            }
+        }
         let mut wait = self.retry_after;
         let mut tries = 0;
-        loop {
+        let copied = loop {
             tries += 1;
+            progress.restart();
             let copied = match work {
-                Work::Stage => fetch::copy(&self.http, source, dir, destination).await,
-                Work::Export => fetch::copy_out(dir, source, destination).await,
+                Work::Stage => fetch::copy(&self.http, source, dir, destination, progress).await,
+                Work::Export => fetch::copy_out(dir, source, destination, progress).await,
             };
             match copied {
                 Err(fetch::FetchError::Unreachable(why)) if tries < TRIES => {
@@ -515,9 +612,19 @@ impl Staging {
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                 }
-                other => return other,
+                other => break other?,
+            }
+        };
+        if let Some(fingerprint) = &fingerprint {
+            let target = fetch::destination(dir, destination)?;
+            if let Err(e) = cache
+                .keep(source, into_dir, fingerprint, &target, &copied)
+                .await
+            {
+                tracing::warn!(source, error = %e, "not kept in the site cache");
             }
         }
+        Ok((copied, false))
     }
 
     /// Records the volume staged or exported (with its transfers), or why it could not

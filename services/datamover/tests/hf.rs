@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use meridian_datamover::fetch::{copy, FetchError};
+use meridian_datamover::fetch::{copy, FetchError, Progress};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -78,9 +78,15 @@ async fn a_model_comes_in_file_by_file_and_an_unknown_revision_is_named() {
     std::env::set_var("HF_TOKEN", "hf_test_token");
     let http = reqwest::Client::new();
     let volume = tempfile::tempdir().unwrap();
-    let copied = copy(&http, "hf://org/tiny", volume.path(), "/model/")
-        .await
-        .expect("the model");
+    let copied = copy(
+        &http,
+        "hf://org/tiny",
+        volume.path(),
+        "/model/",
+        &Progress::default(),
+    )
+    .await
+    .expect("the model");
     let config = std::fs::read(volume.path().join("model/config.json")).unwrap();
     assert_eq!(config, b"{\"layers\": 2}\n\n");
     let weights = std::fs::read(volume.path().join("model/weights/w.bin")).unwrap();
@@ -102,7 +108,15 @@ async fn a_model_comes_in_file_by_file_and_an_unknown_revision_is_named() {
         "the token goes with the requests"
     );
 
-    match copy(&http, "hf://org/tiny@v9", volume.path(), "/other/").await {
+    match copy(
+        &http,
+        "hf://org/tiny@v9",
+        volume.path(),
+        "/other/",
+        &Progress::default(),
+    )
+    .await
+    {
         Err(FetchError::Source(why)) => {
             assert!(
                 why.contains("hf://org/tiny@v9") && why.contains("404"),
@@ -119,7 +133,7 @@ async fn a_model_comes_in_file_by_file_and_an_unknown_revision_is_named() {
     ] {
         assert!(
             matches!(
-                copy(&http, bad, volume.path(), "/x/").await,
+                copy(&http, bad, volume.path(), "/x/", &Progress::default()).await,
                 Err(FetchError::Invalid(_))
             ),
             "{bad}"

@@ -72,8 +72,9 @@ impl Bench {
 
     fn mover(&self) -> tokio::task::JoinHandle<()> {
         let roots = BTreeMap::from([("local".to_string(), self.root())]);
-        let mover =
-            DataMover::new(self.log.clone(), roots).with_retry_after(Duration::from_millis(50));
+        let mover = DataMover::new(self.log.clone(), roots)
+            .with_retry_after(Duration::from_millis(50))
+            .with_progress_every(Duration::from_millis(50));
         let stopped = self.stop.subscribe();
         tokio::spawn(async move { mover.run(stopped).await.unwrap() })
     }
@@ -173,7 +174,12 @@ async fn register(log: &dyn EventLog, name: &str, core_hour: &str) {
     .unwrap();
 }
 
-/// A real HTTP/1.1 server on a free port: `/x.csv` is `a,b\n1,2\n`, anything else 404.
+/// The large file `/slow.bin` serves, in four parts a moment apart.
+const SLOW_PART: usize = 64 * 1024;
+
+/// A real HTTP/1.1 server on a free port: `/x.csv` is `a,b\n1,2\n`; `/etag.bin` has an
+/// ETag (and HEAD), and counts the GETs of it in [`GETS`]; `/slow.bin` is four parts of
+/// [`SLOW_PART`] bytes sent 150 ms apart; anything else 404.
 async fn serve_http() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -192,9 +198,32 @@ async fn serve_http() -> String {
                     }
                 }
                 let line = String::from_utf8_lossy(&request);
+                let method = line.split_whitespace().next().unwrap_or("GET").to_string();
                 let path = line.split_whitespace().nth(1).unwrap_or("/");
-                let answer = match path {
-                    "/x.csv" => "HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\na,b\n1,2\n".to_string(),
+                let answer = match (method.as_str(), path) {
+                    (_, "/x.csv") => "HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\na,b\n1,2\n".to_string(),
+                    (method, "/etag.bin") => {
+                        let head = "HTTP/1.1 200 OK\r\ncontent-length: 6\r\netag: \"v1\"\r\nconnection: close\r\n\r\n";
+                        match method {
+                            "HEAD" => head.to_string(),
+                            _ => {
+                                GETS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                format!("{head}etag!\n")
+                            }
+                        }
+                    }
+                    (_, "/slow.bin") => {
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            4 * SLOW_PART
+                        );
+                        let _ = stream.write_all(head.as_bytes()).await;
+                        for _ in 0..4 {
+                            let _ = stream.write_all(&[7u8; SLOW_PART]).await;
+                            tokio::time::sleep(Duration::from_millis(150)).await;
+                        }
+                        return;
+                    }
                     _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
                 };
                 let _ = stream.write_all(answer.as_bytes()).await;
@@ -203,6 +232,9 @@ async fn serve_http() -> String {
     });
     format!("http://{address}")
 }
+
+/// GETs of `/etag.bin` so far, over every test in this file (one test uses it).
+static GETS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 fn workflow(name: &str, site: &str, ingress: &[(String, &str)]) -> String {
     let steps: Vec<String> = ingress
@@ -535,5 +567,162 @@ async fn outputs_are_copied_out_before_the_workflow_finishes() {
         tariff.map(|t| t.currency),
         Some(Currency::USD),
         "billed at the site's egress price"
+    );
+}
+
+/// The transfers completed for `workflow`: (bytes, digest, cached).
+fn completed_for(events: &[(u64, Envelope<Event>)], workflow: Uuid) -> Vec<(u64, String, bool)> {
+    events
+        .iter()
+        .filter_map(|(_, e)| match &e.payload {
+            Event::Transfer(TransferEvent::Completed {
+                workflow_id,
+                bytes,
+                digest,
+                cached,
+                ..
+            }) if *workflow_id == workflow => Some((*bytes, digest.clone(), *cached)),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn staged(b: &Bench, id: Uuid) -> Vec<(u64, Envelope<Event>)> {
+    b.wait_for("the volume staged", async || {
+        let events = b.events().await;
+        events
+            .iter()
+            .any(|(_, e)| {
+                e.aggregate.id == id
+                    && matches!(
+                        e.payload,
+                        Event::Workflow(WorkflowEvent::VolumeStaged { .. })
+                    )
+            })
+            .then_some(events)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_run_takes_its_data_from_the_site_cache_until_the_source_changes() {
+    let b = Bench::new().await;
+    let _mover = b.mover();
+    let source = b.dir.path().join("in");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    std::fs::write(source.join("a.txt"), "hello\n").unwrap();
+    std::fs::write(source.join("sub/b.txt"), "world\n").unwrap();
+    let spec = |name: &str| {
+        workflow(
+            name,
+            "local",
+            &[
+                (format!("file://{}", source.display()), "/tree/"),
+                (format!("{}/etag.bin", b.http), "/e.bin"),
+            ],
+        )
+    };
+    let first = b.submit(&spec("first")).await;
+    let events = staged(&b, first).await;
+    let fetched = completed_for(&events, first);
+    assert!(fetched.iter().all(|(_, _, cached)| !cached), "{fetched:?}");
+    assert_eq!(GETS.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // The same inputs again: nothing is fetched, the same bytes are there.
+    let second = b.submit(&spec("second")).await;
+    let events = staged(&b, second).await;
+    let again = completed_for(&events, second);
+    assert_eq!(
+        again,
+        fetched
+            .iter()
+            .map(|(bytes, digest, _)| (*bytes, digest.clone(), true))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        GETS.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "not fetched again"
+    );
+    let volume = b.root().join(second.to_string()).join("data");
+    assert_eq!(
+        std::fs::read_to_string(volume.join("tree/sub/b.txt")).unwrap(),
+        "world\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(volume.join("e.bin")).unwrap(),
+        "etag!\n"
+    );
+    // A copy from the cache came from the site itself.
+    assert!(events.iter().any(|(_, e)| matches!(
+        &e.payload,
+        Event::Transfer(TransferEvent::Completed { workflow_id, from: meridian_events::vocabulary::Location::Site { site }, cached: true, .. })
+            if *workflow_id == second && site == "local"
+    )));
+
+    // The source tree changes, and the cached copy of the HTTP object is damaged: both
+    // are fetched again, and the damage never reaches the volume.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(source.join("a.txt"), "HELLO\n").unwrap();
+    let content = b.root().join(".meridian-cache/content");
+    let kept = content.join(sha256(b"etag!\n").replace(':', "-")).join("_");
+    std::fs::write(&kept, "broken").unwrap();
+    let third = b.submit(&spec("third")).await;
+    let events = staged(&b, third).await;
+    let fresh = completed_for(&events, third);
+    assert!(fresh.iter().all(|(_, _, cached)| !cached), "{fresh:?}");
+    assert_ne!(
+        fresh[0].1, fetched[0].1,
+        "the changed tree has another digest"
+    );
+    assert_eq!(GETS.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let volume = b.root().join(third.to_string()).join("data");
+    assert_eq!(
+        std::fs::read_to_string(volume.join("tree/a.txt")).unwrap(),
+        "HELLO\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(volume.join("e.bin")).unwrap(),
+        "etag!\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_records_its_progress_while_bytes_move() {
+    let b = Bench::new().await;
+    let _mover = b.mover();
+    let id = b
+        .submit(&workflow(
+            "slow",
+            "local",
+            &[(format!("{}/slow.bin", b.http), "/s.bin")],
+        ))
+        .await;
+    let events = staged(&b, id).await;
+    let total = 4 * SLOW_PART as u64;
+    let progress: Vec<(u64, Option<u64>)> = events
+        .iter()
+        .filter_map(|(_, e)| match &e.payload {
+            Event::Transfer(TransferEvent::Progressed {
+                bytes_done,
+                bytes_total,
+                ..
+            }) => Some((*bytes_done, *bytes_total)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        progress
+            .iter()
+            .any(|(done, of)| *done > 0 && *done < total && *of == Some(total)),
+        "some progress part-way: {progress:?}"
+    );
+    assert!(
+        progress.windows(2).all(|w| w[0].0 < w[1].0),
+        "it only grows: {progress:?}"
+    );
+    assert_eq!(
+        completed_for(&events, id),
+        [(total, sha256(&vec![7u8; total as usize]), false)]
     );
 }

@@ -52,6 +52,8 @@ use crate::handlers;
         api::FieldErrorBody,
         api::Health,
         api::JobRun,
+        api::TransferState,
+        api::TransferStatus,
         api::RunState,
         api::TaskCounts,
         api::WorkflowPage,

@@ -10,7 +10,8 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 
 use meridian_app::api::{
-    Accepted, CancelAccepted, RunState, WorkflowPage, WorkflowState, WorkflowStatus,
+    Accepted, CancelAccepted, RunState, TransferState, TransferStatus, WorkflowPage, WorkflowState,
+    WorkflowStatus,
 };
 
 use crate::Output;
@@ -276,10 +277,52 @@ pub(crate) fn json<T: serde::Serialize + ?Sized>(v: &T) {
     println!("{}", serde_json::to_string_pretty(v).expect("JSON prints"));
 }
 
+/// Bytes as people read them: decimal units, three significant figures.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
+    if n < 1000 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 999.95 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    let digits = match value {
+        v if v < 9.995 => 2,
+        v if v < 99.95 => 1,
+        _ => 0,
+    };
+    format!("{value:.digits$} {}", UNITS[unit])
+}
+
+/// How far a copy has got: `312 MB of 1.07 GB (29%)`, or its bytes once done.
+fn transfer_progress(t: &TransferStatus) -> String {
+    match (t.state, t.bytes_total) {
+        (TransferState::Copying, Some(total)) if total > 0 => format!(
+            "{} of {} ({}%)",
+            human_bytes(t.bytes_done),
+            human_bytes(total),
+            t.bytes_done.min(total) * 100 / total
+        ),
+        (TransferState::Copying, _) => format!("{} so far", human_bytes(t.bytes_done)),
+        (_, _) if t.cached => format!("{} from the site's cache", human_bytes(t.bytes_done)),
+        (TransferState::Completed, _) => human_bytes(t.bytes_done),
+        (TransferState::Failed, _) => "-".into(),
+    }
+}
+
 fn progress_line(status: &WorkflowStatus) -> String {
     let t = &status.tasks;
+    let copying: Vec<String> = status
+        .transfers
+        .iter()
+        .filter(|t| t.state == TransferState::Copying)
+        .map(|t| format!(" · copying {}: {}", t.source, transfer_progress(t)))
+        .collect();
     format!(
-        "{}  {} done · {} running · {} pending{}{}",
+        "{}  {} done · {} running · {} pending{}{}{}",
         status.state.as_str(),
         t.succeeded,
         t.running,
@@ -292,6 +335,7 @@ fn progress_line(status: &WorkflowStatus) -> String {
             0 => String::new(),
             c => format!(" · {c} cancelled"),
         },
+        copying.concat(),
     )
 }
 
@@ -407,6 +451,28 @@ pub fn print_status(status: &WorkflowStatus) {
             .split_once("  ")
             .map_or("", |(_, r)| r)
     );
+    if !status.transfers.is_empty() {
+        println!();
+        let rows: Vec<Vec<String>> = status
+            .transfers
+            .iter()
+            .map(|t| {
+                vec![
+                    t.source.clone(),
+                    t.destination.clone(),
+                    match t.state {
+                        TransferState::Copying => "copying",
+                        TransferState::Completed => "completed",
+                        TransferState::Failed => "failed",
+                    }
+                    .to_string(),
+                    transfer_progress(t),
+                    t.reason.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        table(&["FROM", "TO", "COPY", "BYTES", "REASON"], &rows);
+    }
     if status.jobs.is_empty() {
         return;
     }

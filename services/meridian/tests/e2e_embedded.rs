@@ -1063,20 +1063,76 @@ fn ingress_from_a_path_reaches_the_job_and_a_missing_one_fails_with_its_name() {
     assert!(status["jobs"].as_array().unwrap().is_empty(), "{status:#}");
 }
 
-/// The data mover end to end against a real S3 server (moto's): inputs come in from
-/// S3, the job reads them and writes results, the results go out to S3 before the
-/// workflow finishes, and each copy is in the events with its bytes.
+/// A stand-in for the Hugging Face Hub's file API (none is reachable here): model
+/// `org/tiny` at `main` holds `config.json`. Returns its URL and how many files it has
+/// served (`resolve` requests).
+fn hub() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = served.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buf = [0u8; 4096];
+            let n = stream.read(&mut buf).unwrap_or(0);
+            let request = String::from_utf8_lossy(&buf[..n]).to_string();
+            let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let (status, body): (&str, &[u8]) = match path {
+                "/api/models/org/tiny/tree/main?recursive=true" => (
+                    "200 OK",
+                    br#"[{"type":"file","oid":"c0ffee","size":16,"path":"config.json"}]"#,
+                ),
+                "/org/tiny/resolve/main/config.json" => {
+                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    ("200 OK", b"{\"layers\": 2}\n\n\n")
+                }
+                _ => ("404 Not Found", b""),
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(body);
+        }
+    });
+    (url, served)
+}
+
+/// The data mover end to end against real object stores: S3 (moto's server), Google
+/// Cloud Storage (its emulator) and Azure Blob (Azurite), and a stand-in of the Hugging
+/// Face Hub. Inputs come in from all four, the job reads them and writes a result, the
+/// result goes out to all three stores before the workflow finishes, each copy is in
+/// the events with its bytes and the copies out are on the bill. The same workflow run
+/// again takes every input from the site's cache: nothing is fetched again.
 #[test]
-fn inputs_from_s3_and_results_back_to_s3() {
-    let moto = meridian_datamover::testkit::Moto::start();
+fn inputs_from_every_store_and_the_hub_results_out_and_a_second_run_fetches_nothing() {
+    use meridian_datamover::testkit::{Azurite, GcsEmulator, Moto};
+    let cells = b"id,value\n1,42\n2,43\n";
+    let moto = Moto::start();
     moto.bucket("inputs");
     moto.bucket("results");
-    moto.put("inputs", "run-1/cells.csv", b"id,value\n1,42\n2,43\n");
+    moto.put("inputs", "run-1/cells.csv", cells);
+    let gcs = GcsEmulator::start();
+    gcs.bucket("inputs");
+    gcs.bucket("results");
+    gcs.put("inputs", "cells.csv", cells);
+    let azurite = Azurite::start();
+    azurite.container("inputs");
+    azurite.container("results");
+    azurite.put("inputs", "cells.csv", cells);
+    let (hub_url, hub_served) = hub();
+
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let server = format!("http://127.0.0.1:{port}");
     let listen = format!("127.0.0.1:{port}");
-    let env: Vec<(&str, String)> = moto.env();
+    let mut env: Vec<(&str, String)> = moto.env();
+    env.extend(gcs.env());
+    env.extend(azurite.env());
+    env.push(("HF_ENDPOINT", hub_url));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let up = Proc::spawn(
         "up",
@@ -1095,56 +1151,140 @@ fn inputs_from_s3_and_results_back_to_s3() {
     wait_ready(&server, &[&up]);
     let file = write(
         dir.path(),
-        "s3.yaml",
-        "version: v1\nname: s3-in-out\nvolumes:\n  data:\n    size: 1GiB\n    ingress:\n      - {source: \"s3://inputs/run-1/\", destination: /in/}\n    egress:\n      - {source: /out/, destination: \"s3://results/run-1/\"}\njobs:\n  count:\n    image: host\n    command: [sh, -c, \"mkdir -p $MERIDIAN_VOLUME_DATA/out && wc -l < $MERIDIAN_VOLUME_DATA/in/cells.csv > $MERIDIAN_VOLUME_DATA/out/count.txt\"]\n    mounts: {data: /data}\n",
+        "stores.yaml",
+        r#"version: v1
+name: every-store
+volumes:
+  data:
+    size: 1GiB
+    ingress:
+      - {source: "s3://inputs/run-1/", destination: /in/s3/}
+      - {source: "gs://inputs/cells.csv", destination: /in/gs/}
+      - {source: "az://inputs/cells.csv", destination: /in/az/}
+      - {source: "hf://org/tiny", destination: /model/}
+    egress:
+      - {source: /out/, destination: "s3://results/run-1/"}
+      - {source: /out/, destination: "gs://results/run-1/"}
+      - {source: /out/, destination: "az://results/run-1/"}
+jobs:
+  count:
+    image: host
+    command: [sh, -c, "cd $MERIDIAN_VOLUME_DATA && mkdir -p out && cat in/s3/cells.csv in/gs/cells.csv in/az/cells.csv model/config.json | wc -l > out/count.txt"]
+    mounts: {data: /data}
+"#,
     );
-    let status = submit_wait(&server, &file);
-    assert_eq!(status["state"], "finished", "{status:#}\n{}", up.output());
-    assert!(
-        status["reason"].is_null(),
-        "nothing left to wait for: {status:#}"
-    );
+    let transfers = |id: &str| -> Vec<(String, u64, bool)> {
+        let events = cli_json(&server, &["events", id]);
+        let mut requested = std::collections::HashMap::new();
+        let mut done = Vec::new();
+        for e in events["events"].as_array().unwrap() {
+            let p = &e["payload"];
+            match p["type"].as_str() {
+                Some("transfer.requested.v1") => {
+                    let source = p["source"]["uri"]
+                        .as_str()
+                        .or(p["destination"]["uri"].as_str())
+                        .unwrap_or_default()
+                        .to_string();
+                    requested.insert(e["aggregate"]["id"].to_string(), source);
+                }
+                Some("transfer.completed.v1") => done.push((
+                    requested[&e["aggregate"]["id"].to_string()].clone(),
+                    p["bytes"].as_u64().unwrap(),
+                    p["cached"].as_bool().unwrap_or(false),
+                )),
+                _ => {}
+            }
+        }
+        done.sort();
+        done
+    };
+
+    let first = submit_wait(&server, &file);
+    assert_eq!(first["state"], "finished", "{first:#}\n{}", up.output());
+    let count =
+        |bytes: Option<Vec<u8>>| bytes.map(|b| String::from_utf8_lossy(&b).trim().to_string());
+    let expected = Some("12".to_string());
+    assert_eq!(count(moto.get("results", "run-1/count.txt")), expected);
+    assert_eq!(count(gcs.get("results", "run-1/count.txt")), expected);
+    assert_eq!(count(azurite.get("results", "run-1/count.txt")), expected);
+    let id = first["id"].as_str().unwrap();
+    let out = |store: &str| (format!("{store}://results/run-1/"), 3, false);
     assert_eq!(
-        moto.get("results", "run-1/count.txt")
-            .map(|b| String::from_utf8_lossy(&b).trim().to_string()),
-        Some("3".to_string()),
-        "the result is in the bucket"
+        transfers(id),
+        [
+            ("az://inputs/cells.csv".to_string(), 19, false),
+            ("gs://inputs/cells.csv".to_string(), 19, false),
+            ("hf://org/tiny".to_string(), 16, false),
+            ("s3://inputs/run-1/".to_string(), 19, false),
+            out("az"),
+            out("gs"),
+            out("s3"),
+        ]
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>(),
+        "four copies in, three out"
     );
-    let id = status["id"].as_str().unwrap();
-    let events = cli_json(&server, &["events", id]);
-    let copies: Vec<u64> = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["payload"]["type"] == "transfer.completed.v1")
-        .map(|e| e["payload"]["bytes"].as_u64().unwrap())
-        .collect();
-    assert_eq!(copies, [19, 2], "one copy in, one out: {events:#}");
-    // The copy out is on the bill, by its bytes (2 B is 0.000000002 GB), at the local
-    // site's egress price.
+    // `meridian status` lists the copies with their bytes.
+    let status = cli_json(&server, &["status", id]);
+    let copies = status["transfers"].as_array().unwrap();
+    assert_eq!(copies.len(), 7, "{status:#}");
+    assert!(
+        copies.iter().all(|t| t["state"] == "completed"),
+        "{status:#}"
+    );
+    // The copies out are on the bill by their bytes (3 B each, 0.000000003 GB), at the
+    // local site's egress price.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let bill = cli_json(&server, &["bill", id]);
-        let egress: Vec<&serde_json::Value> = bill["lines"]
+        let egress: rust_decimal::Decimal = bill["lines"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|l| l["category"] == "egress")
-            .collect();
-        if let [line] = egress.as_slice() {
-            assert_eq!(line["quantity"], "0.000000002", "{line:#}");
+            .map(|l| {
+                l["quantity"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<rust_decimal::Decimal>()
+                    .unwrap()
+            })
+            .sum();
+        if egress == "0.000000009".parse().unwrap() {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no egress line: {bill:#}"
+            "the egress lines do not add up to 9 bytes: {bill:#}"
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    assert_eq!(hub_served.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // The same workflow again: every input comes from the site's cache.
+    let second = submit_wait(&server, &file);
+    assert_eq!(second["state"], "finished", "{second:#}\n{}", up.output());
+    let again = transfers(second["id"].as_str().unwrap());
+    let ins: Vec<&(String, u64, bool)> =
+        again.iter().filter(|t| !t.0.contains("results")).collect();
+    assert_eq!(ins.len(), 4, "{again:?}");
+    assert!(
+        ins.iter().all(|t| t.2),
+        "every input from the cache: {again:?}"
+    );
+    assert_eq!(
+        hub_served.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the model was not fetched again"
+    );
 }
 
 /// A slow HTTP source: `/slow.bin` is 64 KiB of `x` sent in 32 pieces a tenth of a
-/// second apart. Returns its URL and how many requests it has had.
+/// second apart. Returns its URL and how many GETs it has had (a HEAD, which the data
+/// mover sends to tell the version of a source, gets the headers alone).
 fn slow_source() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1154,16 +1294,21 @@ fn slow_source() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
-            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let seen = seen.clone();
             std::thread::spawn(move || {
                 let mut buf = [0u8; 2048];
-                let _ = stream.read(&mut buf);
+                let n = stream.read(&mut buf).unwrap_or(0);
+                let head = buf[..n].starts_with(b"HEAD");
                 let piece = vec![b'x'; 2048];
                 let _ = write!(
                     stream,
                     "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                     piece.len() * 32
                 );
+                if head {
+                    return;
+                }
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 for _ in 0..32 {
                     if stream.write_all(&piece).is_err() {
                         return;
@@ -1225,7 +1370,8 @@ fn a_kill_mid_ingress_copies_again_under_the_same_transfer() {
         .unwrap()
         .iter()
         .filter_map(|e| e["payload"]["type"].as_str())
-        .filter(|k| k.starts_with("transfer."))
+        // Progress reports come and go with the copy; they bill nothing.
+        .filter(|k| k.starts_with("transfer.") && *k != "transfer.progressed.v1")
         .collect();
     assert_eq!(
         kinds,

@@ -298,6 +298,7 @@ impl Log {
                 started_at,
                 ended_at,
                 egress: tariff,
+                cached: false,
             }
             .into()],
         )
