@@ -29,6 +29,9 @@ pub struct ScriptOptions<'a> {
     pub container_runtime: Option<&'a str>,
     /// The scheduler, for messages ("Slurm", "PBS").
     pub scheduler: &'a str,
+    /// The directory every compute node shares that holds the site's volumes (each at
+    /// [`crate::volume_dir`]); without one, a job that mounts a volume is refused.
+    pub volume_root: Option<&'a Path>,
 }
 
 /// The job script of `job`: a header, the job's variables then Meridian's (so a job
@@ -94,6 +97,30 @@ fn script(
     {
         script.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
+    // Each volume's directory on the shared file system: made if needed, named to a job
+    // on the host by MERIDIAN_VOLUME_<NAME>, bound at its mount path in a container.
+    let mut binds = Vec::new();
+    for (volume, at) in &job.mounts {
+        let Some(root) = options.volume_root else {
+            return Err(format!(
+                "this {} site has no shared volume path (volume_root in its adapter \
+                 config), so the job cannot mount volume {volume}",
+                options.scheduler
+            ));
+        };
+        let host = crate::volume_dir(root, job.workflow_id, volume)
+            .display()
+            .to_string();
+        script.push_str(&format!("mkdir -p {} || exit 1\n", shell_quote(&host)));
+        if job.container_image().is_none() {
+            script.push_str(&format!(
+                "export {}={}\n",
+                crate::volume_variable(volume),
+                shell_quote(&host)
+            ));
+        }
+        binds.push(format!("{host}:{at}"));
+    }
     if let Some(a) = array {
         script.push_str(&format!("case \"${}\" in\n", a.index_var));
         for (site_index, task) in &a.tasks {
@@ -126,6 +153,9 @@ fn script(
         argv.push(if command.is_empty() { "run" } else { "exec" }.into());
         if job.cwd.is_some() {
             argv.extend(["--pwd".into(), options.cwd.display().to_string()]);
+        }
+        for bind in &binds {
+            argv.extend(["--bind".into(), bind.clone()]);
         }
         argv.push(if image.contains("://") || image.starts_with('/') {
             image.to_string()

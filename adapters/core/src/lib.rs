@@ -381,6 +381,15 @@ pub trait SiteAdapter: Send + Sync {
     }
 }
 
+/// `MERIDIAN_VOLUME_<NAME>`: where a job on the host finds volume `volume` (its name
+/// upper-cased, `-` as `_`), since a host job cannot see it at its mount path.
+pub fn volume_variable(volume: &str) -> String {
+    format!(
+        "MERIDIAN_VOLUME_{}",
+        volume.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
 /// Where a workflow's volume lives under a site's volume root: one directory per
 /// workflow and volume, the same for the adapter that mounts it and the data mover that
 /// fills it.

@@ -90,11 +90,12 @@ pub(crate) fn plan(
     if job.container_image().is_none() {
         // On the host a volume cannot appear at its mount path without privileges: the
         // job finds its directory in MERIDIAN_VOLUME_<NAME> instead.
-        env.extend(
-            volumes
-                .iter()
-                .map(|(name, host, _)| (volume_variable(name), host.display().to_string())),
-        );
+        env.extend(volumes.iter().map(|(name, host, _)| {
+            (
+                meridian_adapter_core::volume_variable(name),
+                host.display().to_string(),
+            )
+        }));
     }
 
     let Some(image) = job.container_image() else {
@@ -198,14 +199,6 @@ fn volume_dirs(job: &JobRequest, dir: &Path) -> Result<Vec<(String, PathBuf, Str
             Ok((volume.clone(), host, path.clone()))
         })
         .collect()
-}
-
-/// `MERIDIAN_VOLUME_<NAME>`: the volume's name upper-cased, `-` as `_`.
-pub(crate) fn volume_variable(volume: &str) -> String {
-    format!(
-        "MERIDIAN_VOLUME_{}",
-        volume.to_ascii_uppercase().replace('-', "_")
-    )
 }
 
 fn plan_host(

@@ -44,6 +44,12 @@ pub struct PbsConfig {
     /// 0 or 1 sends each task alone.
     #[serde(default = "default_max_array_size")]
     pub max_array_size: u32,
+    /// A directory every execution host and this machine share (a parallel file system)
+    /// that holds the site's volumes, each at `<volume_root>/<workflow>/<volume>`. The
+    /// data mover writes a job's inputs there before it starts and copies its outputs out
+    /// from there. Without one, a job that mounts a volume is refused.
+    #[serde(default)]
+    pub volume_root: Option<PathBuf>,
 }
 
 fn default_timeout() -> Duration {
@@ -67,6 +73,7 @@ impl PbsConfig {
             lock_dir: None,
             command_timeout: default_timeout(),
             max_array_size: default_max_array_size(),
+            volume_root: None,
         }
     }
 

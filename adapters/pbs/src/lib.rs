@@ -300,6 +300,11 @@ impl SiteAdapter for PbsAdapter {
         (self.config.max_array_size > 1).then_some(self.config.max_array_size)
     }
 
+    /// The shared `volume_root`, which this machine reaches.
+    fn volume_root(&self) -> Option<std::path::PathBuf> {
+        self.config.volume_root.clone()
+    }
+
     /// One `qsub -J` tagged with the batch; each task's id is its subjob's. A batch of
     /// one task goes as a plain job (PBS ranges hold two subjobs or more).
     async fn submit_array(&self, array: &ArrayRequest) -> Result<Vec<BackendJobId>, AdapterError> {

@@ -190,6 +190,7 @@ fn script_options<'a>(title: &'a str, config: &'a PbsConfig, cwd: &'a Path) -> S
         cwd,
         container_runtime: config.container_runtime.as_deref(),
         scheduler: "PBS",
+        volume_root: config.volume_root.as_deref(),
     }
 }
 

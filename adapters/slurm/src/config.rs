@@ -44,6 +44,13 @@ pub struct SlurmConfig {
     /// most 1000), which holds them to the array's cap. 0 or 1 sends each task alone.
     #[serde(default = "default_max_array_size")]
     pub max_array_size: u32,
+    /// A directory every compute node shares (a parallel file system) that holds the
+    /// site's volumes, each at `<volume_root>/<workflow>/<volume>`. The data mover writes
+    /// a job's inputs there before it starts and copies its outputs out from there (for
+    /// a site driven from this machine; over SSH it cannot reach it). Without one, a job
+    /// that mounts a volume is refused.
+    #[serde(default)]
+    pub volume_root: Option<PathBuf>,
 }
 
 fn default_max_array_size() -> u32 {
@@ -131,6 +138,7 @@ impl SlurmConfig {
             lock_dir: None,
             poll: PollConfig::default(),
             max_array_size: default_max_array_size(),
+            volume_root: None,
         }
     }
 

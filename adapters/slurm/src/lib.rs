@@ -218,6 +218,15 @@ impl SiteAdapter for SlurmAdapter {
         (self.config.max_array_size > 1).then_some(self.config.max_array_size)
     }
 
+    /// The shared `volume_root`, when the site is driven from this machine (over SSH the
+    /// data mover cannot reach it).
+    fn volume_root(&self) -> Option<std::path::PathBuf> {
+        match self.config.ssh {
+            None => self.config.volume_root.clone(),
+            Some(_) => None,
+        }
+    }
+
     /// One `sbatch --array=…%cap` tagged with the batch; each task's id is
     /// `<array job>_<index>`, which every Slurm command takes.
     async fn submit_array(&self, array: &ArrayRequest) -> Result<Vec<BackendJobId>, AdapterError> {

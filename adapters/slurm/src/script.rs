@@ -183,6 +183,7 @@ fn script_options<'a>(title: &'a str, config: &'a SlurmConfig, cwd: &'a Path) ->
         cwd,
         container_runtime: config.container_runtime.as_deref(),
         scheduler: "Slurm",
+        volume_root: config.volume_root.as_deref(),
     }
 }
 
@@ -398,6 +399,50 @@ mod tests {
         let mut j = job();
         j.command.clear();
         assert!(plan(&j, &SlurmConfig::cli("/w")).is_err());
+    }
+
+    #[test]
+    fn volumes_live_on_the_shared_path_or_the_job_is_refused() {
+        let mut j = job();
+        j.mounts = BTreeMap::from([("train-data".into(), "/data".into())]);
+        match plan(&j, &SlurmConfig::cli("/w")) {
+            Err(AdapterError::Rejected(why)) => assert!(
+                why.contains("volume_root") && why.contains("train-data"),
+                "{why}"
+            ),
+            other => panic!("a volume with nowhere to live: {other:?}"),
+        }
+        let mut config = SlurmConfig::cli("/w");
+        config.volume_root = Some("/shared/vols".into());
+        config.container_runtime = Some("apptainer".into());
+        let host = format!("/shared/vols/{}/train-data", Uuid::max());
+        let p = plan(&j, &config).unwrap();
+        assert!(
+            p.script.contains(&format!("mkdir -p {host} || exit 1\n")),
+            "{}",
+            p.script
+        );
+        assert!(
+            p.script
+                .contains(&format!("export MERIDIAN_VOLUME_TRAIN_DATA={host}\n")),
+            "{}",
+            p.script
+        );
+        // In a container the volume is bound at its mount path.
+        j.image = Some("docker://busybox".into());
+        let p = plan(&j, &config).unwrap();
+        assert!(
+            p.script.contains(&format!(
+                "exec apptainer exec --bind {host}:/data docker://busybox"
+            )),
+            "{}",
+            p.script
+        );
+        assert!(
+            !p.script.contains("export MERIDIAN_VOLUME_"),
+            "{}",
+            p.script
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! End to end on a real Slurm (Debian's 22.05, started by `infra/slurm/start.sh` when it
 //! is not running): `meridian up` with a Slurm site from a catalogue file, a workflow
-//! with a DAG, a task array and a failing job, and a restart of Meridian mid-run.
+//! with a DAG, a task array and a failing job, a restart of Meridian mid-run, and a
+//! volume on the site's shared path that the data mover fills and copies out.
 
 mod common;
 
@@ -37,8 +38,9 @@ fn start(dir: tempfile::TempDir, port: u16) -> SlurmUp {
         dir.path(),
         "slurm.yaml",
         &format!(
-            "mode: {{kind: cli}}\npartition: debug\nwork_dir: {}\n",
-            work.display()
+            "mode: {{kind: cli}}\npartition: debug\nwork_dir: {}\nvolume_root: {}\n",
+            work.display(),
+            dir.path().join("shared-volumes").display()
         ),
     );
     write(dir.path(), "hpc.yaml", CATALOG);
@@ -376,4 +378,47 @@ services:
     );
     let bill = bill(&up.server, &id, 2);
     assert_eq!(billed_runs(&bill).len(), 2, "{bill:#}");
+}
+
+/// The site's `volume_root` is a shared path the data mover writes to: an input comes in
+/// there before the job starts, the job on a Slurm node reads it through
+/// `MERIDIAN_VOLUME_DATA` and writes a result, and the result is copied out.
+#[test]
+fn a_volume_on_the_shared_path_is_filled_before_the_job_and_copied_out_after() {
+    ensure_slurm();
+    let up = start(tempfile::tempdir().unwrap(), free_port());
+    let input = write(up.dir.path(), "cells.csv", "id\n1\n2\n3\n");
+    let results = up.dir.path().join("results");
+    let file = write(
+        up.dir.path(),
+        "volume.yaml",
+        &format!(
+            "version: v1\nname: shared-volume\nvolumes:\n  data:\n    size: 1GiB\n    ingress:\n      - {{source: \"file://{}\", destination: /in/}}\n    egress:\n      - {{source: /out/, destination: \"file://{}/\"}}\njobs:\n  count:\n    image: host\n    command: [sh, -c, \"mkdir -p $MERIDIAN_VOLUME_DATA/out && wc -l < $MERIDIAN_VOLUME_DATA/in/cells.csv > $MERIDIAN_VOLUME_DATA/out/n.txt\"]\n    mounts: {{data: /data}}\n    resources: {{cpus: 1, memory: 256MiB, walltime: 5m}}\n",
+            input.display(),
+            results.display()
+        ),
+    );
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    assert_eq!(
+        std::fs::read_to_string(results.join("n.txt"))
+            .unwrap()
+            .trim(),
+        "4",
+        "the job read the input on the shared path, and its result came out"
+    );
+    let id = status["id"].as_str().unwrap();
+    let events = cli_json(&up.server, &["events", id]);
+    let copies = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["payload"]["type"] == "transfer.completed.v1")
+        .count();
+    assert_eq!(copies, 2, "one copy in, one out: {events:#}");
 }
