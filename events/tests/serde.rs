@@ -447,6 +447,12 @@ fn every_event() -> Vec<Event> {
             bytes_expected: Some(1_000),
         }
         .into(),
+        TransferEvent::Progressed {
+            workflow_id: wf,
+            bytes_done: 512,
+            bytes_total: Some(1_000),
+        }
+        .into(),
         TransferEvent::Completed {
             workflow_id: wf,
             bytes: 1_000,
@@ -468,12 +474,6 @@ fn every_event() -> Vec<Event> {
                 }],
             }),
             cached: true,
-        }
-        .into(),
-        TransferEvent::Progressed {
-            workflow_id: wf,
-            bytes_done: 512,
-            bytes_total: Some(1_000),
         }
         .into(),
         TransferEvent::Failed {

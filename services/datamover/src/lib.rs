@@ -100,7 +100,7 @@ impl DataMover {
             transfers: Default::default(),
             busy: Default::default(),
             retry_after: Duration::from_secs(1),
-            progress_every: Duration::from_secs(2),
+            progress_every: Duration::from_secs(1),
             sites: None,
         }
     }
@@ -141,7 +141,7 @@ impl DataMover {
     }
 
     /// How often a copy under way records how far it has got (`transfer.progressed.v1`);
-    /// two seconds by default.
+    /// every second by default.
     pub fn with_progress_every(mut self, every: Duration) -> DataMover {
         self.progress_every = every.max(Duration::from_millis(10));
         self

@@ -569,6 +569,7 @@ async fn answers_status_before_and_after_projection(b: &mut Bench) {
             "tasks": {"total": 1, "pending": 1, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0},
             "jobs": [],
             "jobs_truncated": false,
+            "transfers": [],
         })
     );
     let submitted_at = res.body["submitted_at"].as_str().unwrap();
