@@ -344,7 +344,7 @@ fn gb(bytes: u64) -> Decimal {
 }
 
 /// How egress prices class a copy from `from` to `to`.
-fn destination(from: &SiteEntry, to: &SiteEntry) -> Destination {
+pub fn destination(from: &SiteEntry, to: &SiteEntry) -> Destination {
     if from.region == to.region {
         Destination::SameRegion
     } else if from.kind == to.kind {

@@ -360,3 +360,169 @@ fn an_export_not_due_is_refused_and_a_failed_one_fails_the_workflow() {
         ]);
     assert_eq!(wf.state(), Some(WorkflowState::Failed));
 }
+
+/// A split workflow: `prep` at hpc-eu fills `data`, which moves to `gpu-site` before
+/// `train` runs there, and goes out from there.
+fn split_events() -> Vec<WorkflowEvent> {
+    use meridian_events::vocabulary::workflow::{JobPlacement, SplitPlan, Verdict, VolumeMove};
+    let spec: meridian_spec::Workflow = serde_json::from_value(json!({
+        "version": "v1",
+        "name": "split",
+        "placement": {"split": true},
+        "volumes": {
+            "data": {"size": "1GiB", "egress": [{"source": "/model/", "destination": "s3://out/"}]}
+        },
+        "jobs": {
+            "prep": {"image": "host", "command": ["true"], "mounts": {"data": "/data"}},
+            "train": {"requires": ["prep"], "image": "host", "command": ["true"], "mounts": {"data": "/data"}}
+        }
+    }))
+    .unwrap();
+    let WorkflowEvent::PlacementDecided {
+        attempt,
+        site,
+        region,
+        rate,
+        job_rates,
+        storage_rate,
+        estimated_cost,
+        mut explanation,
+        storage_rates,
+        ..
+    } = placed_event(1)
+    else {
+        unreachable!()
+    };
+    let job = |job: &str, site: &str| JobPlacement {
+        job: job.into(),
+        site: site.into(),
+        offer: "node".into(),
+        compute: rust_decimal::Decimal::ONE,
+    };
+    explanation.split = Some(SplitPlan {
+        verdict: Verdict::Chosen,
+        jobs: vec![job("prep", "hpc-eu"), job("train", "gpu-site")],
+        moves: vec![VolumeMove {
+            volume: "data".into(),
+            from: "hpc-eu".into(),
+            to: "gpu-site".into(),
+            bytes: 1 << 30,
+            before_job: "train".into(),
+            cost: rust_decimal::Decimal::ZERO,
+        }],
+        cost: None,
+    });
+    explanation.candidates.iter_mut().for_each(|c| {
+        if c.verdict == Verdict::Chosen {
+            c.verdict = Verdict::Fitted;
+        }
+    });
+    let at_site = |site: &str| WorkflowEvent::VolumeAllocated {
+        volume: "data".into(),
+        class: StorageClass::Volume,
+        site: site.into(),
+        bytes: 1 << 30,
+        rate: storage_rate.clone(),
+        allocated_at: at(0, 1),
+    };
+    vec![
+        WorkflowEvent::Submitted {
+            workflow_id: id(WORKFLOW),
+            name: "split".into(),
+            spec,
+            submitted_by: "ada".into(),
+            idempotency_key: None,
+            parent_workflow_id: None,
+        },
+        WorkflowEvent::PlacementDecided {
+            attempt,
+            site,
+            region,
+            rate,
+            job_rates,
+            storage_rate: storage_rate.clone(),
+            estimated_cost,
+            explanation,
+            job_sites: std::collections::BTreeMap::from([("train".into(), "gpu-site".into())]),
+            storage_rates: storage_rates
+                .into_iter()
+                .chain([("gpu-site".to_string(), storage_rate.clone())])
+                .collect(),
+        },
+        at_site("hpc-eu"),
+        at_site("gpu-site"),
+    ]
+}
+
+#[test]
+fn a_volume_moves_to_the_next_site_once_the_jobs_that_fill_it_are_done() {
+    let wf = given::<Workflow>(split_events()).state().clone();
+    let the_move = wf.volume_move("data", "gpu-site").cloned().expect("a move");
+    assert_eq!(the_move.from, "hpc-eu");
+    assert!(
+        wf.volume_move("data", "hpc-eu").is_none(),
+        "nothing moves in at the start"
+    );
+    // prep runs without waiting: its site has no move in and the volume no ingress.
+    assert_eq!(wf.runnable_jobs(), vec![TaskRef::new("prep", None)]);
+    assert!(!wf.move_ready(&the_move), "prep has not run yet");
+    // The copy out goes from where the volume ends, not from where it moved on.
+    assert_eq!(
+        wf.egress_pending(),
+        vec![meridian_events::vocabulary::workflow::VolumeAt {
+            volume: "data".into(),
+            site: "gpu-site".into(),
+        }]
+    );
+
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::ReleaseJob {
+                job: "prep".into(),
+                index: None,
+                job_id: id(30),
+                site: "hpc-eu".into(),
+            },
+            at(0, 2),
+        )
+        .then_ok()
+        .1;
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::SettleJob {
+                job_id: id(30),
+                outcome: JobOutcome::Succeeded,
+            },
+            at(0, 3),
+        )
+        .then_ok()
+        .1;
+    assert!(wf.move_ready(&the_move), "prep is done");
+    // train waits for the moved data, and says so.
+    assert!(wf.runnable_jobs().is_empty());
+    assert_eq!(
+        wf.waiting_for_data(),
+        Some((
+            "train".into(),
+            DataWait::Staging {
+                volume: "data".into(),
+                site: "gpu-site".into()
+            }
+        ))
+    );
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::RecordVolumeStaged {
+                volume: "data".into(),
+                site: "gpu-site".into(),
+                transfers: vec![id(71)],
+            },
+            at(0, 4),
+        )
+        .then(vec![WorkflowEvent::VolumeStaged {
+            volume: "data".into(),
+            site: "gpu-site".into(),
+            transfers: vec![id(71)],
+        }]);
+    assert_eq!(wf.runnable_jobs(), vec![TaskRef::new("train", None)]);
+}

@@ -27,7 +27,7 @@ use super::Aggregate;
 use crate::envelope::AggregateKind;
 use crate::money::{ComputeRate, Currency, Money, StorageRate};
 use crate::vocabulary::workflow::{
-    PlacementExplanation, SiteRejection, StorageClass, Verdict, VolumeAt,
+    PlacementExplanation, SiteRejection, StorageClass, Verdict, VolumeAt, VolumeMove,
 };
 use crate::vocabulary::{ArrayBatch, JobOutcome, TaskRef, WorkflowEvent, MAX_ARRAY_BATCH};
 
@@ -225,7 +225,7 @@ pub enum WorkflowError {
     NoEgressDue { volume: String, site: String },
     #[error("volume {volume:?} at {site} was already copied out")]
     AlreadyExported { volume: String, site: String },
-    #[error("volume {volume:?} declares no ingress")]
+    #[error("volume {volume:?} declares no ingress, and no move brings it to that site")]
     NoIngress { volume: String },
     #[error("the ingress of volume {volume:?} at {site} was already recorded")]
     AlreadyStaged { volume: String, site: String },
@@ -284,6 +284,8 @@ pub struct CurrentPlacement {
     /// Jobs that run away from `site` (a split workflow).
     pub job_sites: BTreeMap<String, String>,
     pub storage_rates: BTreeMap<String, StorageRate>,
+    /// Volumes copied from one site to another between jobs (the chosen split plan's).
+    pub moves: Vec<VolumeMove>,
 }
 
 impl CurrentPlacement {
@@ -563,6 +565,7 @@ impl Workflow {
                 .volumes
                 .get(volume)
                 .is_none_or(|v| v.ingress.is_empty())
+                && self.volume_move(volume, site).is_none()
             {
                 continue;
             }
@@ -611,6 +614,7 @@ impl Workflow {
         let Some(spec) = &self.spec else {
             return Vec::new();
         };
+        let moves = self.placement.as_ref().map(|p| &p.moves[..]).unwrap_or(&[]);
         self.volumes
             .keys()
             .filter(|(volume, _)| {
@@ -618,6 +622,8 @@ impl Workflow {
                     .get(volume)
                     .is_some_and(|v| !v.egress.is_empty())
             })
+            // A volume that moved on from a site goes out from where it ended.
+            .filter(|(volume, site)| !moves.iter().any(|m| m.volume == *volume && m.from == *site))
             .filter(|key| !self.exported.contains(*key))
             .map(|(volume, site)| VolumeAt {
                 volume: volume.clone(),
@@ -633,6 +639,48 @@ impl Workflow {
             .filter(|v| !self.exported.contains(&(v.volume.clone(), v.site.clone())))
             .cloned()
             .collect()
+    }
+
+    /// The copy that brings `volume` to `site` from another site in a split workflow,
+    /// if one does: the data there is what the jobs before it left at the other site,
+    /// not the volume's ingress.
+    pub fn volume_move(&self, volume: &str, site: &str) -> Option<&VolumeMove> {
+        self.placement
+            .as_ref()?
+            .moves
+            .iter()
+            .find(|m| m.volume == volume && m.to == site)
+    }
+
+    /// Whether the jobs whose output `a_move` carries are done: every job at its source
+    /// site that mounts the volume and that the job it is for requires (directly or
+    /// not) has succeeded.
+    pub fn move_ready(&self, a_move: &VolumeMove) -> bool {
+        let (Some(spec), Some(placement)) = (&self.spec, &self.placement) else {
+            return false;
+        };
+        let counts = self.counts();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack: Vec<&str> = self
+            .nodes
+            .get(&a_move.before_job)
+            .map(|n| n.requires.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        while let Some(name) = stack.pop() {
+            if !seen.insert(name) {
+                continue;
+            }
+            let Some(node) = self.nodes.get(name) else {
+                continue;
+            };
+            stack.extend(node.requires.iter().map(String::as_str));
+            let produces = placement.site_for(name) == a_move.from
+                && spec.mounts_of(name).any(|v| v == a_move.volume);
+            if produces && !node.service && !counts[name].all_succeeded() {
+                return false;
+            }
+        }
+        true
     }
 
     /// Whether `volume`'s ingress at `site` is done.
@@ -852,7 +900,22 @@ impl Workflow {
                 (false, false) => None,
             };
         }
-        if counts.keys().any(|job| self.releasable(counts, job, ended)) {
+        // A job that could go but for data on its way (ingress, a move between sites)
+        // goes once it arrives.
+        let awaits_data = |job: &str| {
+            let c = &counts[job];
+            c.pending > 0
+                && c.free_slots() > 0
+                && self.nodes[job]
+                    .requires
+                    .iter()
+                    .all(|r| self.met(counts, r, ended))
+                && matches!(self.data_wait(job), Some(DataWait::Staging { .. }))
+        };
+        if counts
+            .keys()
+            .any(|job| self.releasable(counts, job, ended) || awaits_data(job))
+        {
             return None;
         }
         let failed = self.failed.iter().chain(new_failure);
@@ -1071,6 +1134,7 @@ impl Workflow {
             .volumes
             .get(&volume)
             .is_none_or(|v| v.ingress.is_empty())
+            && self.volume_move(&volume, &site).is_none()
         {
             return Err(WorkflowError::NoIngress { volume });
         }
@@ -1795,9 +1859,14 @@ impl Aggregate for Workflow {
                 storage_rate,
                 job_sites,
                 storage_rates,
+                explanation,
                 ..
             } => {
                 self.placement_attempts = *attempt;
+                let moves = match &explanation.split {
+                    Some(plan) if !job_sites.is_empty() => plan.moves.clone(),
+                    _ => Vec::new(),
+                };
                 self.placement = Some(CurrentPlacement {
                     attempt: *attempt,
                     site: site.clone(),
@@ -1807,6 +1876,7 @@ impl Aggregate for Workflow {
                     storage_rate: storage_rate.clone(),
                     job_sites: job_sites.clone(),
                     storage_rates: storage_rates.clone(),
+                    moves,
                 });
                 if self.state == Some(WorkflowState::Submitted) {
                     self.state = Some(WorkflowState::Placed);

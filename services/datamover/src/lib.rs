@@ -80,6 +80,9 @@ pub struct DataMover {
     transfers: Arc<Mutex<HashMap<TransferKey, (Uuid, bool)>>>,
     /// Holdings being staged or exported now.
     busy: Arc<Mutex<HashSet<(Work, Holding)>>>,
+    /// Holdings whose data comes from another site once the jobs there are done: tried
+    /// again when a job of their workflow settles.
+    waiting: Arc<Mutex<HashSet<Holding>>>,
     retry_after: Duration,
     progress_every: Duration,
     /// The sites this mover answers for; `None`: every site (one mover for the whole
@@ -99,6 +102,7 @@ impl DataMover {
                 .unwrap_or_default(),
             transfers: Default::default(),
             busy: Default::default(),
+            waiting: Default::default(),
             retry_after: Duration::from_secs(1),
             progress_every: Duration::from_secs(1),
             sites: None,
@@ -171,8 +175,19 @@ impl DataMover {
             self.start(work, holding);
         }
         let mut sub = self.log.subscribe(&self.subscription()).await?;
+        // Moves are woken when a job of their workflow settles, and now and then in case
+        // that came while they were being looked at.
+        let mut sweep = tokio::time::interval(Duration::from_secs(5));
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
+                _ = sweep.tick() => {
+                    let waiting: Vec<Holding> =
+                        self.waiting.lock().expect("waiting").drain().collect();
+                    for holding in waiting {
+                        self.start(Work::Stage, holding);
+                    }
+                }
                 commits = sub.next(128, Duration::from_millis(200)) => {
                     for commit in commits? {
                         for raw in commit.events {
@@ -194,6 +209,18 @@ impl DataMover {
                                 Event::Workflow(WorkflowEvent::EgressDue { volumes }) => {
                                     for v in volumes {
                                         self.start(Work::Export, (id, v.volume, v.site));
+                                    }
+                                }
+                                // A job done may be the last one a move waits for.
+                                Event::Workflow(WorkflowEvent::JobSettled { .. }) => {
+                                    let woken: Vec<Holding> = {
+                                        let mut waiting = self.waiting.lock().expect("waiting");
+                                        let woken = waiting.iter().filter(|h| h.0 == id).cloned().collect();
+                                        waiting.retain(|h| h.0 != id);
+                                        woken
+                                    };
+                                    for holding in woken {
+                                        self.start(Work::Stage, holding);
                                     }
                                 }
                                 _ => {}
@@ -311,13 +338,19 @@ impl DataMover {
             progress_every: self.progress_every,
         };
         let busy = self.busy.clone();
+        let waiting = self.waiting.clone();
         tokio::spawn(async move {
             let (workflow, volume, site) = &holding;
             // A log that does not answer is waited for; the copy starts again after it.
             let mut backoff = Duration::from_millis(200);
             loop {
                 match job.carry_out(work, &holding).await {
-                    Ok(()) => break,
+                    Ok(Carried::Done) => break,
+                    Ok(Carried::Waiting) => {
+                        tracing::debug!(%workflow, volume, site, "waits for the jobs whose output it carries");
+                        waiting.lock().expect("waiting").insert(holding.clone());
+                        break;
+                    }
                     Err(e) if e.is_transient() => {
                         tracing::warn!(%workflow, volume, site, error = %e, ?work, "log unavailable; trying again");
                         tokio::time::sleep(backoff).await;
@@ -332,6 +365,30 @@ impl DataMover {
             busy.lock().expect("busy").remove(&(work, holding));
         });
     }
+}
+
+/// Whether a holding's work is done (or no longer wanted), or waits for the jobs whose
+/// output a move between sites carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carried {
+    Done,
+    Waiting,
+}
+
+/// One copy of a holding's work.
+#[derive(Debug, Clone)]
+struct Step {
+    /// What the copy reads: a URL, or a path in the volume for a copy out.
+    copy_from: String,
+    /// Where it goes: a path in the volume, or a URL for a copy out.
+    copy_to: String,
+    source: Endpoint,
+    destination: Endpoint,
+    from: Location,
+    to: Location,
+    tariff: Option<meridian_events::money::EgressTariff>,
+    /// Kept in the site cache (ingress from a URL).
+    cacheable: bool,
 }
 
 /// What one staging needs, apart from the mover.
@@ -351,7 +408,7 @@ impl Staging {
         &self,
         work: Work,
         (workflow_id, volume, site): &Holding,
-    ) -> Result<(), LogError> {
+    ) -> Result<Carried, LogError> {
         let loaded = aggregates::load::<Workflow>(&*self.log, *workflow_id).await?;
         let wf = &loaded.state;
         let wanted = match work {
@@ -366,7 +423,16 @@ impl Staging {
                 .iter()
                 .any(|v| v.volume == *volume && v.site == *site),
         };
-        let steps = wf
+        // A volume that comes from another site of a split workflow is copied from there
+        // once the jobs that fill it are done, instead of taking its ingress.
+        let moved = match work {
+            Work::Stage => wf.volume_move(volume, site).cloned(),
+            Work::Export => None,
+        };
+        if wanted && moved.as_ref().is_some_and(|m| !wf.move_ready(m)) {
+            return Ok(Carried::Waiting);
+        }
+        let declared = wf
             .spec()
             .and_then(|s| s.volumes.get(volume))
             .map(|v| match work {
@@ -374,8 +440,8 @@ impl Staging {
                 Work::Export => v.egress.clone(),
             })
             .unwrap_or_default();
-        if !wanted || steps.is_empty() {
-            return Ok(());
+        if !wanted || (declared.is_empty() && moved.is_none()) {
+            return Ok(Carried::Done);
         }
         let tenant = loaded
             .history
@@ -385,57 +451,110 @@ impl Staging {
             correlation_id: *workflow_id,
             ..EventContext::new_chain(tenant)
         };
-        let done = |outcome| self.record(work, &ctx, *workflow_id, volume, site, outcome);
+        let done = async |outcome| {
+            self.record(work, &ctx, *workflow_id, volume, site, outcome)
+                .await
+                .map(|()| Carried::Done)
+        };
+        let unreachable = |site: &str, verb: &str, what: &str| {
+            format!(
+                "the data mover cannot {verb} site {site}'s storage: {what} reaches only sites \
+                 whose volumes its machine holds (the local site, and Slurm or PBS sites with \
+                 a volume_root)"
+            )
+        };
         let Some(root) = self.roots.get(site) else {
             let (verb, what) = match work {
                 Work::Stage => ("write to", "ingress"),
                 Work::Export => ("read", "egress"),
             };
-            return done(Err(format!(
-                "the data mover cannot {verb} site {site}'s storage: {what} reaches only sites \
-                 on its own machine (the local site) for now"
-            )))
-            .await;
+            return done(Err(unreachable(site, verb, what))).await;
         };
         let dir = meridian_adapter_core::volume_dir(root, *workflow_id, volume);
-        // Data leaving the site is billed at its egress price in force now.
-        let tariff = match work {
-            Work::Stage => None,
-            Work::Export => meridian_domain::Catalog::load(&*self.log)
-                .await?
-                .find(site)
-                .and_then(|s| s.prices_at(Utc::now()).map(|p| p.egress_tariff())),
+        let in_volume = |site: &str, path: &str| Endpoint::SitePath {
+            site: site.to_string(),
+            path: format!("{volume}:{path}"),
+        };
+        let at = |site: &str| Location::Site {
+            site: site.to_string(),
+        };
+        let internet = Location::Region {
+            region: "internet".into(),
+        };
+        // Data leaving a site is billed at its egress price in force now: to the internet
+        // for a copy out, by destination class for a move between sites.
+        let catalog = match (work, &moved) {
+            (Work::Stage, None) => None,
+            _ => Some(meridian_domain::Catalog::load(&*self.log).await?),
+        };
+        let tariff_from = |from: &str, to: Option<&str>| {
+            let catalog = catalog.as_ref()?;
+            let source = catalog.find(from)?;
+            let prices = source.prices_at(Utc::now())?;
+            Some(match to.and_then(|to| catalog.find(to)) {
+                Some(to) => {
+                    prices.egress_tariff_to(meridian_domain::placement::destination(source, to))
+                }
+                None => prices.egress_tariff(),
+            })
+        };
+        let steps: Vec<Step> = match (&moved, work) {
+            (Some(m), _) => {
+                let Some(from_root) = self.roots.get(&m.from) else {
+                    return done(Err(unreachable(&m.from, "read", "a move between sites"))).await;
+                };
+                let from_dir = meridian_adapter_core::volume_dir(from_root, *workflow_id, volume);
+                vec![Step {
+                    copy_from: format!("file://{}", from_dir.display()),
+                    copy_to: "/".into(),
+                    source: in_volume(&m.from, "/"),
+                    destination: in_volume(site, "/"),
+                    from: at(&m.from),
+                    to: at(site),
+                    tariff: tariff_from(&m.from, Some(site)),
+                    cacheable: false,
+                }]
+            }
+            (None, Work::Stage) => declared
+                .iter()
+                .map(|step| Step {
+                    copy_from: step.source.clone(),
+                    copy_to: step.destination.clone(),
+                    source: Endpoint::Uri {
+                        uri: step.source.clone(),
+                    },
+                    destination: in_volume(site, &step.destination),
+                    from: source_location(&step.source, site),
+                    to: at(site),
+                    tariff: None,
+                    cacheable: true,
+                })
+                .collect(),
+            (None, Work::Export) => declared
+                .iter()
+                .map(|step| Step {
+                    copy_from: step.source.clone(),
+                    copy_to: step.destination.clone(),
+                    source: in_volume(site, &step.source),
+                    destination: Endpoint::Uri {
+                        uri: step.destination.clone(),
+                    },
+                    from: at(site),
+                    to: internet.clone(),
+                    tariff: tariff_from(site, None),
+                    cacheable: false,
+                })
+                .collect(),
         };
         let mut transfers = Vec::new();
         for step in steps {
-            let in_volume = |path: &str| Endpoint::SitePath {
-                site: site.clone(),
-                path: format!("{volume}:{path}"),
-            };
-            let (source, destination, (from, to)) = match work {
-                Work::Stage => (
-                    Endpoint::Uri {
-                        uri: step.source.clone(),
-                    },
-                    in_volume(&step.destination),
-                    (
-                        source_location(&step.source, site),
-                        Location::Site { site: site.clone() },
-                    ),
-                ),
-                Work::Export => (
-                    in_volume(&step.source),
-                    Endpoint::Uri {
-                        uri: step.destination.clone(),
-                    },
-                    (
-                        Location::Site { site: site.clone() },
-                        Location::Region {
-                            region: "internet".into(),
-                        },
-                    ),
-                ),
-            };
+            let Step {
+                source,
+                destination,
+                from,
+                to,
+                ..
+            } = step.clone();
             let key = (*workflow_id, source.clone(), destination.clone());
             let known = self.transfers.lock().expect("transfers").get(&key).copied();
             let id = match known {
@@ -463,13 +582,13 @@ impl Staging {
                     id
                 }
             };
-            tracing::info!(workflow = %workflow_id, volume, site, ?work, source = step.source, destination = step.destination, "copy started");
+            tracing::info!(workflow = %workflow_id, volume, site, ?work, source = step.copy_from, destination = step.copy_to, "copy started");
             let started_at = Utc::now();
             let copied = self
                 .copy(
-                    work,
+                    (work, step.cacheable),
                     (root, &dir),
-                    (&step.source, &step.destination),
+                    (&step.copy_from, &step.copy_to),
                     id,
                     &ctx,
                 )
@@ -489,7 +608,7 @@ impl Staging {
                             to: to.clone(),
                             started_at,
                             ended_at: Utc::now().max(started_at),
-                            egress: tariff.clone(),
+                            egress: step.tariff.clone(),
                             cached,
                         }
                     })
@@ -524,14 +643,19 @@ impl Staging {
     /// Answers what was copied, and whether it came from the site's cache.
     async fn copy(
         &self,
-        work: Work,
+        (work, cacheable): (Work, bool),
         (root, dir): (&Path, &Path),
         (source, destination): (&str, &str),
         transfer: Uuid,
         ctx: &EventContext,
     ) -> Result<(fetch::Copied, bool), fetch::FetchError> {
         let progress = fetch::Progress::default();
-        let step = self.copy_step(work, (root, dir), (source, destination), &progress);
+        let step = self.copy_step(
+            (work, cacheable),
+            (root, dir),
+            (source, destination),
+            &progress,
+        );
         tokio::pin!(step);
         let mut tick = tokio::time::interval(self.progress_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -564,7 +688,7 @@ impl Staging {
     /// answer is asked again, [`TRIES`] times in all.
     async fn copy_step(
         &self,
-        work: Work,
+        (work, cacheable): (Work, bool),
         (root, dir): (&Path, &Path),
         (source, destination): (&str, &str),
         progress: &fetch::Progress,
@@ -572,8 +696,7 @@ impl Staging {
         let cache = cache::SiteCache::at(root);
         let into_dir = destination.ends_with('/');
         let fingerprint = match work {
-            Work::Export => None,
-            Work::Stage => match fetch::fingerprint(&self.http, source).await {
+            Work::Stage if cacheable => match fetch::fingerprint(&self.http, source).await {
                 Ok(f) => f,
                 Err(e) => {
                     // The fetch itself says what is wrong with the source.
@@ -581,6 +704,7 @@ impl Staging {
                     None
                 }
             },
+            _ => None,
         };
         if let Some(fingerprint) = &fingerprint {
             if let Some(entry) = cache.find(source, into_dir, fingerprint).await {

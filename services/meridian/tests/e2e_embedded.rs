@@ -311,8 +311,9 @@ fn quote_prices_a_workflow_offline_against_the_reference() {
 /// Two local sites in one `meridian up`: `local` (2 CPUs, 0.01 per core-hour) and `big`
 /// (8 CPUs, from a catalogue file, 0.05). A workflow that may split runs its 1-CPU step
 /// at `local` and its 4-CPU step at `big`, and the bill charges each at its own site.
-#[test]
-fn a_split_workflow_runs_its_jobs_at_two_sites_and_each_is_billed_there() {
+/// `meridian up` with the local site and a second local site, `big`, from a catalogue
+/// file.
+fn up_with_big_site() -> Up {
     let dir = tempfile::tempdir().unwrap();
     let catalog = write(
         dir.path(),
@@ -338,11 +339,16 @@ sites:
     );
     let adapter = format!("big=local:{}", big.display());
     let catalog = catalog.display().to_string();
-    let up = up_with(
+    up_with(
         dir,
         free_port(),
         &["--catalog", &catalog, "--adapter", &adapter],
-    );
+    )
+}
+
+#[test]
+fn a_split_workflow_runs_its_jobs_at_two_sites_and_each_is_billed_there() {
+    let up = up_with_big_site();
     let server = up.server.clone();
 
     let file = write(
@@ -407,6 +413,85 @@ jobs:
         sum += amount;
     }
     assert_eq!(dec(&bill["totals"][0]["amount"]), sum.normalize());
+}
+
+/// A split workflow's volume follows its jobs: `prep` at `local` writes into `data`,
+/// the data mover copies the volume to `big` once `prep` is done, `crunch` there reads
+/// it and writes a result, and the result goes out from `big`, where the volume ended.
+#[test]
+fn a_split_workflow_moves_its_volume_to_the_next_site_after_the_job_that_fills_it() {
+    let up = up_with_big_site();
+    let results = up.dir.path().join("results");
+    let file = write(
+        up.dir.path(),
+        "split-data.yaml",
+        &format!(
+            r#"
+version: v1
+name: split-data
+placement: {{split: true}}
+volumes:
+  data:
+    size: 1GiB
+    egress: [{{source: /out/, destination: "file://{}/"}}]
+jobs:
+  prep:
+    image: host
+    command: [sh, -c, "mkdir -p $MERIDIAN_VOLUME_DATA/mid && seq 1 7 > $MERIDIAN_VOLUME_DATA/mid/numbers.txt"]
+    mounts: {{data: /data}}
+    resources: {{cpus: 1, memory: 64MiB, walltime: 10m}}
+  crunch:
+    requires: [prep]
+    image: host
+    command: [sh, -c, "mkdir -p $MERIDIAN_VOLUME_DATA/out && wc -l < $MERIDIAN_VOLUME_DATA/mid/numbers.txt > $MERIDIAN_VOLUME_DATA/out/count.txt"]
+    mounts: {{data: /data}}
+    resources: {{cpus: 4, memory: 64MiB, walltime: 10m}}
+"#,
+            results.display()
+        ),
+    );
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    let id = status["id"].as_str().unwrap();
+    let decision = &cli_json(&up.server, &["explain", id])["decisions"][0]["payload"];
+    assert_eq!(decision["job_sites"]["crunch"], "big", "{decision:#}");
+    assert_eq!(
+        std::fs::read_to_string(results.join("count.txt"))
+            .unwrap()
+            .trim(),
+        "7",
+        "crunch at big read what prep wrote at local"
+    );
+    let copies: Vec<(String, String, u64)> = cli_json(&up.server, &["events", id])["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["payload"]["type"] == "transfer.completed.v1")
+        .map(|e| {
+            let p = &e["payload"];
+            let at = |l: &serde_json::Value| {
+                l["site"]
+                    .as_str()
+                    .or(l["region"].as_str())
+                    .unwrap()
+                    .to_string()
+            };
+            (at(&p["from"]), at(&p["to"]), p["bytes"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        copies,
+        [
+            ("local".to_string(), "big".to_string(), 14),
+            ("big".to_string(), "internet".to_string(), 2)
+        ],
+        "the volume moved once, and went out once from where it ended"
+    );
 }
 
 #[test]
