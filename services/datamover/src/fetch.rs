@@ -35,6 +35,8 @@ pub struct Copied {
 #[derive(Debug, Default)]
 pub struct Progress {
     done: AtomicU64,
+    /// Bytes found in parts an earlier copy left, kept rather than fetched again.
+    resumed: AtomicU64,
     total: AtomicU64,
     total_known: AtomicBool,
 }
@@ -50,6 +52,11 @@ impl Progress {
         (done, total)
     }
 
+    /// Bytes kept from parts an earlier copy left (counted in [`Progress::now`] too).
+    pub fn resumed(&self) -> u64 {
+        self.resumed.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn advance(&self, n: u64) {
         self.done.fetch_add(n, Ordering::Relaxed);
     }
@@ -62,6 +69,7 @@ impl Progress {
     /// Starts the count again (a copy tried again from its start).
     pub fn restart(&self) {
         self.done.store(0, Ordering::Relaxed);
+        self.resumed.store(0, Ordering::Relaxed);
         self.total.store(0, Ordering::Relaxed);
         self.total_known.store(false, Ordering::Relaxed);
     }
@@ -183,30 +191,18 @@ pub async fn copy(
         return Ok(one(rel, copied));
     }
     if source.starts_with("https://") || source.starts_with("http://") {
-        let response = http
-            .get(source)
-            .send()
-            .await
-            .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?;
-        let response = answered(source, response)?;
-        let name = response
-            .url()
-            .path_segments()
-            .and_then(|mut s| s.next_back().map(str::to_string))
+        // Named by the URL's last path segment.
+        let name = reqwest::Url::parse(source)
+            .ok()
+            .and_then(|u| u.path_segments()?.next_back().map(str::to_string))
             .filter(|n| !n.is_empty() && n != "." && n != "..")
             .unwrap_or_else(|| "index".into());
         let rel = match into_dir {
             true => name,
             false => String::new(),
         };
-        if let Some(length) = response.content_length() {
-            progress.expect(length);
-        }
-        use futures::TryStreamExt;
-        let chunks = response
-            .bytes_stream()
-            .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")));
-        let copied = write_chunks(chunks, &under(&target, &rel), progress).await?;
+        let copied =
+            get_resumable(source, || http.get(source), &under(&target, &rel), progress).await?;
         return Ok(one(rel, copied));
     }
     if let Some(located) = object_store_for(source)? {
@@ -415,18 +411,32 @@ impl Located {
         Ok(objects)
     }
 
-    /// One object's bytes, as they arrive.
-    async fn get(&self, source: &str, key: &str) -> Result<Chunks, FetchError> {
+    /// One object's bytes from `offset` on, as they arrive, and whether the store sent
+    /// them from there (else from the start).
+    async fn get(
+        &self,
+        source: &str,
+        key: &str,
+        offset: u64,
+    ) -> Result<(Chunks, bool), FetchError> {
         use futures::{StreamExt, TryStreamExt};
         match &self.bucket {
-            Bucket::Gcs(gcs) => Ok(gcs.get(source, key).await?.boxed()),
+            Bucket::Gcs(gcs) => {
+                let (chunks, from_offset) = gcs.get(source, key, offset).await?;
+                Ok((chunks, from_offset))
+            }
             Bucket::Store(store) => {
                 let failed = self.failed(source);
+                let options = object_store::GetOptions {
+                    range: (offset > 0).then_some(object_store::GetRange::Offset(offset)),
+                    ..Default::default()
+                };
                 let got = store
-                    .get(&object_store::path::Path::from(key))
+                    .get_opts(&object_store::path::Path::from(key), options)
                     .await
                     .map_err(&failed)?;
-                Ok(got.into_stream().map_err(failed).boxed())
+                let from_offset = got.range.start == offset;
+                Ok((got.into_stream().map_err(failed).boxed(), from_offset))
             }
         }
     }
@@ -515,8 +525,33 @@ async fn copy_objects(
             true => target.to_path_buf(),
             false => destination(target, &rel)?,
         };
-        let chunks = located.get(source, &object.key).await?;
-        let copied = write_chunks(chunks, &to, progress).await?;
+        // A part left by a copy that stopped is continued while the object is unchanged.
+        let version = format!("{} {}", object.size, object.version);
+        let mut part = Part::open(&to, Some(&version), progress).await?;
+        // A part of the object's whole size was fetched but not yet renamed.
+        if part.bytes == object.size && object.size > 0 {
+            let copied = part.finish().await?;
+            match single {
+                true => return Ok(one(rel, copied)),
+                false => {
+                    tree.add(&rel, copied);
+                    continue;
+                }
+            }
+        }
+        let offset = match part.bytes < object.size {
+            true => part.bytes,
+            false => {
+                part.restart(progress).await?;
+                0
+            }
+        };
+        let (chunks, from_offset) = located.get(source, &object.key, offset).await?;
+        if !from_offset && offset > 0 {
+            part.restart(progress).await?;
+        }
+        part.write(chunks, progress).await?;
+        let copied = part.finish().await?;
         if single {
             return Ok(one(rel, copied));
         }
@@ -616,7 +651,6 @@ async fn copy_hf(
     target: &Path,
     progress: &Progress,
 ) -> Result<Copied, FetchError> {
-    use futures::TryStreamExt;
     let listing = hf_listing(http, source, rest).await?;
     progress.expect(
         listing
@@ -629,56 +663,229 @@ async fn copy_hf(
     for file in &listing.files {
         let path = file["path"].as_str().unwrap_or_default();
         let to = destination(target, path)?;
-        let response = hf_request(
-            http,
-            format!(
-                "{}/{}/resolve/{}/{path}",
-                listing.endpoint, listing.repo, listing.revision
-            ),
-        )
-        .send()
-        .await
-        .map_err(|e| FetchError::Unreachable(format!("{source}: {path}: {e}")))?;
-        if !response.status().is_success() {
-            return Err(hf_answer(source, path, response.status()));
-        }
-        let chunks = response
-            .bytes_stream()
-            .map_err(|e| FetchError::Unreachable(format!("{source}: {path}: {e}")));
-        tree.add(path, write_chunks(chunks, &to, progress).await?);
+        let url = format!(
+            "{}/{}/resolve/{}/{path}",
+            listing.endpoint, listing.repo, listing.revision
+        );
+        let what = format!("{source}: {path}");
+        let copied = get_resumable(&what, || hf_request(http, url.clone()), &to, progress)
+            .await
+            .map_err(|e| match e {
+                FetchError::Source(why) => FetchError::Source(why.replace("the server", "the Hub")),
+                e => e,
+            })?;
+        tree.add(path, copied);
     }
     Ok(tree.done())
 }
 
-/// Writes a stream of chunks to `to`, hashing and counting as it goes.
-async fn write_chunks<S>(
-    mut chunks: S,
+/// A file being written beside its name (`NAME.meridian-part`), renamed once whole.
+/// With the version of the source it is read from (`NAME.meridian-part.version`), a part
+/// left by a copy that stopped is continued rather than started again, when the source
+/// still holds that version.
+struct Part {
+    file: tokio::fs::File,
+    path: PathBuf,
+    to: PathBuf,
+    hash: Sha256,
+    /// Bytes in it so far.
+    bytes: u64,
+}
+
+fn version_of_part(part: &Path) -> PathBuf {
+    let mut name = part.file_name().unwrap_or_default().to_os_string();
+    name.push(".version");
+    part.with_file_name(name)
+}
+
+impl Part {
+    /// The part of `to`: continued when `version` is what an earlier copy left it for
+    /// (its bytes are hashed again and counted as done), else started empty.
+    async fn open(
+        to: &Path,
+        version: Option<&str>,
+        progress: &Progress,
+    ) -> Result<Part, FetchError> {
+        if let Some(dir) = to.parent() {
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(io(dir.display().to_string()))?;
+        }
+        let path = part_of(to);
+        let marker = version_of_part(&path);
+        let left = match version {
+            Some(v) => tokio::fs::read_to_string(&marker)
+                .await
+                .is_ok_and(|left| left == v),
+            None => false,
+        };
+        if left {
+            if let Ok(mut file) = tokio::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&path)
+                .await
+            {
+                let mut hash = Sha256::new();
+                let mut bytes = 0u64;
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = file
+                        .read(&mut buf)
+                        .await
+                        .map_err(io(path.display().to_string()))?;
+                    if n == 0 {
+                        break;
+                    }
+                    hash.update(&buf[..n]);
+                    bytes += n as u64;
+                }
+                progress.advance(bytes);
+                progress.resumed.fetch_add(bytes, Ordering::Relaxed);
+                return Ok(Part {
+                    file,
+                    path,
+                    to: to.to_path_buf(),
+                    hash,
+                    bytes,
+                });
+            }
+        }
+        let file = tokio::fs::File::create(&path)
+            .await
+            .map_err(io(path.display().to_string()))?;
+        match version {
+            Some(v) => tokio::fs::write(&marker, v)
+                .await
+                .map_err(io(marker.display().to_string()))?,
+            None => {
+                let _ = tokio::fs::remove_file(&marker).await;
+            }
+        }
+        Ok(Part {
+            file,
+            path,
+            to: to.to_path_buf(),
+            hash: Sha256::new(),
+            bytes: 0,
+        })
+    }
+
+    /// Empties it (the source sent the whole object after all).
+    async fn restart(&mut self, progress: &Progress) -> Result<(), FetchError> {
+        self.file = tokio::fs::File::create(&self.path)
+            .await
+            .map_err(io(self.path.display().to_string()))?;
+        // What this part counted is not done after all.
+        let uncount = |n: &AtomicU64| {
+            n.fetch_sub(self.bytes.min(n.load(Ordering::Relaxed)), Ordering::Relaxed)
+        };
+        uncount(&progress.done);
+        uncount(&progress.resumed);
+        self.hash = Sha256::new();
+        self.bytes = 0;
+        Ok(())
+    }
+
+    /// Appends a stream of chunks, hashing and counting as it goes.
+    async fn write<S>(&mut self, mut chunks: S, progress: &Progress) -> Result<(), FetchError>
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, FetchError>> + Unpin,
+    {
+        use futures::StreamExt;
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk?;
+            self.hash.update(&chunk);
+            self.bytes += chunk.len() as u64;
+            self.file
+                .write_all(&chunk)
+                .await
+                .map_err(io(self.path.display().to_string()))?;
+            progress.advance(chunk.len() as u64);
+        }
+        Ok(())
+    }
+
+    /// Renames it to its own name, once flushed to disk.
+    async fn finish(self) -> Result<Copied, FetchError> {
+        finish(self.file, &self.path, &self.to).await?;
+        let _ = tokio::fs::remove_file(version_of_part(&self.path)).await;
+        Ok(Copied {
+            bytes: self.bytes,
+            digest: sha256_hex(self.hash),
+            tree: false,
+            files: Vec::new(),
+        })
+    }
+}
+
+/// GETs `url` (built by `request`) into `to`, continuing a part left by a copy that
+/// stopped: with `Range` from its end and `If-Range` on the version it was read at (the
+/// response's ETag, else its Last-Modified), so a source that changed since sends the
+/// whole object again, which starts the part afresh. A source with neither header is
+/// fetched whole each time.
+async fn get_resumable(
+    what: &str,
+    request: impl Fn() -> reqwest::RequestBuilder,
     to: &Path,
     progress: &Progress,
-) -> Result<Copied, FetchError>
-where
-    S: futures::Stream<Item = Result<bytes::Bytes, FetchError>> + Unpin,
-{
-    use futures::StreamExt;
-    let (mut out, part) = create(to).await?;
-    let mut hash = Sha256::new();
-    let mut bytes = 0u64;
-    while let Some(chunk) = chunks.next().await {
-        let chunk = chunk?;
-        hash.update(&chunk);
-        bytes += chunk.len() as u64;
-        out.write_all(&chunk)
-            .await
-            .map_err(io(part.display().to_string()))?;
-        progress.advance(chunk.len() as u64);
+) -> Result<Copied, FetchError> {
+    use futures::TryStreamExt;
+    let part_path = part_of(to);
+    let left = tokio::fs::read_to_string(version_of_part(&part_path))
+        .await
+        .ok();
+    let mut part = Part::open(to, left.as_deref(), progress).await?;
+    let mut get = request();
+    if part.bytes > 0 {
+        get = get
+            .header(reqwest::header::RANGE, format!("bytes={}-", part.bytes))
+            .header(reqwest::header::IF_RANGE, left.clone().unwrap_or_default());
     }
-    finish(out, &part, to).await?;
-    Ok(Copied {
-        bytes,
-        digest: sha256_hex(hash),
-        tree: false,
-        files: Vec::new(),
-    })
+    let mut response = get
+        .send()
+        .await
+        .map_err(|e| FetchError::Unreachable(format!("{what}: {e}")))?;
+    if response.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE && part.bytes > 0 {
+        // The part holds the whole object already, or more: fetch it all again.
+        part.restart(progress).await?;
+        response = request()
+            .send()
+            .await
+            .map_err(|e| FetchError::Unreachable(format!("{what}: {e}")))?;
+    }
+    let response = answered(what, response)?;
+    let resumed = part.bytes > 0 && response.status() == reqwest::StatusCode::PARTIAL_CONTENT;
+    if part.bytes > 0 && !resumed {
+        part.restart(progress).await?;
+    }
+    let header = |name| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let version = header(reqwest::header::ETAG)
+        .filter(|e| !e.starts_with("W/"))
+        .or_else(|| header(reqwest::header::LAST_MODIFIED));
+    // What the part is read at, for a copy that picks it up after a stop.
+    let marker = version_of_part(&part_path);
+    match &version {
+        Some(v) if !resumed => tokio::fs::write(&marker, v)
+            .await
+            .map_err(io(marker.display().to_string()))?,
+        _ => {}
+    }
+    if let Some(length) = response.content_length() {
+        progress.expect(length + part.bytes);
+    }
+    let what = what.to_string();
+    let chunks = response
+        .bytes_stream()
+        .map_err(move |e| FetchError::Unreachable(format!("{what}: {e}")));
+    part.write(chunks, progress).await?;
+    part.finish().await
 }
 
 /// The file's part name while it is written: renamed to its own once whole.
@@ -695,9 +902,7 @@ pub(crate) async fn write_file(
     source: &str,
     progress: &Progress,
 ) -> Result<Copied, FetchError> {
-    let (mut out, part) = create(to).await?;
-    let mut hash = Sha256::new();
-    let mut bytes = 0u64;
+    let mut part = Part::open(to, None, progress).await?;
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         let n = from
@@ -707,33 +912,11 @@ pub(crate) async fn write_file(
         if n == 0 {
             break;
         }
-        hash.update(&buf[..n]);
-        bytes += n as u64;
-        out.write_all(&buf[..n])
-            .await
-            .map_err(io(part.display().to_string()))?;
-        progress.advance(n as u64);
+        let chunk = bytes::Bytes::copy_from_slice(&buf[..n]);
+        part.write(futures::stream::iter([Ok(chunk)]), progress)
+            .await?;
     }
-    finish(out, &part, to).await?;
-    Ok(Copied {
-        bytes,
-        digest: sha256_hex(hash),
-        tree: false,
-        files: Vec::new(),
-    })
-}
-
-async fn create(to: &Path) -> Result<(tokio::fs::File, PathBuf), FetchError> {
-    if let Some(dir) = to.parent() {
-        tokio::fs::create_dir_all(dir)
-            .await
-            .map_err(io(dir.display().to_string()))?;
-    }
-    let part = part_of(to);
-    let file = tokio::fs::File::create(&part)
-        .await
-        .map_err(io(part.display().to_string()))?;
-    Ok((file, part))
+    part.finish().await
 }
 
 async fn finish(mut out: tokio::fs::File, part: &Path, to: &Path) -> Result<(), FetchError> {
@@ -875,7 +1058,7 @@ pub(crate) async fn files_under(dir: &Path) -> Result<Vec<PathBuf>, FetchError> 
             let path = rel.join(entry.file_name());
             if kind.is_dir() {
                 dirs.push(path);
-            } else if kind.is_file() && !path.to_string_lossy().ends_with(".meridian-part") {
+            } else if kind.is_file() && !path.to_string_lossy().contains(".meridian-part") {
                 files.push(path);
             }
         }

@@ -209,26 +209,34 @@ impl GcsBucket {
         }
     }
 
-    /// The object's bytes, as they arrive.
+    /// The object's bytes from `offset` on, as they arrive, and whether they start there
+    /// (a server that ignores the range sends them all).
     pub async fn get(
         &self,
         uri: &str,
         name: &str,
-    ) -> Result<impl futures::Stream<Item = Result<bytes::Bytes, FetchError>> + Unpin, FetchError>
-    {
+        offset: u64,
+    ) -> Result<
+        (
+            futures::stream::BoxStream<'static, Result<bytes::Bytes, FetchError>>,
+            bool,
+        ),
+        FetchError,
+    > {
         let what = format!("gs://{}/{name}", self.bucket);
         let url = format!("{}?alt=media", self.object_url(name));
-        let response = Self::send(
-            uri,
-            &what,
-            self.request(uri, reqwest::Method::GET, url).await?,
-        )
-        .await?;
+        let mut request = self.request(uri, reqwest::Method::GET, url).await?;
+        if offset > 0 {
+            request = request.header(reqwest::header::RANGE, format!("bytes={offset}-"));
+        }
+        let response = Self::send(uri, &what, request).await?;
+        let from_offset = offset == 0 || response.status() == reqwest::StatusCode::PARTIAL_CONTENT;
         let uri = uri.to_string();
-        Ok(response
+        let chunks = response
             .bytes_stream()
             .map_err(move |e| FetchError::Unreachable(format!("{uri}: {e}")))
-            .boxed())
+            .boxed();
+        Ok((chunks, from_offset))
     }
 
     /// Uploads the file at `path` as `name` in a resumable upload, part by part, hashing

@@ -126,6 +126,54 @@ async fn check(root: &str, seed: &dyn Seed) {
         .unwrap();
     assert_eq!(read(back.path(), "again/deep/b.csv"), b"c\n3\n");
 
+    // A copy stopped part-way is continued from where it stopped, not from its start.
+    let large: Vec<u8> = (0..24_000_000u32).map(|i| (i % 241) as u8).collect();
+    seed.put("large.bin", large.clone()).await;
+    let stopped = Progress::default();
+    let large_url = url("large.bin");
+    tokio::select! {
+        _ = copy(&http, &large_url, volume.path(), "/large.bin", &stopped) => {
+            panic!("the copy was to be stopped part-way")
+        }
+        _ = async {
+            while stopped.now().0 < 4_000_000 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        } => {}
+    }
+    // Writes the stopped copy handed off land before the part is read again; then the
+    // part is cut to what a process killed at 5 MB would have left.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let part = volume.path().join("large.bin.meridian-part");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&part)
+        .expect("the stopped copy left its part")
+        .set_len(5_000_000)
+        .unwrap();
+    let again = Progress::default();
+    let resumed = copy(
+        &http,
+        &url("large.bin"),
+        volume.path(),
+        "/large.bin",
+        &again,
+    )
+    .await
+    .expect("the rest of it");
+    assert_eq!(
+        resumed.digest,
+        sha256(&large),
+        "the whole object, checked end to end"
+    );
+    assert_eq!(resumed.bytes, large.len() as u64);
+    assert_eq!(
+        again.resumed(),
+        5_000_000,
+        "the stopped copy's bytes were kept"
+    );
+    assert!(!volume.path().join("large.bin.meridian-part").exists());
+
     match copy(&http, &url("nothing.csv"), volume.path(), "/in/", &none()).await {
         Err(FetchError::Source(why)) => assert!(why.contains(&url("nothing.csv")), "{why}"),
         other => panic!("a missing object is the source's fault: {other:?}"),

@@ -1368,14 +1368,17 @@ jobs:
 }
 
 /// A slow HTTP source: `/slow.bin` is 64 KiB of `x` sent in 32 pieces a tenth of a
-/// second apart. Returns its URL and how many GETs it has had (a HEAD, which the data
-/// mover sends to tell the version of a source, gets the headers alone).
-fn slow_source() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+/// second apart, with an ETag; a GET with `Range: bytes=N-` and that ETag in `If-Range`
+/// gets the rest from N (206). Returns its URL and the offset each GET started at (a
+/// HEAD, which the data mover sends to tell the version of a source, gets the headers
+/// alone and is not counted).
+fn slow_source() -> (String, std::sync::Arc<std::sync::Mutex<Vec<usize>>>) {
     use std::io::{Read, Write};
+    const SIZE: usize = 2048 * 32;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/slow.bin", listener.local_addr().unwrap());
-    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = requests.clone();
+    let gets = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = gets.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
@@ -1383,19 +1386,34 @@ fn slow_source() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
             std::thread::spawn(move || {
                 let mut buf = [0u8; 2048];
                 let n = stream.read(&mut buf).unwrap_or(0);
-                let head = buf[..n].starts_with(b"HEAD");
-                let piece = vec![b'x'; 2048];
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                    piece.len() * 32
-                );
-                if head {
+                let request = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+                let header = |name: &str| {
+                    request
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+                };
+                let from = match (header("range: bytes="), header("if-range:")) {
+                    (Some(range), Some(tag)) if tag == "\"v1\"" => {
+                        range.trim_end_matches('-').parse().unwrap_or(0)
+                    }
+                    _ => 0,
+                };
+                let head = match from {
+                    0 => format!("HTTP/1.1 200 OK\r\ncontent-length: {SIZE}\r\n"),
+                    _ => format!(
+                        "HTTP/1.1 206 Partial Content\r\ncontent-length: {}\r\ncontent-range: bytes {from}-{}/{SIZE}\r\n",
+                        SIZE - from,
+                        SIZE - 1
+                    ),
+                };
+                let _ = write!(stream, "{head}etag: \"v1\"\r\nconnection: close\r\n\r\n");
+                if request.starts_with("head") {
                     return;
                 }
-                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                for _ in 0..32 {
-                    if stream.write_all(&piece).is_err() {
+                seen.lock().unwrap().push(from);
+                let rest = vec![b'x'; SIZE - from];
+                for piece in rest.chunks(2048) {
+                    if stream.write_all(piece).is_err() {
                         return;
                     }
                     std::thread::sleep(std::time::Duration::from_millis(100));
@@ -1403,15 +1421,16 @@ fn slow_source() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
             });
         }
     });
-    (url, requests)
+    (url, gets)
 }
 
 /// A kill -9 of `meridian up` while an ingress copy is under way: the restarted data
-/// mover copies it again under the same transfer, the job then runs once on the whole
-/// file, and the log holds one transfer for the step.
+/// mover continues the copy from where it stopped (a ranged GET) under the same
+/// transfer, the job then runs once on the whole file, and the log holds one transfer
+/// for the step, with the file's bytes counted once.
 #[test]
-fn a_kill_mid_ingress_copies_again_under_the_same_transfer() {
-    let (url, requests) = slow_source();
+fn a_kill_mid_ingress_resumes_under_the_same_transfer() {
+    let (url, gets) = slow_source();
     let mut up = up();
     let file = write(
         up.dir.path(),
@@ -1422,7 +1441,7 @@ fn a_kill_mid_ingress_copies_again_under_the_same_transfer() {
     );
     let id = submit(&up.server, &file);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while requests.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+    while gets.lock().unwrap().is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
             "the copy never started"
@@ -1442,10 +1461,11 @@ fn a_kill_mid_ingress_copies_again_under_the_same_transfer() {
         "{status:#}\n{}",
         up.proc.output()
     );
-    assert_eq!(
-        requests.load(std::sync::atomic::Ordering::SeqCst),
-        2,
-        "fetched again once"
+    let gets = gets.lock().unwrap().clone();
+    assert_eq!(gets.len(), 2, "fetched again once: {gets:?}");
+    assert!(
+        gets[1] > 0 && gets[1] < 65536,
+        "the second GET went on from where the first stopped: {gets:?}"
     );
     let logs = cli_ok(&up.server, &["logs", &id, "size"]);
     assert!(logs.contains("65536"), "the job saw the whole file: {logs}");
@@ -1462,5 +1482,15 @@ fn a_kill_mid_ingress_copies_again_under_the_same_transfer() {
         kinds,
         ["transfer.requested.v1", "transfer.completed.v1"],
         "one transfer, completed once: {events:#}"
+    );
+    let completed = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["payload"]["type"] == "transfer.completed.v1")
+        .unwrap();
+    assert_eq!(
+        completed["payload"]["bytes"], 65536,
+        "the file's bytes, once"
     );
 }
