@@ -353,12 +353,77 @@ fn an_export_not_due_is_refused_and_a_failed_one_fails_the_workflow() {
                 reason: "s3://results/run-1/: access denied".into(),
             },
             WorkflowEvent::Failed {
-                reason: "the outputs in volume results could not be copied out of hpc-eu: s3://results/run-1/: access denied".into(),
+                reason: "the outputs in volume results could not be copied out of hpc-eu: s3://results/run-1/: access denied (they are kept there until a retry copies them out or an admin releases them)".into(),
                 failed_jobs: vec![],
                 failed_at: at(1, 5),
             },
         ]);
     assert_eq!(wf.state(), Some(WorkflowState::Failed));
+    // The outputs stay held (and billed) at the site.
+    assert_eq!(wf.outputs_kept(), vec![results_at()]);
+    assert!(wf.volumes_to_keep().contains(&results_at()));
+
+    // Nothing else is kept to retry; the kept one is due again, and goes out, and the
+    // workflow stays failed.
+    given_state(wf.clone())
+        .when(
+            WorkflowCommand::RetryExport {
+                volume: "scratch".into(),
+            },
+            at(2, 0),
+        )
+        .then_err(|e| matches!(e, WorkflowError::NoOutputsKept { .. }));
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::RetryExport {
+                volume: "results".into(),
+            },
+            at(2, 0),
+        )
+        .then(vec![WorkflowEvent::EgressDue {
+            volumes: vec![results_at()],
+        }]);
+    assert!(wf.outputs_kept().is_empty());
+    assert_eq!(
+        wf.volumes_to_keep(),
+        vec![results_at()],
+        "held while it copies"
+    );
+    let done = given_state(wf.clone())
+        .when(
+            WorkflowCommand::RecordVolumeExported {
+                volume: "results".into(),
+                site: "hpc-eu".into(),
+                transfers: vec![id(81)],
+            },
+            at(2, 1),
+        )
+        .then(vec![WorkflowEvent::VolumeExported {
+            volume: "results".into(),
+            site: "hpc-eu".into(),
+            transfers: vec![id(81)],
+        }]);
+    assert_eq!(done.state(), Some(WorkflowState::Failed));
+    assert!(
+        done.volumes_to_keep().is_empty(),
+        "out: it can be given back"
+    );
+    // A retry that fails again keeps them, without failing the workflow twice.
+    let again = given_state(wf)
+        .when(
+            WorkflowCommand::FailVolumeExport {
+                volume: "results".into(),
+                site: "hpc-eu".into(),
+                reason: "still denied".into(),
+            },
+            at(2, 1),
+        )
+        .then(vec![WorkflowEvent::VolumeExportFailed {
+            volume: "results".into(),
+            site: "hpc-eu".into(),
+            reason: "still denied".into(),
+        }]);
+    assert_eq!(again.outputs_kept(), vec![results_at()]);
 }
 
 /// A split workflow: `prep` at hpc-eu fills `data`, which moves to `gpu-site` before

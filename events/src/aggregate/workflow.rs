@@ -164,6 +164,11 @@ pub enum WorkflowCommand {
         site: String,
         reason: String,
     },
+    /// Copies out again the outputs of `volume` kept after its egress failed (at every
+    /// site that keeps them); the workflow stays as it ended.
+    RetryExport {
+        volume: String,
+    },
     /// A released job's Job aggregate reached a terminal state.
     SettleJob {
         job_id: Uuid,
@@ -223,6 +228,8 @@ pub enum WorkflowError {
     JobNotRunnable { task: TaskRef, reason: String },
     #[error("volume {volume:?} at {site} is not due to be copied out")]
     NoEgressDue { volume: String, site: String },
+    #[error("no outputs of volume {volume:?} are kept after a failed copy out")]
+    NoOutputsKept { volume: String },
     #[error("volume {volume:?} at {site} was already copied out")]
     AlreadyExported { volume: String, site: String },
     #[error("volume {volume:?} declares no ingress, and no move brings it to that site")]
@@ -488,6 +495,9 @@ pub struct Workflow {
     egress_due: Vec<VolumeAt>,
     /// Volumes copied out, by (volume, site).
     exported: BTreeSet<(String, String)>,
+    /// Volumes whose egress failed, by (volume, site), and why: their outputs are kept
+    /// at the site until a retry copies them out or an admin releases them.
+    export_failed: BTreeMap<(String, String), String>,
 }
 
 /// Why a step's data is not at its site yet.
@@ -681,6 +691,27 @@ impl Workflow {
             }
         }
         true
+    }
+
+    /// Outputs kept at their site after their copy out failed, still held there: a
+    /// retry ([`WorkflowCommand::RetryExport`]) or an admin's release ends that.
+    pub fn outputs_kept(&self) -> Vec<VolumeAt> {
+        self.export_failed
+            .keys()
+            .filter(|key| self.volumes.contains_key(*key))
+            .map(|(volume, site)| VolumeAt {
+                volume: volume.clone(),
+                site: site.clone(),
+            })
+            .collect()
+    }
+
+    /// Volumes an ended workflow must keep holding: outputs kept after a failed copy
+    /// out, and those due to be copied out and not yet.
+    pub fn volumes_to_keep(&self) -> Vec<VolumeAt> {
+        let mut keep = self.outputs_kept();
+        keep.extend(self.egress_due());
+        keep
     }
 
     /// Whether `volume`'s ingress at `site` is done.
@@ -1080,7 +1111,13 @@ impl Workflow {
         failure: Option<String>,
         now: DateTime<Utc>,
     ) -> Result<Vec<WorkflowEvent>, WorkflowError> {
-        let state = self.active_state()?;
+        // A workflow that failed may still copy out what was due (a retry, or a copy
+        // that was under way when it failed); it stays failed.
+        let ended = self.state == Some(WorkflowState::Failed);
+        let state = match ended {
+            true => WorkflowState::Failed,
+            false => self.active_state()?,
+        };
         let due = VolumeAt {
             volume: volume.clone(),
             site: site.clone(),
@@ -1091,6 +1128,20 @@ impl Workflow {
         if self.exported.contains(&(volume.clone(), site.clone())) {
             return Err(WorkflowError::AlreadyExported { volume, site });
         }
+        if ended {
+            return Ok(vec![match failure {
+                Some(reason) => WorkflowEvent::VolumeExportFailed {
+                    volume,
+                    site,
+                    reason,
+                },
+                None => WorkflowEvent::VolumeExported {
+                    volume,
+                    site,
+                    transfers,
+                },
+            }]);
+        }
         match failure {
             Some(reason) => Ok(vec![
                 WorkflowEvent::VolumeExportFailed {
@@ -1100,7 +1151,9 @@ impl Workflow {
                 },
                 WorkflowEvent::Failed {
                     reason: format!(
-                        "the outputs in volume {volume} could not be copied out of {site}: {reason}"
+                        "the outputs in volume {volume} could not be copied out of {site}: \
+                         {reason} (they are kept there until a retry copies them out or an \
+                         admin releases them)"
                     ),
                     failed_jobs: self.failed.clone(),
                     failed_at: now,
@@ -1740,6 +1793,18 @@ impl Aggregate for Workflow {
                 reason,
             } => self.export(volume, site, Vec::new(), Some(reason), now),
 
+            WorkflowCommand::RetryExport { volume } => {
+                let volumes: Vec<VolumeAt> = self
+                    .outputs_kept()
+                    .into_iter()
+                    .filter(|v| v.volume == volume)
+                    .collect();
+                if volumes.is_empty() || self.state != Some(WorkflowState::Failed) {
+                    return Err(WorkflowError::NoOutputsKept { volume });
+                }
+                Ok(vec![WorkflowEvent::EgressDue { volumes }])
+            }
+
             WorkflowCommand::SettleJob { job_id, outcome } => self.settle(job_id, outcome, now),
 
             WorkflowCommand::RequestCancel { by, reason } => {
@@ -2001,15 +2066,30 @@ impl Aggregate for Workflow {
                 self.volumes.remove(&key);
                 // Its data went with it.
                 self.staged.remove(&key);
+                self.export_failed.remove(&key);
             }
             WorkflowEvent::VolumeStaged { volume, site, .. } => {
                 self.staged.insert((volume.clone(), site.clone()));
             }
-            WorkflowEvent::EgressDue { volumes } => self.egress_due = volumes.clone(),
+            WorkflowEvent::EgressDue { volumes } => {
+                // Due again (a retry): no longer failed.
+                for v in volumes {
+                    self.export_failed
+                        .remove(&(v.volume.clone(), v.site.clone()));
+                }
+                self.egress_due = volumes.clone();
+            }
             WorkflowEvent::VolumeExported { volume, site, .. } => {
                 self.exported.insert((volume.clone(), site.clone()));
             }
-            WorkflowEvent::VolumeExportFailed { .. } => {}
+            WorkflowEvent::VolumeExportFailed {
+                volume,
+                site,
+                reason,
+            } => {
+                self.export_failed
+                    .insert((volume.clone(), site.clone()), reason.clone());
+            }
             WorkflowEvent::VolumeStagingFailed {
                 volume,
                 site,

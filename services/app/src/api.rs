@@ -250,6 +250,15 @@ pub struct CancelAccepted {
     pub state: WorkflowState,
 }
 
+/// What `POST /v1/workflows/{id}/volumes/{volume}/export` and `…/release` answer: the
+/// sites whose kept outputs of the volume are being copied out again, or were given back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OutputsAccepted {
+    pub id: Uuid,
+    pub volume: String,
+    pub sites: Vec<String>,
+}
+
 /// A workflow's history and its jobs', oldest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EventList {

@@ -619,6 +619,8 @@ fn describe(action: Action) -> &'static str {
         Action::ReadWorkflow => "read workflows",
         Action::ListWorkflows => "list workflows",
         Action::CancelWorkflow => "cancel workflows",
+        Action::RetryEgress => "retry copying out outputs",
+        Action::ReleaseOutputs => "release kept outputs",
         Action::ReadBill => "read bills",
         Action::ReadTenantBill => "read tenant bills",
         Action::ExportCharges => "export charges",

@@ -55,7 +55,8 @@ impl Principal {
         match self.role {
             Role::Admin => true,
             Role::Researcher => {
-                matches!(action, SubmitWorkflow | CancelWorkflow) || tenant_reader(action)
+                matches!(action, SubmitWorkflow | CancelWorkflow | RetryEgress)
+                    || tenant_reader(action)
             }
             Role::Finance => matches!(
                 action,
@@ -105,6 +106,10 @@ pub enum Action {
     /// All workflows of a tenant, as a list.
     ListWorkflows,
     CancelWorkflow,
+    /// Copy out again a workflow's outputs kept after their copy out failed.
+    RetryEgress,
+    /// Give back outputs kept after their copy out failed (their storage stops).
+    ReleaseOutputs,
     ReadBill,
     ReadTenantBill,
     ExportCharges,
@@ -130,6 +135,8 @@ impl Action {
             Action::ReadWorkflow => "read_workflow",
             Action::ListWorkflows => "list_workflows",
             Action::CancelWorkflow => "cancel_workflow",
+            Action::RetryEgress => "retry_egress",
+            Action::ReleaseOutputs => "release_outputs",
             Action::ReadBill => "read_bill",
             Action::ReadTenantBill => "read_tenant_bill",
             Action::ExportCharges => "export_charges",
@@ -154,6 +161,8 @@ impl Action {
             self,
             Action::SubmitWorkflow
                 | Action::CancelWorkflow
+                | Action::RetryEgress
+                | Action::ReleaseOutputs
                 | Action::ChangeSites
                 | Action::ChangePolicy
                 | Action::ChangeAdjustments

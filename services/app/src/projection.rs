@@ -389,11 +389,24 @@ async fn apply_workflow(
             .execute(&mut **tx)
             .await?;
         }
+        // Outputs a failed workflow kept, copied out on a retry: it stays failed, and
+        // says they are out.
+        WorkflowEvent::VolumeExported { volume, site, .. } => {
+            sqlx::query(
+                "UPDATE intake_workflows SET reason = $1 || reason
+                 WHERE id = $2 AND state = 'failed'",
+            )
+            .bind(format!(
+                "its outputs in volume {volume} at {site} were copied out after all; before that: "
+            ))
+            .bind(&id)
+            .execute(&mut **tx)
+            .await?;
+        }
         WorkflowEvent::Billed { .. }
         | WorkflowEvent::VolumeAllocated { .. }
         | WorkflowEvent::VolumeReleased { .. }
         | WorkflowEvent::VolumeStagingFailed { .. }
-        | WorkflowEvent::VolumeExported { .. }
         | WorkflowEvent::VolumeExportFailed { .. } => return Ok(()),
     }
     touch(tx, &id, &at).await

@@ -11,8 +11,8 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::api::{
-    Accepted, CancelAccepted, EventList, FieldErrorBody, Health, WorkflowPage, WorkflowState,
-    WorkflowStatus,
+    Accepted, CancelAccepted, EventList, FieldErrorBody, Health, OutputsAccepted, WorkflowPage,
+    WorkflowState, WorkflowStatus,
 };
 use crate::idempotency::{self, Reservation};
 use crate::read::{self, api_state, last_placement_rejected, ListQuery};
@@ -353,6 +353,97 @@ impl App {
                 refusal => Err(AppError::Conflict(refusal.to_string())),
             },
         }
+    }
+
+    /// Copies out again the outputs of `volume` that a failed workflow keeps after their
+    /// copy out failed: the data mover takes them up, and they are given back once out.
+    pub async fn retry_egress(
+        &self,
+        who: &Principal,
+        id: Uuid,
+        volume: &str,
+    ) -> Result<OutputsAccepted, AppError> {
+        self.authorize(who, Action::RetryEgress).await?;
+        self.visible_workflow(who, Action::RetryEgress, id).await?;
+        let result = self.on_kept_outputs(id, volume, false).await;
+        let target = format!("workflow/{id}/volume/{volume}");
+        self.audited(who, Action::RetryEgress, &target, result)
+            .await
+    }
+
+    /// Gives back the outputs of `volume` kept after their copy out failed: their
+    /// storage stops being billed, and nothing will copy them out.
+    pub async fn release_outputs(
+        &self,
+        who: &Principal,
+        id: Uuid,
+        volume: &str,
+    ) -> Result<OutputsAccepted, AppError> {
+        self.authorize(who, Action::ReleaseOutputs).await?;
+        self.visible_workflow(who, Action::ReleaseOutputs, id)
+            .await?;
+        let result = self.on_kept_outputs(id, volume, true).await;
+        let target = format!("workflow/{id}/volume/{volume}");
+        self.audited(who, Action::ReleaseOutputs, &target, result)
+            .await
+    }
+
+    async fn on_kept_outputs(
+        &self,
+        id: Uuid,
+        volume: &str,
+        release: bool,
+    ) -> Result<OutputsAccepted, AppError> {
+        let loaded = self.load_workflow(id).await?;
+        let Some(first) = loaded.history.first() else {
+            return Err(AppError::no_workflow(id));
+        };
+        let kept: Vec<String> = loaded
+            .state
+            .outputs_kept()
+            .into_iter()
+            .filter(|v| v.volume == volume)
+            .map(|v| v.site)
+            .collect();
+        if kept.is_empty() {
+            return Err(AppError::Conflict(format!(
+                "workflow {id} keeps no outputs of volume {volume:?} after a failed copy out"
+            )));
+        }
+        let ctx = EventContext {
+            tenant: first.tenant.clone(),
+            causation_id: None,
+            correlation_id: first.correlation_id,
+            traceparent: first.traceparent.clone(),
+        };
+        let refused = |e: meridian_eventlog::aggregates::ExecuteError<WorkflowError>| {
+            match AppError::from_execute("recording it", e) {
+                Err(app) => app,
+                Ok(refusal) => AppError::Conflict(refusal.to_string()),
+            }
+        };
+        if release {
+            for site in &kept {
+                execute::<Workflow, _>(&*self.log, id, &ctx, |_| WorkflowCommand::ReleaseVolume {
+                    volume: volume.to_string(),
+                    site: site.clone(),
+                    released_at: chrono::Utc::now(),
+                })
+                .await
+                .map_err(refused)?;
+            }
+        } else {
+            execute::<Workflow, _>(&*self.log, id, &ctx, |_| WorkflowCommand::RetryExport {
+                volume: volume.to_string(),
+            })
+            .await
+            .map_err(refused)?;
+        }
+        Ok(OutputsAccepted {
+            id,
+            volume: volume.to_string(),
+            sites: kept,
+        })
     }
 
     /// A workflow's events and its jobs': the Workflow aggregate's history merged with

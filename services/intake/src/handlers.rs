@@ -20,8 +20,8 @@ use meridian_app::{Credentials, Principal};
 use uuid::Uuid;
 
 use crate::api::{
-    Accepted, CancelAccepted, CancelRequest, ErrorBody, EventList, Health, WorkflowPage,
-    WorkflowState, WorkflowStatus,
+    Accepted, CancelAccepted, CancelRequest, ErrorBody, EventList, Health, OutputsAccepted,
+    WorkflowPage, WorkflowState, WorkflowStatus,
 };
 use crate::read::ListQuery;
 use crate::{ApiError, Intake};
@@ -514,6 +514,88 @@ pub(crate) async fn cancel(
         .cancel(&who, id, request.reason, traceparent(&headers))
         .await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+// ---------------------------------------------------------------------------------
+// POST /v1/workflows/{id}/volumes/{volume}/export and /release
+
+/// The workflow id and volume name of a kept-outputs path.
+fn workflow_volume(
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(Uuid, String), ApiError> {
+    let Path((id, volume)) =
+        path.map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))?;
+    let id = workflow_id(Ok(Path(id)))?;
+    let valid = !volume.is_empty()
+        && volume.len() <= 63
+        && volume
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !valid {
+        return Err(ApiError::BadRequest(format!(
+            "invalid volume name {volume:?}: expected 1 to 63 letters, digits, \"-\" or \"_\""
+        )));
+    }
+    Ok((id, volume))
+}
+
+/// Copy out again a volume's outputs kept after their copy out failed.
+///
+/// The workflow failed because its outputs could not be copied out; they were kept at
+/// the site. This copies them out again (the workflow stays `failed`); once out, they are
+/// given back. Researchers of the workflow's tenant and admins may.
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/{id}/volumes/{volume}/export",
+    tag = "workflows",
+    operation_id = "retry_egress",
+    params(
+        ("id" = Uuid, Path, description = "The workflow's id"),
+        ("volume" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", description = "The volume's name"),
+    ),
+    responses(
+        (status = 202, description = "Copying out again", body = OutputsAccepted),
+        (status = 400, description = "Invalid id or volume name", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "No outputs of that volume are kept after a failed copy out", body = ErrorBody),
+    )
+)]
+pub(crate) async fn retry_egress(
+    State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(StatusCode, Json<OutputsAccepted>), ApiError> {
+    let (id, volume) = workflow_volume(path)?;
+    let accepted = intake.app.retry_egress(&who, id, &volume).await?;
+    Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+/// Give back a volume's outputs kept after their copy out failed.
+///
+/// Their storage stops being billed and nothing will copy them out. Admins only.
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/{id}/volumes/{volume}/release",
+    tag = "workflows",
+    operation_id = "release_outputs",
+    params(
+        ("id" = Uuid, Path, description = "The workflow's id"),
+        ("volume" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", description = "The volume's name"),
+    ),
+    responses(
+        (status = 200, description = "Given back", body = OutputsAccepted),
+        (status = 400, description = "Invalid id or volume name", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "No outputs of that volume are kept after a failed copy out", body = ErrorBody),
+    )
+)]
+pub(crate) async fn release_outputs(
+    State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<OutputsAccepted>, ApiError> {
+    let (id, volume) = workflow_volume(path)?;
+    Ok(Json(intake.app.release_outputs(&who, id, &volume).await?))
 }
 
 async fn cancel_request(headers: &HeaderMap, body: Body) -> Result<CancelRequest, ApiError> {

@@ -102,6 +102,14 @@ fn routes() -> Router<Intake> {
         .route("/v1/workflows/{id}", get(handlers::status))
         .route("/v1/workflows/{id}/cancel", post(handlers::cancel))
         .route("/v1/workflows/{id}/events", get(handlers::events))
+        .route(
+            "/v1/workflows/{id}/volumes/{volume}/export",
+            post(handlers::retry_egress),
+        )
+        .route(
+            "/v1/workflows/{id}/volumes/{volume}/release",
+            post(handlers::release_outputs),
+        )
         .route("/v1/workflows/{id}/bill", get(reports::bill))
         .route("/v1/workflows/{id}/logs", get(reports::logs))
         .route("/v1/tenants/{tenant}/bills", get(reports::tenant_bill))

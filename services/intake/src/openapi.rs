@@ -21,6 +21,8 @@ use crate::handlers;
         handlers::status,
         handlers::cancel,
         handlers::events,
+        handlers::retry_egress,
+        handlers::release_outputs,
         handlers::health,
         crate::reports::bill,
         crate::reports::logs,
@@ -46,6 +48,7 @@ use crate::handlers;
     components(schemas(
         api::Accepted,
         api::CancelAccepted,
+        api::OutputsAccepted,
         api::CancelRequest,
         api::ErrorBody,
         api::EventList,

@@ -10,8 +10,8 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 
 use meridian_app::api::{
-    Accepted, CancelAccepted, RunState, TransferState, TransferStatus, WorkflowPage, WorkflowState,
-    WorkflowStatus,
+    Accepted, CancelAccepted, OutputsAccepted, RunState, TransferState, TransferStatus,
+    WorkflowPage, WorkflowState, WorkflowStatus,
 };
 
 use crate::Output;
@@ -564,6 +564,37 @@ pub async fn cancel(client: &Client, id: &str, output: Output) -> anyhow::Result
     match output {
         Output::Json => json(&answer),
         Output::Table => println!("{id}: {}", answer.state.as_str()),
+    }
+    Ok(())
+}
+
+/// `action` is `export` (copy out again) or `release` (give back).
+pub async fn outputs(
+    client: &Client,
+    id: &str,
+    volume: &str,
+    action: &str,
+    output: Output,
+) -> anyhow::Result<()> {
+    let answer: OutputsAccepted = Client::decode(
+        client
+            .post(
+                &format!("/v1/workflows/{id}/volumes/{volume}/{action}"),
+                None,
+            )
+            .await?,
+        "the request",
+    )?;
+    match output {
+        Output::Json => json(&answer),
+        Output::Table => println!(
+            "{id}: volume {volume} at {}: {}",
+            answer.sites.join(", "),
+            match action {
+                "export" => "copying out again; `meridian status` follows it",
+                _ => "given back",
+            }
+        ),
     }
     Ok(())
 }

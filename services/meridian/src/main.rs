@@ -67,6 +67,26 @@ impl Remote {
 }
 
 #[derive(Subcommand)]
+enum OutputsCommand {
+    /// Copy out again the outputs of VOLUME that workflow ID kept after a failed copy
+    /// out (fix the destination's access first); once out they are given back.
+    Retry {
+        id: String,
+        volume: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Give back the outputs of VOLUME that workflow ID kept after a failed copy out:
+    /// their storage stops being billed and nothing will copy them out. Admins only.
+    Release {
+        id: String,
+        volume: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run everything in one process: embedded log and store, a local site, the API.
     Up(run::UpArgs),
@@ -113,6 +133,10 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Outputs kept at a site after their copy out failed: copy them out again, or give
+    /// them back (admins). `meridian status` says which are kept.
+    #[command(subcommand)]
+    Outputs(OutputsCommand),
     /// Print a workflow's events (and its jobs'), oldest first.
     Events {
         id: String,
@@ -319,6 +343,16 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
         Command::Cancel { id, remote } => {
             let c = remote.client()?;
             client::cancel(&c, &id, remote.output).await.map(|_| 0)
+        }
+        Command::Outputs(which) => {
+            let (id, volume, remote, action) = match which {
+                OutputsCommand::Retry { id, volume, remote } => (id, volume, remote, "export"),
+                OutputsCommand::Release { id, volume, remote } => (id, volume, remote, "release"),
+            };
+            let c = remote.client()?;
+            client::outputs(&c, &id, &volume, action, remote.output)
+                .await
+                .map(|_| 0)
         }
         Command::Events { id, remote } => {
             let c = remote.client()?;

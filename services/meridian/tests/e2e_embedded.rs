@@ -1367,6 +1367,114 @@ jobs:
     );
 }
 
+/// A copy out that fails keeps the outputs at the site: the workflow fails saying so,
+/// the volume stays held, `meridian outputs retry` copies them out once the destination
+/// works and they are then given back, and `meridian outputs release` (an admin) gives
+/// back another workflow's kept outputs without copying them.
+#[test]
+fn outputs_whose_copy_out_failed_are_kept_until_retried_or_released() {
+    let moto = meridian_datamover::testkit::Moto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let env: Vec<(&str, String)> = moto.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let up = Proc::spawn(
+        "up",
+        dir.path(),
+        &[
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &listen,
+            "--local-cpus",
+            "2",
+        ],
+        &env,
+    );
+    wait_ready(&server, &[&up]);
+    // The bucket `late` does not exist yet.
+    let file = write(
+        dir.path(),
+        "late.yaml",
+        "version: v1\nname: late\nvolumes:\n  data:\n    size: 1GiB\n    egress:\n      - {source: /out/, destination: \"s3://late/run-1/\"}\njobs:\n  write:\n    image: host\n    command: [sh, -c, \"mkdir -p $MERIDIAN_VOLUME_DATA/out && echo 42 > $MERIDIAN_VOLUME_DATA/out/answer.txt\"]\n    mounts: {data: /data}\n",
+    );
+    let volume_events = |id: &str, kind: &str| {
+        cli_json(&server, &["events", id])["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["payload"]["type"] == kind)
+            .count()
+    };
+    let first = submit_wait(&server, &file);
+    assert_eq!(first["state"], "failed", "{first:#}\n{}", up.output());
+    let reason = first["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("could not be copied out of local") && reason.contains("kept there"),
+        "{reason}"
+    );
+    let first_id = first["id"].as_str().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(
+        volume_events(first_id, "workflow.volume_released.v1"),
+        0,
+        "the outputs are kept"
+    );
+
+    // The destination works now: a retry copies them out, and then they are given back.
+    moto.bucket("late");
+    let retried = cli_ok(&server, &["outputs", "retry", first_id, "data"]);
+    assert!(retried.contains("copying out again"), "{retried}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while moto.get("late", "run-1/answer.txt").is_none()
+        || volume_events(first_id, "workflow.volume_released.v1") == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never copied out and given back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(moto.get("late", "run-1/answer.txt").unwrap(), b"42\n");
+    let status = cli_json(&server, &["status", first_id]);
+    assert_eq!(status["state"], "failed", "it stays as it ended");
+    assert!(
+        status["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("its outputs in volume data at local were copied out after all"),
+        "{status:#}"
+    );
+
+    // Another one fails the same way (another missing bucket), and an admin gives its
+    // outputs back instead.
+    let other = write(
+        dir.path(),
+        "lost.yaml",
+        &std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("s3://late/", "s3://lost/")
+            .replace("name: late", "name: lost"),
+    );
+    let second = submit_wait(&server, &other);
+    assert_eq!(second["state"], "failed", "{second:#}");
+    let second_id = second["id"].as_str().unwrap();
+    let released = cli_ok(&server, &["outputs", "release", second_id, "data"]);
+    assert!(released.contains("given back"), "{released}");
+    assert_eq!(volume_events(second_id, "workflow.volume_released.v1"), 1);
+    // Nothing is kept any more: a retry is refused, and says why.
+    let out = cli(&server, &["outputs", "retry", second_id, "data"]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("keeps no outputs of volume \"data\""),
+        "{said}"
+    );
+}
+
 /// A slow HTTP source: `/slow.bin` is 64 KiB of `x` sent in 32 pieces a tenth of a
 /// second apart, with an ETag; a GET with `Range: bytes=N-` and that ETag in `If-Range`
 /// gets the rest from N (206). Returns its URL and the offset each GET started at (a

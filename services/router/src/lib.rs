@@ -699,12 +699,18 @@ impl Router {
     }
 
     /// Gives back every volume an ended workflow still holds: its storage stops there.
+    /// Outputs whose copy out failed, or is still due, are kept (and billed) until they
+    /// are out or an admin releases them.
     async fn release_volumes(&mut self, id: Uuid) -> Result<(), RouterError> {
-        let held: Vec<(String, String)> = self
-            .workflow(id)
-            .await?
-            .state
+        let wf = &self.workflow(id).await?.state;
+        let keep = wf.volumes_to_keep();
+        let held: Vec<(String, String)> = wf
             .allocated_volumes()
+            .filter(|a| {
+                !keep
+                    .iter()
+                    .any(|k| k.volume == a.volume && k.site == a.site)
+            })
             .map(|a| (a.volume.clone(), a.site.clone()))
             .collect();
         let now = Utc::now();
