@@ -728,7 +728,8 @@ async fn a_split_workflow_runs_each_job_at_its_planned_site_and_holds_volumes_wh
     let log: Arc<dyn EventLog> =
         Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
     // Only `big` has 32 CPUs; `small` runs prep for a fifth of the price: 4 × 0.01
-    // there against 4 × 0.05, and moving the volume costs nothing here.
+    // there against 4 × 0.05, and moving the volume costs nothing here. No data mover
+    // runs: the test records the volume's arrival at big itself.
     register_sized_site(&*log, "small", "0.01", 8).await;
     register_sized_site(&*log, "big", "0.05", 64).await;
     let (stop, stopped) = watch::channel(false);
@@ -766,6 +767,28 @@ async fn a_split_workflow_runs_each_job_at_its_planned_site_and_holds_volumes_wh
     );
 
     b.run_job(first[0].0, 0).await;
+    // The volume moves to big once prep is done; until the data mover says it arrived,
+    // train waits, and says why.
+    b.wait_for("train held for its data", async || {
+        b.workflow(id)
+            .await
+            .waiting_for_data()
+            .filter(|(job, _)| job == "train")
+    })
+    .await;
+    assert_eq!(dispatch_sites(&*b.log, id).await.len(), 1, "train waits");
+    execute::<Workflow, _>(
+        &*b.log,
+        id,
+        &meridian_events::EventContext::new_chain("t"),
+        |_| WorkflowCommand::RecordVolumeStaged {
+            volume: "data".into(),
+            site: "big".into(),
+            transfers: vec![Uuid::now_v7()],
+        },
+    )
+    .await
+    .unwrap();
     let both = b
         .wait_for("train dispatched", async || {
             let d = dispatch_sites(&*b.log, id).await;
