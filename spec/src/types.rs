@@ -122,6 +122,12 @@ pub struct DataStep {
     pub source: String,
     #[schemars(length(min = 1))]
     pub destination: String,
+    /// The secret that holds this copy's credentials, by its name in the data mover's
+    /// secrets file (`meridian up --secrets FILE`); without one, the data mover's own
+    /// environment. The secret's values never enter the workflow or the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,63}$"))]
+    pub credentials: Option<String>,
 }
 
 /// A batch job: runs to completion, optionally as a task array.

@@ -32,7 +32,7 @@ const PLACEMENT_FIELDS: [&str; 7] = [
     "split",
 ];
 const VOLUME_FIELDS: [&str; 3] = ["size", "ingress", "egress"];
-const DATA_STEP_FIELDS: [&str; 2] = ["source", "destination"];
+const DATA_STEP_FIELDS: [&str; 3] = ["source", "destination", "credentials"];
 const JOB_FIELDS: [&str; 8] = [
     "requires",
     "image",
@@ -437,10 +437,22 @@ fn data_step(w: &mut Walker, path: &Path, value: &Value, direction: Direction) -
             f.required(w, "destination", &uri_what(), uri),
         ),
     };
+    let credentials = f.optional(w, "credentials", secret_name);
     Some(DataStep {
         source: source?,
         destination: destination?,
+        credentials: credentials?,
     })
+}
+
+const SECRET_NAME: &str = "a secret's name: 1 to 63 letters, digits, \".\", \"-\" or \"_\"";
+
+fn secret_name(w: &mut Walker, path: &Path, value: &Value) -> Option<String> {
+    let s = string(w, path, value)?;
+    match is_name(s, b".") {
+        true => Some(s.to_string()),
+        false => w.expected(path, SECRET_NAME, value),
+    }
 }
 
 fn uri_what() -> String {

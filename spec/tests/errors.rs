@@ -607,6 +607,12 @@ fn volumes() {
         error(&v("{size: 1GiB, ingress: [{source: s3://a/b}]}")),
         "volumes.data.ingress[0].destination: required; expected an absolute path such as /data"
     );
+    assert_eq!(
+        error(&v(
+            "{size: 1GiB, ingress: [{source: s3://a/b, destination: /in/, credentials: 'lab s3'}]}"
+        )),
+        r#"volumes.data.ingress[0].credentials: expected a secret's name: 1 to 63 letters, digits, ".", "-" or "_"; got "lab s3""#
+    );
 }
 
 #[test]

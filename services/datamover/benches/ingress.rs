@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use meridian_datamover::fetch::{copy, Progress};
+use meridian_datamover::fetch::{copy, Progress, Reach};
 use meridian_datamover::testkit::Moto;
 use object_store::ObjectStore;
 
@@ -65,7 +65,7 @@ async fn main() {
     let bytes = (mib / 8 * 8) as f64 * 1024.0 * 1024.0;
 
     let dir = tempfile::tempdir().unwrap();
-    let http = reqwest::Client::new();
+    let http = Reach::default();
     reset_peak_rss();
     let before = peak_rss_kib();
     let started = Instant::now();

@@ -100,6 +100,55 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FetchError {
     move |source| FetchError::Io { what, source }
 }
 
+/// How a copy reaches its far side: the HTTP client, and the variables of the secret
+/// the step names (`credentials` in the workflow), which stand over the process's own
+/// environment for that step alone.
+#[derive(Debug, Clone, Default)]
+pub struct Reach {
+    http: reqwest::Client,
+    secret: Option<std::sync::Arc<std::collections::BTreeMap<String, String>>>,
+}
+
+impl Reach {
+    pub fn new(http: reqwest::Client) -> Reach {
+        Reach { http, secret: None }
+    }
+
+    /// The same, with a secret's variables (`AWS_ACCESS_KEY_ID`, `HF_TOKEN`, …).
+    pub fn with_secret(
+        &self,
+        vars: std::sync::Arc<std::collections::BTreeMap<String, String>>,
+    ) -> Reach {
+        Reach {
+            http: self.http.clone(),
+            secret: Some(vars),
+        }
+    }
+
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// A variable: the secret's, else the process environment's.
+    pub(crate) fn var(&self, key: &str) -> Option<String> {
+        self.secret
+            .as_ref()
+            .and_then(|s| s.get(key).cloned())
+            .or_else(|| std::env::var(key).ok())
+    }
+
+    /// The secret's variables that start with `prefix` (`AWS_`), as `object_store`
+    /// configuration keys (lower case) with their values.
+    pub(crate) fn store_config(&self, prefix: &str) -> Vec<(String, String)> {
+        self.secret
+            .iter()
+            .flat_map(|s| s.iter())
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+            .collect()
+    }
+}
+
 fn sha256_hex(hash: Sha256) -> String {
     format!("sha256:{:x}", hash.finalize())
 }
@@ -159,7 +208,7 @@ fn one(rel: impl Into<String>, copied: Copied) -> Copied {
 /// Copies `source` to `destination` (a path in the volume; ending in `/`, a directory
 /// the source goes into under its own name).
 pub async fn copy(
-    http: &reqwest::Client,
+    reach: &Reach,
     source: &str,
     volume_dir: &Path,
     destination_path: &str,
@@ -201,15 +250,20 @@ pub async fn copy(
             true => name,
             false => String::new(),
         };
-        let copied =
-            get_resumable(source, || http.get(source), &under(&target, &rel), progress).await?;
+        let copied = get_resumable(
+            source,
+            || reach.http().get(source),
+            &under(&target, &rel),
+            progress,
+        )
+        .await?;
         return Ok(one(rel, copied));
     }
-    if let Some(located) = object_store_for(source)? {
+    if let Some(located) = object_store_for(source, reach)? {
         return copy_objects(source, located, &target, into_dir, progress).await;
     }
     if let Some(rest) = source.strip_prefix("hf://") {
-        return copy_hf(http, source, rest, &target, progress).await;
+        return copy_hf(reach, source, rest, &target, progress).await;
     }
     let scheme = source.split_once("://").map_or(source, |(s, _)| s);
     Err(FetchError::Invalid(format!(
@@ -278,7 +332,7 @@ struct Listed {
 /// - Azure Blob: `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY` (or a SAS,
 ///   or a service principal); `AZURE_STORAGE_USE_EMULATOR=true` for Azurite, at
 ///   `AZURITE_BLOB_STORAGE_URL` (default `http://127.0.0.1:10000`).
-pub fn object_store_for(uri: &str) -> Result<Option<Located>, FetchError> {
+pub fn object_store_for(uri: &str, reach: &Reach) -> Result<Option<Located>, FetchError> {
     let Some((scheme, rest)) = uri.split_once("://") else {
         return Ok(None);
     };
@@ -300,20 +354,29 @@ pub fn object_store_for(uri: &str) -> Result<Option<Located>, FetchError> {
         "s3" => {
             let mut builder =
                 object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
-            if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
+            for (key, value) in reach.store_config("AWS_") {
+                if let Ok(key) = key.parse() {
+                    builder = builder.with_config(key, value);
+                }
+            }
+            if let Some(endpoint) = reach.var("AWS_ENDPOINT_URL") {
                 builder = builder
                     .with_allow_http(endpoint.starts_with("http://"))
                     .with_endpoint(endpoint);
             }
             Bucket::Store(Box::new(builder.build().map_err(invalid)?))
         }
-        "gs" => Bucket::Gcs(crate::gcs::GcsBucket::from_env(uri, bucket)?),
-        _ => Bucket::Store(Box::new(
-            object_store::azure::MicrosoftAzureBuilder::from_env()
-                .with_container_name(bucket)
-                .build()
-                .map_err(invalid)?,
-        )),
+        "gs" => Bucket::Gcs(crate::gcs::GcsBucket::from_env(uri, bucket, reach)?),
+        _ => {
+            let mut builder =
+                object_store::azure::MicrosoftAzureBuilder::from_env().with_container_name(bucket);
+            for (key, value) in reach.store_config("AZURE_") {
+                if let Ok(key) = key.parse() {
+                    builder = builder.with_config(key, value);
+                }
+            }
+            Bucket::Store(Box::new(builder.build().map_err(invalid)?))
+        }
     };
     Ok(Some(Located {
         bucket: bucket_of,
@@ -569,9 +632,9 @@ struct HfListing {
     files: Vec<serde_json::Value>,
 }
 
-fn hf_request(http: &reqwest::Client, url: String) -> reqwest::RequestBuilder {
-    let request = http.get(url);
-    match std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()) {
+fn hf_request(reach: &Reach, url: String) -> reqwest::RequestBuilder {
+    let request = reach.http().get(url);
+    match reach.var("HF_TOKEN").filter(|t| !t.is_empty()) {
         Some(token) => request.bearer_auth(token),
         None => request,
     }
@@ -588,11 +651,7 @@ fn hf_answer(source: &str, what: &str, status: reqwest::StatusCode) -> FetchErro
 /// Lists a model repository through the Hub's HTTP file API at `HF_ENDPOINT` (by
 /// default `https://huggingface.co`, so a mirror or a stand-in can serve), with
 /// `HF_TOKEN` as a bearer token when it is set.
-async fn hf_listing(
-    http: &reqwest::Client,
-    source: &str,
-    rest: &str,
-) -> Result<HfListing, FetchError> {
+async fn hf_listing(reach: &Reach, source: &str, rest: &str) -> Result<HfListing, FetchError> {
     let (repo, revision) = rest.split_once('@').unwrap_or((rest, "main"));
     let valid = |s: &str| {
         !s.is_empty()
@@ -605,12 +664,13 @@ async fn hf_listing(
             "{source}: expected hf://ORG/MODEL or hf://ORG/MODEL@REVISION"
         )));
     }
-    let endpoint = std::env::var("HF_ENDPOINT")
-        .unwrap_or_else(|_| "https://huggingface.co".into())
+    let endpoint = reach
+        .var("HF_ENDPOINT")
+        .unwrap_or_else(|| "https://huggingface.co".into())
         .trim_end_matches('/')
         .to_string();
     let listing = hf_request(
-        http,
+        reach,
         format!("{endpoint}/api/models/{repo}/tree/{revision}?recursive=true"),
     )
     .send()
@@ -645,13 +705,13 @@ async fn hf_listing(
 /// `hf://ORG/MODEL[@REVISION]`: every file of a model repository at a revision, each
 /// through `resolve` (following the Hub's redirects), keeping its path in the repository.
 async fn copy_hf(
-    http: &reqwest::Client,
+    reach: &Reach,
     source: &str,
     rest: &str,
     target: &Path,
     progress: &Progress,
 ) -> Result<Copied, FetchError> {
-    let listing = hf_listing(http, source, rest).await?;
+    let listing = hf_listing(reach, source, rest).await?;
     progress.expect(
         listing
             .files
@@ -668,7 +728,7 @@ async fn copy_hf(
             listing.endpoint, listing.repo, listing.revision
         );
         let what = format!("{source}: {path}");
-        let copied = get_resumable(&what, || hf_request(http, url.clone()), &to, progress)
+        let copied = get_resumable(&what, || hf_request(reach, url.clone()), &to, progress)
             .await
             .map_err(|e| match e {
                 FetchError::Source(why) => FetchError::Source(why.replace("the server", "the Hub")),
@@ -958,6 +1018,7 @@ async fn copy_tree(from: &Path, to: &Path, progress: &Progress) -> Result<Copied
 /// `destination` (`file://…`, or an object store's `s3://`, `gs://` or `az://` URL;
 /// ending in `/`, or for a directory, a place the files go under by their path in it).
 pub async fn copy_out(
+    reach: &Reach,
     volume_dir: &Path,
     source_path: &str,
     destination_uri: &str,
@@ -982,7 +1043,7 @@ pub async fn copy_out(
             from.clone(),
         )],
     };
-    let store = object_store_for(destination_uri)?;
+    let store = object_store_for(destination_uri, reach)?;
     if store.is_none() && !destination_uri.starts_with("file://") {
         let scheme = destination_uri
             .split_once("://")
@@ -1072,10 +1133,7 @@ pub(crate) async fn files_under(dir: &Path) -> Result<Vec<PathBuf>, FetchError> 
 /// Last-Modified with the length, for an object store each object's ETag, size and
 /// modification time, for a model each file's id in the Hub. `None` when the source
 /// cannot say (an HTTP server with neither header): such a source is always fetched.
-pub async fn fingerprint(
-    http: &reqwest::Client,
-    source: &str,
-) -> Result<Option<String>, FetchError> {
+pub async fn fingerprint(reach: &Reach, source: &str) -> Result<Option<String>, FetchError> {
     let mut lines = Sha256::new();
     if let Some(path) = source.strip_prefix("file://") {
         let from = PathBuf::from(path);
@@ -1098,7 +1156,8 @@ pub async fn fingerprint(
             lines.update(format!("{}\t{}\t{modified}\n", rel.display(), meta.len()).as_bytes());
         }
     } else if source.starts_with("https://") || source.starts_with("http://") {
-        let response = http
+        let response = reach
+            .http()
             .head(source)
             .send()
             .await
@@ -1127,12 +1186,12 @@ pub async fn fingerprint(
             )
             .as_bytes(),
         );
-    } else if let Some(located) = object_store_for(source)? {
+    } else if let Some(located) = object_store_for(source, reach)? {
         for o in located.objects(source).await? {
             lines.update(format!("{}\t{}\t{}\n", o.rel, o.size, o.version).as_bytes());
         }
     } else if let Some(rest) = source.strip_prefix("hf://") {
-        for file in hf_listing(http, source, rest).await?.files {
+        for file in hf_listing(reach, source, rest).await?.files {
             lines.update(
                 format!(
                     "{}\t{}\t{}\t{}\n",

@@ -12,7 +12,7 @@ use futures::{StreamExt, TryStreamExt};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
-use crate::fetch::{Copied, FetchError, Progress};
+use crate::fetch::{Copied, FetchError, Progress, Reach};
 
 /// One upload part: GCS wants multiples of 256 KiB.
 const PART: usize = 32 * 256 * 1024;
@@ -52,13 +52,11 @@ fn encode(name: &str) -> String {
 
 impl GcsBucket {
     /// The bucket `bucket`, at `STORAGE_EMULATOR_HOST` without credentials when that is
-    /// set, else at Google with the credentials of the standard environment.
-    pub fn from_env(uri: &str, bucket: &str) -> Result<GcsBucket, FetchError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(30))
-            .build()
-            .unwrap_or_default();
-        if let Ok(host) = std::env::var("STORAGE_EMULATOR_HOST") {
+    /// set, else at Google with the credentials of the standard environment (or of the
+    /// step's secret).
+    pub fn from_env(uri: &str, bucket: &str, reach: &Reach) -> Result<GcsBucket, FetchError> {
+        let http = reach.http().clone();
+        if let Some(host) = reach.var("STORAGE_EMULATOR_HOST") {
             let base = match host.contains("://") {
                 true => host,
                 false => format!("http://{host}"),
@@ -70,8 +68,14 @@ impl GcsBucket {
                 credentials: None,
             });
         }
-        let store = object_store::gcp::GoogleCloudStorageBuilder::from_env()
-            .with_bucket_name(bucket)
+        let mut builder =
+            object_store::gcp::GoogleCloudStorageBuilder::from_env().with_bucket_name(bucket);
+        for (key, value) in reach.store_config("GOOGLE_") {
+            if let Ok(key) = key.parse() {
+                builder = builder.with_config(key, value);
+            }
+        }
+        let store = builder
             .build()
             .map_err(|e| FetchError::Invalid(format!("{uri}: {e}")))?;
         Ok(GcsBucket {

@@ -75,7 +75,9 @@ pub struct DataMover {
     log: Arc<dyn EventLog>,
     /// Each reachable site's volume root.
     roots: Arc<BTreeMap<String, PathBuf>>,
-    http: reqwest::Client,
+    reach: fetch::Reach,
+    /// Named secrets a step may use (`credentials: NAME`): each a set of variables.
+    secrets: Arc<BTreeMap<String, Arc<BTreeMap<String, String>>>>,
     /// Transfers found in the log at start: their id, and whether they completed.
     transfers: Arc<Mutex<HashMap<TransferKey, (Uuid, bool)>>>,
     /// Holdings being staged or exported now.
@@ -96,10 +98,13 @@ impl DataMover {
         DataMover {
             log,
             roots: Arc::new(roots),
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(30))
-                .build()
-                .unwrap_or_default(),
+            reach: fetch::Reach::new(
+                reqwest::Client::builder()
+                    .connect_timeout(Duration::from_secs(30))
+                    .build()
+                    .unwrap_or_default(),
+            ),
+            secrets: Default::default(),
             transfers: Default::default(),
             busy: Default::default(),
             waiting: Default::default(),
@@ -136,6 +141,23 @@ impl DataMover {
                 format!("datamover-{clean}")
             }
         }
+    }
+
+    /// The secrets a workflow's steps may name (`credentials: NAME`): for each name, the
+    /// variables (`AWS_ACCESS_KEY_ID`, `GOOGLE_APPLICATION_CREDENTIALS`,
+    /// `AZURE_STORAGE_ACCOUNT_KEY`, `HF_TOKEN`, …) that stand over the process
+    /// environment for that step. Their values stay in this process.
+    pub fn with_secrets(
+        mut self,
+        secrets: BTreeMap<String, BTreeMap<String, String>>,
+    ) -> DataMover {
+        self.secrets = Arc::new(
+            secrets
+                .into_iter()
+                .map(|(name, vars)| (name, Arc::new(vars)))
+                .collect(),
+        );
+        self
     }
 
     /// How long after a source did not answer it is asked again (doubling each time).
@@ -332,7 +354,8 @@ impl DataMover {
         let job = Staging {
             log: self.log.clone(),
             roots: self.roots.clone(),
-            http: self.http.clone(),
+            reach: self.reach.clone(),
+            secrets: self.secrets.clone(),
             transfers: self.transfers.clone(),
             retry_after: self.retry_after,
             progress_every: self.progress_every,
@@ -389,13 +412,16 @@ struct Step {
     tariff: Option<meridian_events::money::EgressTariff>,
     /// Kept in the site cache (ingress from a URL).
     cacheable: bool,
+    /// The secret the step names for its credentials.
+    credentials: Option<String>,
 }
 
 /// What one staging needs, apart from the mover.
 struct Staging {
     log: Arc<dyn EventLog>,
     roots: Arc<BTreeMap<String, PathBuf>>,
-    http: reqwest::Client,
+    reach: fetch::Reach,
+    secrets: Arc<BTreeMap<String, Arc<BTreeMap<String, String>>>>,
     transfers: Arc<Mutex<HashMap<TransferKey, (Uuid, bool)>>>,
     retry_after: Duration,
     progress_every: Duration,
@@ -513,6 +539,7 @@ impl Staging {
                     to: at(site),
                     tariff: tariff_from(&m.from, Some(site)),
                     cacheable: false,
+                    credentials: None,
                 }]
             }
             (None, Work::Stage) => declared
@@ -528,6 +555,7 @@ impl Staging {
                     to: at(site),
                     tariff: None,
                     cacheable: true,
+                    credentials: step.credentials.clone(),
                 })
                 .collect(),
             (None, Work::Export) => declared
@@ -543,6 +571,7 @@ impl Staging {
                     to: internet.clone(),
                     tariff: tariff_from(site, None),
                     cacheable: false,
+                    credentials: step.credentials.clone(),
                 })
                 .collect(),
         };
@@ -586,7 +615,7 @@ impl Staging {
             let started_at = Utc::now();
             let copied = self
                 .copy(
-                    (work, step.cacheable),
+                    (work, step.cacheable, step.credentials.as_deref()),
                     (root, &dir),
                     (&step.copy_from, &step.copy_to),
                     id,
@@ -643,7 +672,7 @@ impl Staging {
     /// Answers what was copied, and whether it came from the site's cache.
     async fn copy(
         &self,
-        (work, cacheable): (Work, bool),
+        (work, cacheable, credentials): (Work, bool, Option<&str>),
         (root, dir): (&Path, &Path),
         (source, destination): (&str, &str),
         transfer: Uuid,
@@ -651,7 +680,7 @@ impl Staging {
     ) -> Result<(fetch::Copied, bool), fetch::FetchError> {
         let progress = fetch::Progress::default();
         let step = self.copy_step(
-            (work, cacheable),
+            (work, cacheable, credentials),
             (root, dir),
             (source, destination),
             &progress,
@@ -688,15 +717,27 @@ impl Staging {
     /// answer is asked again, [`TRIES`] times in all.
     async fn copy_step(
         &self,
-        (work, cacheable): (Work, bool),
+        (work, cacheable, credentials): (Work, bool, Option<&str>),
         (root, dir): (&Path, &Path),
         (source, destination): (&str, &str),
         progress: &fetch::Progress,
     ) -> Result<(fetch::Copied, bool), fetch::FetchError> {
+        let reach = match credentials {
+            None => self.reach.clone(),
+            Some(name) => match self.secrets.get(name) {
+                Some(vars) => self.reach.with_secret(vars.clone()),
+                None => {
+                    return Err(fetch::FetchError::Invalid(format!(
+                        "{source}: the step names the secret {name:?}, which is not in the \
+                         data mover's secrets (--secrets FILE)"
+                    )))
+                }
+            },
+        };
         let cache = cache::SiteCache::at(root);
         let into_dir = destination.ends_with('/');
         let fingerprint = match work {
-            Work::Stage if cacheable => match fetch::fingerprint(&self.http, source).await {
+            Work::Stage if cacheable => match fetch::fingerprint(&reach, source).await {
                 Ok(f) => f,
                 Err(e) => {
                     // The fetch itself says what is wrong with the source.
@@ -727,8 +768,8 @@ impl Staging {
             tries += 1;
             progress.restart();
             let copied = match work {
-                Work::Stage => fetch::copy(&self.http, source, dir, destination, progress).await,
-                Work::Export => fetch::copy_out(dir, source, destination, progress).await,
+                Work::Stage => fetch::copy(&reach, source, dir, destination, progress).await,
+                Work::Export => fetch::copy_out(&reach, dir, source, destination, progress).await,
             };
             match copied {
                 Err(fetch::FetchError::Unreachable(why)) if tries < TRIES => {

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use meridian_datamover::fetch::{copy, FetchError, Progress};
+use meridian_datamover::fetch::{copy, FetchError, Progress, Reach};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -76,7 +76,7 @@ async fn a_model_comes_in_file_by_file_and_an_unknown_revision_is_named() {
     let (url, seen) = hub().await;
     std::env::set_var("HF_ENDPOINT", &url);
     std::env::set_var("HF_TOKEN", "hf_test_token");
-    let http = reqwest::Client::new();
+    let http = Reach::default();
     let volume = tempfile::tempdir().unwrap();
     let copied = copy(
         &http,

@@ -726,3 +726,67 @@ async fn a_copy_records_its_progress_while_bytes_move() {
         [(total, sha256(&vec![7u8; total as usize]), false)]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_reaches_its_store_with_the_secret_it_names_which_never_enters_the_log() {
+    let moto = meridian_datamover::testkit::Moto::start();
+    moto.bucket("lab");
+    moto.put("lab", "cells.csv", b"id\n1\n");
+    let b = Bench::new().await;
+    // This process's environment names no S3 server: only the secret does.
+    let secret_key = "a-secret-key-that-stays-in-the-mover";
+    let vars = BTreeMap::from([
+        ("AWS_ENDPOINT_URL".to_string(), moto.url().to_string()),
+        ("AWS_ACCESS_KEY_ID".to_string(), "lab-key".to_string()),
+        ("AWS_SECRET_ACCESS_KEY".to_string(), secret_key.to_string()),
+        ("AWS_REGION".to_string(), "us-east-1".to_string()),
+    ]);
+    let roots = BTreeMap::from([("local".to_string(), b.root())]);
+    let mover = DataMover::new(b.log.clone(), roots)
+        .with_retry_after(Duration::from_millis(50))
+        .with_secrets(BTreeMap::from([("lab-s3".to_string(), vars)]));
+    let stopped = b.stop.subscribe();
+    tokio::spawn(async move { mover.run(stopped).await.unwrap() });
+    let spec = |name: &str, secret: &str| {
+        format!(
+            "version: v1\nname: {name}\nplacement: {{sites: [local]}}\nvolumes:\n  data:\n    size: 1GiB\n    ingress:\n      - {{source: \"s3://lab/cells.csv\", destination: /in/, credentials: {secret}}}\njobs:\n  read:\n    image: host\n    command: [\"true\"]\n    mounts: {{data: /data}}\n"
+        )
+    };
+    let id = b.submit(&spec("with-secret", "lab-s3")).await;
+    staged(&b, id).await;
+    let volume = b.root().join(id.to_string()).join("data");
+    assert_eq!(
+        std::fs::read_to_string(volume.join("in/cells.csv")).unwrap(),
+        "id\n1\n"
+    );
+
+    // A secret the mover does not have fails the step, naming it.
+    let missing = b.submit(&spec("no-secret", "nope")).await;
+    let reason = b
+        .wait_for("the staging to fail", async || {
+            b.events().await.iter().find_map(|(_, e)| match &e.payload {
+                Event::Workflow(WorkflowEvent::VolumeStagingFailed { reason, .. })
+                    if e.aggregate.id == missing =>
+                {
+                    Some(reason.clone())
+                }
+                _ => None,
+            })
+        })
+        .await;
+    assert!(
+        reason.contains("\"nope\"") && reason.contains("secrets"),
+        "{reason}"
+    );
+
+    // The workflow names the secret; its values are nowhere in the log.
+    for commit in b.log.read_from(0, 100_000).await.unwrap() {
+        for raw in commit.events {
+            let text = raw.payload.to_string();
+            assert!(
+                !text.contains(secret_key) && !text.contains("lab-key"),
+                "{text}"
+            );
+        }
+    }
+}

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use meridian_datamover::fetch::{copy, copy_out, fingerprint, FetchError, Progress};
+use meridian_datamover::fetch::{copy, copy_out, fingerprint, FetchError, Progress, Reach};
 use meridian_datamover::testkit::{Azurite, GcsEmulator, Moto};
 use object_store::ObjectStore;
 use sha2::{Digest, Sha256};
@@ -68,7 +68,7 @@ impl Seed for Emulated {
 
 /// The checks every store gets; `root` is `s3://datasets` or the like.
 async fn check(root: &str, seed: &dyn Seed) {
-    let http = reqwest::Client::new();
+    let http = Reach::default();
     // A file large enough to arrive in several chunks.
     let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     seed.put("cells/a.csv", b"a,b\n1,2\n".to_vec()).await;
@@ -106,11 +106,12 @@ async fn check(root: &str, seed: &dyn Seed) {
     assert_eq!((tree.bytes, tree.digest), (12, sha256(manifest.as_bytes())));
 
     // Out again, to another prefix and to one key (every upload is a multipart one).
-    let out = copy_out(volume.path(), "/in/", &url("copied/"), &none())
+    let out = copy_out(&http, volume.path(), "/in/", &url("copied/"), &none())
         .await
         .expect("out to a prefix");
     assert_eq!((out.bytes, out.digest), (12, sha256(manifest.as_bytes())));
     let big_out = copy_out(
+        &http,
         volume.path(),
         "/model/weights.bin",
         &url("out/w.bin"),

@@ -123,9 +123,10 @@ impl Tasks {
         log: Arc<dyn EventLog>,
         roots: std::collections::BTreeMap<String, PathBuf>,
         only: Option<Vec<String>>,
+        secrets: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     ) {
         let stop = self.shutdown();
-        let mut mover = meridian_datamover::DataMover::new(log, roots);
+        let mut mover = meridian_datamover::DataMover::new(log, roots).with_secrets(secrets);
         if let Some(sites) = only {
             mover = mover.only(sites);
         }
@@ -260,6 +261,8 @@ pub struct UpArgs {
     /// A catalogue file to apply at start (sites, shapes, prices, data sets).
     #[arg(long, value_name = "FILE")]
     pub catalog: Option<PathBuf>,
+    #[command(flatten)]
+    pub secrets: SecretsFile,
     /// Also run the site NAME (from the catalogue) with the adapter KIND configured by
     /// FILE, e.g. `hpc=slurm:slurm.yaml`. Repeatable.
     #[arg(long = "adapter", value_name = "NAME=KIND:FILE",
@@ -326,7 +329,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         roots.insert("local".into(), root);
     }
     let mut tasks = Tasks::new();
-    tasks.datamover(log.clone(), roots, None);
+    tasks.datamover(log.clone(), roots, None, args.secrets.load()?);
     for (site, adapter) in extra {
         tasks.site(
             &site,
@@ -576,7 +579,59 @@ pub enum Server {
         /// MERIDIAN_SERVER with their workflow credential (needs --credential-key-file).
         #[arg(long, env = "MERIDIAN_SERVER", requires = "credential_key_file")]
         server: Option<String>,
+        #[command(flatten)]
+        secrets: SecretsFile,
     },
+}
+
+/// The secrets a workflow's data steps may name for their credentials.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SecretsFile {
+    /// A YAML file of named secrets that workflows' data steps may name
+    /// (`credentials: NAME`): each maps the variables (AWS_*, GOOGLE_*, AZURE_*,
+    /// STORAGE_EMULATOR_HOST, HF_TOKEN, HF_ENDPOINT) that stand over this process's
+    /// environment for those steps. Keep it readable by Meridian alone (mode 0600); its
+    /// values never enter the log.
+    #[arg(long = "secrets", env = "MERIDIAN_SECRETS_FILE", value_name = "FILE")]
+    pub secrets: Option<PathBuf>,
+}
+
+impl SecretsFile {
+    fn load(
+        &self,
+    ) -> anyhow::Result<
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    > {
+        let Some(path) = &self.secrets else {
+            return Ok(Default::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the secrets file {}", path.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    file = %path.display(),
+                    mode = format!("{:o}", mode & 0o777),
+                    "the secrets file can be read by others; chmod 600 it"
+                );
+            }
+        }
+        let secrets: std::collections::BTreeMap<
+            String,
+            std::collections::BTreeMap<String, String>,
+        > = meridian_adapter_core::registry::parse_config(&text).with_context(|| {
+            format!(
+                "{}: expected a map of secret names to maps of variables, e.g. \
+                     `lab-s3: {{AWS_ACCESS_KEY_ID: ..., AWS_SECRET_ACCESS_KEY: ...}}`",
+                path.display()
+            )
+        })?;
+        tracing::info!(file = %path.display(), names = ?secrets.keys().collect::<Vec<_>>(), "secrets loaded");
+        Ok(secrets)
+    }
 }
 
 /// The key workflow credentials are made and checked with.
@@ -646,6 +701,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
             db,
             key,
             server,
+            secrets,
         } => {
             let call_back = match (key.load()?, server) {
                 (Some(credentials), Some(server)) => Some(call_back(&server, credentials)),
@@ -667,6 +723,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                     log.clone(),
                     roots.into_iter().collect(),
                     Some(vec![site.clone()]),
+                    secrets.load()?,
                 );
                 tasks.site(&site, adapter, log, store, call_back);
                 return tasks.wait().await;
@@ -687,6 +744,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                 log.clone(),
                 roots.into_iter().collect(),
                 Some(vec![site.clone()]),
+                secrets.load()?,
             );
             tasks.site(&site, adapter, log, store, call_back);
             // Keep the lock for as long as the site runs.
