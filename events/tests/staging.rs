@@ -591,3 +591,115 @@ fn a_volume_moves_to_the_next_site_once_the_jobs_that_fill_it_are_done() {
         }]);
     assert_eq!(wf.runnable_jobs(), vec![TaskRef::new("train", None)]);
 }
+
+#[test]
+fn a_volume_goes_out_once_the_last_job_that_mounts_it_ends_while_others_run_on() {
+    let spec: meridian_spec::Workflow = serde_json::from_value(json!({
+        "version": "v1",
+        "name": "early-out",
+        "volumes": {
+            "results": {"size": "1GiB", "egress": [{"source": "/out/", "destination": "s3://results/run-1/"}]}
+        },
+        "jobs": {
+            "write": {"image": "host", "command": ["true"], "mounts": {"results": "/r"}},
+            "report": {"requires": ["write"], "image": "host", "command": ["true"]}
+        }
+    }))
+    .unwrap();
+    let running = given::<Workflow>(vec![
+        WorkflowEvent::Submitted {
+            workflow_id: id(WORKFLOW),
+            name: "early-out".into(),
+            spec,
+            submitted_by: "ada".into(),
+            idempotency_key: None,
+            parent_workflow_id: None,
+        },
+        placed_event(1),
+        allocated("results"),
+        WorkflowEvent::JobReleased {
+            job: "write".into(),
+            index: None,
+            job_id: id(20),
+            site: "hpc-eu".into(),
+            attempt: 1,
+            batch: None,
+        },
+    ])
+    .state()
+    .clone();
+    // write is done: its volume goes out now, though report has yet to run.
+    let wf = given_state(running)
+        .when(
+            WorkflowCommand::SettleJob {
+                job_id: id(20),
+                outcome: JobOutcome::Succeeded,
+            },
+            at(1, 0),
+        )
+        .then(vec![
+            WorkflowEvent::JobSettled {
+                job: "write".into(),
+                index: None,
+                job_id: id(20),
+                outcome: JobOutcome::Succeeded,
+                retry: false,
+            },
+            WorkflowEvent::EgressDue {
+                volumes: vec![results_at()],
+            },
+        ]);
+    assert_eq!(wf.runnable_jobs(), vec![TaskRef::new("report", None)]);
+
+    // A copy out that fails meanwhile fails nothing yet: report runs, and the workflow
+    // fails, saying why, when it ends.
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::FailVolumeExport {
+                volume: "results".into(),
+                site: "hpc-eu".into(),
+                reason: "access denied".into(),
+            },
+            at(1, 1),
+        )
+        .then(vec![WorkflowEvent::VolumeExportFailed {
+            volume: "results".into(),
+            site: "hpc-eu".into(),
+            reason: "access denied".into(),
+        }]);
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::ReleaseJob {
+                job: "report".into(),
+                index: None,
+                job_id: id(21),
+                site: "hpc-eu".into(),
+            },
+            at(1, 2),
+        )
+        .then_ok()
+        .1;
+    let wf = given_state(wf)
+        .when(
+            WorkflowCommand::SettleJob {
+                job_id: id(21),
+                outcome: JobOutcome::Succeeded,
+            },
+            at(1, 3),
+        )
+        .then(vec![
+            WorkflowEvent::JobSettled {
+                job: "report".into(),
+                index: None,
+                job_id: id(21),
+                outcome: JobOutcome::Succeeded,
+                retry: false,
+            },
+            WorkflowEvent::Failed {
+                reason: "the outputs in volume results could not be copied out of hpc-eu: access denied (they are kept there until a retry copies them out or an admin releases them)".into(),
+                failed_jobs: vec![],
+                failed_at: at(1, 3),
+            },
+        ]);
+    assert_eq!(wf.outputs_kept(), vec![results_at()]);
+}

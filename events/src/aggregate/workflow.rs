@@ -706,12 +706,34 @@ impl Workflow {
             .collect()
     }
 
-    /// Volumes an ended workflow must keep holding: outputs kept after a failed copy
-    /// out, and those due to be copied out and not yet.
+    /// Volumes a failed workflow must keep holding: outputs kept after a failed copy
+    /// out, and those due to be copied out and not yet. Other ends keep nothing.
     pub fn volumes_to_keep(&self) -> Vec<VolumeAt> {
+        if self.state != Some(WorkflowState::Failed) {
+            return Vec::new();
+        }
         let mut keep = self.outputs_kept();
         keep.extend(self.egress_due());
         keep
+    }
+
+    /// Volumes with egress steps, not due yet, whose every step (jobs only: a service
+    /// runs on) has succeeded by `counts`: nothing will write to them any more.
+    fn outputs_ready(&self, counts: &BTreeMap<&str, Counts>) -> Vec<VolumeAt> {
+        let Some(spec) = &self.spec else {
+            return Vec::new();
+        };
+        self.egress_pending()
+            .into_iter()
+            .filter(|v| !self.egress_due.contains(v))
+            .filter(|v| {
+                self.nodes.iter().all(|(name, node)| {
+                    !spec.mounts_of(name).any(|m| m == v.volume)
+                        || (!node.service
+                            && counts.get(name.as_str()).is_some_and(Counts::all_succeeded))
+                })
+            })
+            .collect()
     }
 
     /// Whether `volume`'s ingress at `site` is done.
@@ -923,12 +945,28 @@ impl Workflow {
                     && !self.wanted(counts, name, &doomed))
         };
         if counts.iter().all(|(name, c)| done(name, c)) {
+            // A copy out that failed while jobs still ran fails the workflow now.
+            if let Some(((volume, site), reason)) = self.export_failed.iter().next() {
+                return Some(WorkflowEvent::Failed {
+                    reason: export_failure(volume, site, reason),
+                    failed_jobs: self.failed.clone(),
+                    failed_at: now,
+                });
+            }
             // Outputs are copied out first; the workflow finishes once they are.
             let pending = self.egress_pending();
-            return match (pending.is_empty(), self.egress_due.is_empty()) {
-                (true, _) => Some(WorkflowEvent::Finished { finished_at: now }),
-                (false, true) => Some(WorkflowEvent::EgressDue { volumes: pending }),
-                (false, false) => None,
+            if pending.is_empty() {
+                return Some(WorkflowEvent::Finished { finished_at: now });
+            }
+            let not_due: Vec<VolumeAt> = pending
+                .into_iter()
+                .filter(|v| !self.egress_due.contains(v))
+                .collect();
+            return match not_due.is_empty() {
+                true => None,
+                false => Some(WorkflowEvent::EgressDue {
+                    volumes: self.egress_due.iter().cloned().chain(not_due).collect(),
+                }),
             };
         }
         // A job that could go but for data on its way (ingress, a move between sites)
@@ -1142,7 +1180,15 @@ impl Workflow {
                 },
             }]);
         }
+        // Jobs still to run or running (a volume copied out as soon as the last job
+        // that mounts it ended): they carry on, and the workflow fails when they end.
+        let jobs_left = !self.running.is_empty() || self.counts().values().any(|c| c.pending > 0);
         match failure {
+            Some(reason) if jobs_left => Ok(vec![WorkflowEvent::VolumeExportFailed {
+                volume,
+                site,
+                reason,
+            }]),
             Some(reason) => Ok(vec![
                 WorkflowEvent::VolumeExportFailed {
                     volume: volume.clone(),
@@ -1150,11 +1196,7 @@ impl Workflow {
                     reason: reason.clone(),
                 },
                 WorkflowEvent::Failed {
-                    reason: format!(
-                        "the outputs in volume {volume} could not be copied out of {site}: \
-                         {reason} (they are kept there until a retry copies them out or an \
-                         admin releases them)"
-                    ),
+                    reason: export_failure(&volume, &site, &reason),
                     failed_jobs: self.failed.clone(),
                     failed_at: now,
                 },
@@ -1456,6 +1498,13 @@ impl Workflow {
             ended,
         );
 
+        // A volume whose every step has succeeded goes out now, while other jobs run on.
+        let early = match (&conclusion, status, state) {
+            (None, TaskStatus::Succeeded, WorkflowState::Placed | WorkflowState::Running) => {
+                self.outputs_ready(&counts)
+            }
+            _ => Vec::new(),
+        };
         let mut events = vec![WorkflowEvent::JobSettled {
             job: task.job.clone(),
             index: task.index,
@@ -1464,8 +1513,21 @@ impl Workflow {
             retry,
         }];
         events.extend(conclusion);
+        if !early.is_empty() {
+            events.push(WorkflowEvent::EgressDue {
+                volumes: self.egress_due.iter().cloned().chain(early).collect(),
+            });
+        }
         Ok(events)
     }
+}
+
+/// Why a workflow failed when its outputs could not be copied out.
+fn export_failure(volume: &str, site: &str, reason: &str) -> String {
+    format!(
+        "the outputs in volume {volume} could not be copied out of {site}: {reason} (they are \
+         kept there until a retry copies them out or an admin releases them)"
+    )
 }
 
 /// Rejects `requires` naming nothing, cycles among jobs, and empty arrays: a DAG the

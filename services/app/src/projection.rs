@@ -392,6 +392,15 @@ async fn apply_workflow(
         // Outputs a failed workflow kept, copied out on a retry: it stays failed, and
         // says they are out.
         WorkflowEvent::VolumeExported { volume, site, .. } => {
+            // Copied out while it runs on (its last job that mounts the volume ended).
+            sqlx::query(
+                "UPDATE intake_workflows SET reason = NULL
+                 WHERE id = $1 AND state IN ('placed', 'running') AND reason LIKE $2",
+            )
+            .bind(&id)
+            .bind("copying out its outputs%")
+            .execute(&mut **tx)
+            .await?;
             sqlx::query(
                 "UPDATE intake_workflows SET reason = $1 || reason
                  WHERE id = $2 AND state = 'failed'",
