@@ -8,22 +8,30 @@
 //!
 //! Where the bytes go: the data mover writes into the volume's directory at the site
 //! ([`meridian_adapter_core::volume_dir`] under the site's volume root, which its adapter
-//! gives: [`meridian_adapter_core::SiteAdapter::volume_root`]), for sites whose
-//! storage this machine reaches (the local site). Other sites' volumes are refused with
-//! that reason. Sources: `file://` (a file or a whole tree), `http(s)://`, `s3://` (an
-//! object or a prefix) and `hf://` (a model repository); other schemes are refused as
-//! not supported yet ([`fetch`]).
+//! gives: [`meridian_adapter_core::SiteAdapter::volume_root`]), for sites whose storage
+//! this machine reaches (the local site; Slurm and PBS sites with a shared
+//! `volume_root`). Other sites' volumes are refused with that reason. Sources:
+//! `file://`, `http(s)://`, `s3://`, `gs://`, `az://` and `hf://` ([`fetch`]); what was
+//! fetched is kept in the site's cache by content ([`cache`]), so the same input asked
+//! for again is not fetched again. A step may name a secret whose variables reach its
+//! store ([`DataMover::with_secrets`]).
 //!
-//! Egress: once every job of a workflow is done, the workflow names the volumes to copy
-//! out (`workflow.egress_due.v1`); the mover copies each volume's `egress` steps to their
-//! destinations (`file://`, `s3://`), records it exported, and the workflow finishes
-//! after the last one (or fails with the reason). Each copy out is billed at the site's
-//! egress price in force.
+//! Moves: in a split workflow a volume is copied from the site where the jobs that fill
+//! it ran to the next job's site once they are done, in place of its ingress there.
+//!
+//! Egress: a volume is due to be copied out once every job that mounts it succeeded
+//! (`workflow.egress_due.v1`); the mover copies its `egress` steps to their destinations
+//! and records it exported, or fails it with the reason (its outputs are then kept at
+//! the site until a retry or an admin's release). Each copy out, and each move, is billed
+//! at the site's egress price in force.
+//!
+//! Progress: while a copy runs, `transfer.progressed.v1` says how far it got, once a
+//! second.
 //!
 //! Restarts: at start the mover reads the log for volumes allocated and not yet staged,
-//! and for transfers already done; a copy that was under way is made again from the
-//! start (files are written beside their name and renamed once whole), and a finished
-//! one is not repeated.
+//! and for transfers already done; a copy that was under way is taken up under the same
+//! transfer, continuing from the part it had fetched when the source is unchanged, and
+//! a finished one is not repeated.
 
 pub mod cache;
 pub mod fetch;
