@@ -527,25 +527,19 @@ impl Located {
             .await
             .map_err(&failed)?;
         let mut writer = object_store::WriteMultipart::new(upload);
-        let mut file = tokio::fs::File::open(path)
+        let file = tokio::fs::File::open(path)
             .await
             .map_err(|e| FetchError::Source(format!("{}: {e}", path.display())))?;
         let mut hash = Sha256::new();
         let mut bytes = 0u64;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file
-                .read(&mut buf)
-                .await
-                .map_err(io(path.display().to_string()))?;
-            if n == 0 {
-                break;
-            }
-            hash.update(&buf[..n]);
-            bytes += n as u64;
+        let mut chunks = file_chunks(file, path.display().to_string());
+        while let Some(chunk) = futures::TryStreamExt::try_next(&mut chunks).await? {
+            let n = chunk.len() as u64;
+            hash.update(&chunk);
+            bytes += n;
             writer.wait_for_capacity(4).await.map_err(&failed)?;
-            writer.write(&buf[..n]);
-            progress.advance(n as u64);
+            writer.put(chunk);
+            progress.advance(n);
         }
         writer.finish().await.map_err(&failed)?;
         Ok(Copied {
@@ -780,25 +774,17 @@ impl Part {
             None => false,
         };
         if left {
-            if let Ok(mut file) = tokio::fs::OpenOptions::new()
-                .read(true)
-                .append(true)
-                .open(&path)
-                .await
-            {
+            if let (Ok(kept), Ok(file)) = (
+                tokio::fs::File::open(&path).await,
+                tokio::fs::OpenOptions::new().append(true).open(&path).await,
+            ) {
+                use futures::TryStreamExt;
                 let mut hash = Sha256::new();
                 let mut bytes = 0u64;
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = file
-                        .read(&mut buf)
-                        .await
-                        .map_err(io(path.display().to_string()))?;
-                    if n == 0 {
-                        break;
-                    }
-                    hash.update(&buf[..n]);
-                    bytes += n as u64;
+                let mut chunks = file_chunks(kept, path.display().to_string());
+                while let Some(chunk) = chunks.try_next().await? {
+                    hash.update(&chunk);
+                    bytes += chunk.len() as u64;
                 }
                 progress.advance(bytes);
                 progress.resumed.fetch_add(bytes, Ordering::Relaxed);
@@ -948,6 +934,25 @@ async fn get_resumable(
     part.finish().await
 }
 
+/// A local file's bytes, a MiB at a time.
+fn file_chunks(
+    file: tokio::fs::File,
+    what: String,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, FetchError>> + Unpin {
+    Box::pin(futures::stream::try_unfold(file, move |mut file| {
+        let what = what.clone();
+        async move {
+            let mut buf = vec![0u8; 1 << 20];
+            let n = file
+                .read(&mut buf)
+                .await
+                .map_err(|e| FetchError::Source(format!("{what}: {e}")))?;
+            buf.truncate(n);
+            Ok((n > 0).then(|| (bytes::Bytes::from(buf), file)))
+        }
+    }))
+}
+
 /// The file's part name while it is written: renamed to its own once whole.
 fn part_of(to: &Path) -> PathBuf {
     let mut name = to.file_name().unwrap_or_default().to_os_string();
@@ -957,25 +962,14 @@ fn part_of(to: &Path) -> PathBuf {
 
 /// Copies one local file to `to`, hashing and counting as it goes.
 pub(crate) async fn write_file(
-    mut from: tokio::fs::File,
+    from: tokio::fs::File,
     to: &Path,
     source: &str,
     progress: &Progress,
 ) -> Result<Copied, FetchError> {
     let mut part = Part::open(to, None, progress).await?;
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = from
-            .read(&mut buf)
-            .await
-            .map_err(|e| FetchError::Source(format!("{source}: {e}")))?;
-        if n == 0 {
-            break;
-        }
-        let chunk = bytes::Bytes::copy_from_slice(&buf[..n]);
-        part.write(futures::stream::iter([Ok(chunk)]), progress)
-            .await?;
-    }
+    part.write(file_chunks(from, source.to_string()), progress)
+        .await?;
     part.finish().await
 }
 

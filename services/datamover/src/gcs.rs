@@ -156,20 +156,25 @@ impl GcsBucket {
         )
     }
 
+    /// A JSON answer of the API at `url`; a 404 names `what`.
+    async fn get_json(
+        &self,
+        uri: &str,
+        what: &str,
+        url: String,
+    ) -> Result<serde_json::Value, FetchError> {
+        let request = self.request(uri, reqwest::Method::GET, url).await?;
+        Self::send(uri, what, request)
+            .await?
+            .json()
+            .await
+            .map_err(|e| FetchError::Unreachable(format!("{uri}: {e}")))
+    }
+
     /// One object's metadata.
     pub async fn head(&self, uri: &str, name: &str) -> Result<GcsObject, FetchError> {
         let what = format!("gs://{}/{name}", self.bucket);
-        let url = self.object_url(name);
-        let response = Self::send(
-            uri,
-            &what,
-            self.request(uri, reqwest::Method::GET, url).await?,
-        )
-        .await?;
-        let v: serde_json::Value = response
-            .json()
-            .await
-            .map_err(|e| FetchError::Unreachable(format!("{uri}: {e}")))?;
+        let v = self.get_json(uri, &what, self.object_url(name)).await?;
         Self::object(&v)
             .ok_or_else(|| FetchError::Source(format!("{uri}: an object without a name or size")))
     }
@@ -188,17 +193,9 @@ impl GcsBucket {
             if let Some(token) = &page {
                 url.push_str(&format!("&pageToken={}", encode(token)));
             }
-            let what = format!("gs://{}", self.bucket);
-            let response = Self::send(
-                uri,
-                &what,
-                self.request(uri, reqwest::Method::GET, url).await?,
-            )
-            .await?;
-            let v: serde_json::Value = response
-                .json()
-                .await
-                .map_err(|e| FetchError::Unreachable(format!("{uri}: {e}")))?;
+            let v = self
+                .get_json(uri, &format!("gs://{}", self.bucket), url)
+                .await?;
             objects.extend(
                 v["items"]
                     .as_array()
