@@ -251,6 +251,7 @@ fn a_finished_transfer_puts_the_bytes_at_its_destination() {
         ended_at: now,
         egress: None,
         cached: false,
+        class: None,
     });
     let aggregate = AggregateRef::new(AggregateKind::Transfer, uuid::Uuid::now_v7());
     for e in Envelope::sequence_after(
@@ -378,6 +379,7 @@ fn data_the_mover_brought_in_from_a_url_is_known_where_it_landed() {
             ended_at: now,
             egress: None,
             cached: false,
+            class: None,
         }),
     ];
     let aggregate = AggregateRef::new(AggregateKind::Transfer, uuid::Uuid::now_v7());

@@ -448,6 +448,7 @@ fn copied_out_of_holder(
         ended_at,
         egress: Some(tariff),
         cached: false,
+        class: None,
     });
     observe(catalog, tenant, AggregateKind::Transfer, event);
 }

@@ -431,7 +431,8 @@ pub struct EgressByDestination {
 }
 
 /// Where copied bytes go, as egress prices tell destinations apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Destination {
     SameRegion,
     OtherRegion,

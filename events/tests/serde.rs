@@ -474,6 +474,7 @@ fn every_event() -> Vec<Event> {
                 }],
             }),
             cached: true,
+            class: Some(meridian_events::money::Destination::OtherRegion),
         }
         .into(),
         TransferEvent::Failed {

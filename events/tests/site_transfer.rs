@@ -250,6 +250,7 @@ fn complete(digest: &str) -> TransferCommand {
         ended_at: at(0, 10) + Duration::seconds(95),
         egress: Some(tariff()),
         cached: false,
+        class: None,
     }
 }
 

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::Aggregate;
 use crate::envelope::AggregateKind;
-use crate::money::EgressTariff;
+use crate::money::{Destination, EgressTariff};
 use crate::vocabulary::{Endpoint, Location, TransferEvent};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -52,6 +52,8 @@ pub enum TransferCommand {
         egress: Option<EgressTariff>,
         /// Copied from the site's own cache rather than fetched.
         cached: bool,
+        /// The boundary the bytes crossed; `None` within a site.
+        class: Option<Destination>,
     },
     /// Stamped with `now`.
     Fail { reason: String },
@@ -184,6 +186,7 @@ impl Aggregate for Transfer {
                 ended_at,
                 egress,
                 cached,
+                class,
             } => {
                 let workflow_id = self.open()?;
                 if !valid_digest(&digest) {
@@ -210,6 +213,7 @@ impl Aggregate for Transfer {
                     ended_at,
                     egress,
                     cached,
+                    class,
                 }])
             }
             TransferCommand::Fail { reason } => {

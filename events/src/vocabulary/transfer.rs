@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{Endpoint, Location};
-use crate::money::{EgressTariff, Money, MoneyError};
+use crate::money::{Destination, EgressTariff, Money, MoneyError};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type")]
@@ -49,6 +49,10 @@ pub enum TransferEvent {
         /// fetched from the source again.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         cached: bool,
+        /// The boundary the bytes crossed, as egress prices class it (`same_region`,
+        /// `other_region`, `internet`); absent for a copy within a site.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        class: Option<Destination>,
     },
 
     #[serde(rename = "transfer.failed.v1")]

@@ -451,6 +451,7 @@ impl Generator {
             ended_at,
             egress: Some(tariff(site)),
             cached: false,
+            class: None,
         };
         let commit = self.commit(
             AggregateKind::Transfer,

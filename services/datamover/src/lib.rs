@@ -418,6 +418,8 @@ struct Step {
     from: Location,
     to: Location,
     tariff: Option<meridian_events::money::EgressTariff>,
+    /// The boundary the bytes cross; `None` within a site.
+    class: Option<meridian_events::money::Destination>,
     /// Kept in the site cache (ingress from a URL).
     cacheable: bool,
     /// The secret the step names for its credentials.
@@ -521,6 +523,13 @@ impl Staging {
             (Work::Stage, None) => None,
             _ => Some(meridian_domain::Catalog::load(&*self.log).await?),
         };
+        let class_between = |from: &str, to: &str| {
+            let catalog = catalog.as_ref()?;
+            Some(meridian_domain::placement::destination(
+                catalog.find(from)?,
+                catalog.find(to)?,
+            ))
+        };
         let tariff_from = |from: &str, to: Option<&str>| {
             let catalog = catalog.as_ref()?;
             let source = catalog.find(from)?;
@@ -546,6 +555,7 @@ impl Staging {
                     from: at(&m.from),
                     to: at(site),
                     tariff: tariff_from(&m.from, Some(site)),
+                    class: class_between(&m.from, site),
                     cacheable: false,
                     credentials: None,
                 }]
@@ -562,6 +572,10 @@ impl Staging {
                     from: source_location(&step.source, site),
                     to: at(site),
                     tariff: None,
+                    class: match step.source.starts_with("file://") {
+                        true => None,
+                        false => Some(meridian_events::money::Destination::Internet),
+                    },
                     cacheable: true,
                     credentials: step.credentials.clone(),
                 })
@@ -578,6 +592,7 @@ impl Staging {
                     from: at(site),
                     to: internet.clone(),
                     tariff: tariff_from(site, None),
+                    class: Some(meridian_events::money::Destination::Internet),
                     cacheable: false,
                     credentials: step.credentials.clone(),
                 })
@@ -647,6 +662,8 @@ impl Staging {
                             ended_at: Utc::now().max(started_at),
                             egress: step.tariff.clone(),
                             cached,
+                            // A copy from the site's own cache crossed nothing.
+                            class: step.class.filter(|_| !cached),
                         }
                     })
                     .await

@@ -467,7 +467,8 @@ jobs:
         "7",
         "crunch at big read what prep wrote at local"
     );
-    let copies: Vec<(String, String, u64)> = cli_json(&up.server, &["events", id])["events"]
+    let copies: Vec<(String, String, u64, String)> = cli_json(&up.server, &["events", id])
+        ["events"]
         .as_array()
         .unwrap()
         .iter()
@@ -481,14 +482,31 @@ jobs:
                     .unwrap()
                     .to_string()
             };
-            (at(&p["from"]), at(&p["to"]), p["bytes"].as_u64().unwrap())
+            let class = p["class"].as_str().unwrap_or("-").to_string();
+            (
+                at(&p["from"]),
+                at(&p["to"]),
+                p["bytes"].as_u64().unwrap(),
+                class,
+            )
         })
         .collect();
+    // local and big are both local sites, in regions `local` and `here`.
     assert_eq!(
         copies,
         [
-            ("local".to_string(), "big".to_string(), 14),
-            ("big".to_string(), "internet".to_string(), 2)
+            (
+                "local".to_string(),
+                "big".to_string(),
+                14,
+                "other_region".to_string()
+            ),
+            (
+                "big".to_string(),
+                "internet".to_string(),
+                2,
+                "internet".to_string()
+            )
         ],
         "the volume moved once, and went out once from where it ended"
     );

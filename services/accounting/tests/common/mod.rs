@@ -299,6 +299,7 @@ impl Log {
                 ended_at,
                 egress: tariff,
                 cached: false,
+                class: None,
             }
             .into()],
         )
