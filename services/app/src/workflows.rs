@@ -398,13 +398,18 @@ impl App {
         let Some(first) = loaded.history.first() else {
             return Err(AppError::no_workflow(id));
         };
-        let kept: Vec<String> = loaded
-            .state
-            .outputs_kept()
+        // A release also gives back what is due and not out yet; a retry needs a failure.
+        let held = match release {
+            true => loaded.state.volumes_to_keep(),
+            false => loaded.state.outputs_kept(),
+        };
+        let mut kept: Vec<String> = held
             .into_iter()
             .filter(|v| v.volume == volume)
             .map(|v| v.site)
             .collect();
+        kept.sort();
+        kept.dedup();
         if kept.is_empty() {
             return Err(AppError::Conflict(format!(
                 "workflow {id} keeps no outputs of volume {volume:?} after a failed copy out"

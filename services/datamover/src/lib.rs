@@ -314,10 +314,13 @@ impl DataMover {
                             open.retain(|(_, h)| *h != (id, volume.clone(), site.clone()))
                         }
                         Event::Workflow(
-                            WorkflowEvent::Finished { .. }
-                            | WorkflowEvent::Failed { .. }
-                            | WorkflowEvent::Cancelled { .. },
+                            WorkflowEvent::Finished { .. } | WorkflowEvent::Cancelled { .. },
                         ) => open.retain(|(_, h)| h.0 != id),
+                        // A failed workflow still copies out what is due (its outputs
+                        // are kept until then); it stages nothing more.
+                        Event::Workflow(WorkflowEvent::Failed { .. }) => {
+                            open.retain(|(work, h)| h.0 != id || *work == Work::Export)
+                        }
                         Event::Transfer(TransferEvent::Requested {
                             workflow_id,
                             source,
