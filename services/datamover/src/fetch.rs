@@ -251,7 +251,7 @@ pub async fn copy(
             false => String::new(),
         };
         let copied = get_resumable(
-            source,
+            (source, "the server"),
             || reach.http().get(source),
             &under(&target, &rel),
             progress,
@@ -280,20 +280,20 @@ fn under(target: &Path, rel: &str) -> PathBuf {
 }
 
 /// A response whose status says the body is there; a server error or 429 may pass if
-/// asked again, anything else is the source's answer.
-fn answered(source: &str, response: reqwest::Response) -> Result<reqwest::Response, FetchError> {
+/// asked again, anything else is the source's answer. `peer` names who answered
+/// ("the server", "the Hub").
+fn answered(
+    what: &str,
+    peer: &str,
+    response: reqwest::Response,
+) -> Result<reqwest::Response, FetchError> {
     let status = response.status();
-    if status.is_server_error() || status.as_u16() == 429 {
-        return Err(FetchError::Unreachable(format!(
-            "{source}: the server answered {status}"
-        )));
+    let why = format!("{what}: {peer} answered {status}");
+    match status {
+        s if s.is_server_error() || s.as_u16() == 429 => Err(FetchError::Unreachable(why)),
+        s if !s.is_success() => Err(FetchError::Source(why)),
+        _ => Ok(response),
     }
-    if !status.is_success() {
-        return Err(FetchError::Source(format!(
-            "{source}: the server answered {status}"
-        )));
-    }
-    Ok(response)
 }
 
 /// Where a bucket's objects are read and written.
@@ -634,14 +634,6 @@ fn hf_request(reach: &Reach, url: String) -> reqwest::RequestBuilder {
     }
 }
 
-fn hf_answer(source: &str, what: &str, status: reqwest::StatusCode) -> FetchError {
-    let why = format!("{source}: {what}: the Hub answered {status}");
-    match status.is_server_error() || status.as_u16() == 429 {
-        true => FetchError::Unreachable(why),
-        false => FetchError::Source(why),
-    }
-}
-
 /// Lists a model repository through the Hub's HTTP file API at `HF_ENDPOINT` (by
 /// default `https://huggingface.co`, so a mirror or a stand-in can serve), with
 /// `HF_TOKEN` as a bearer token when it is set.
@@ -670,9 +662,7 @@ async fn hf_listing(reach: &Reach, source: &str, rest: &str) -> Result<HfListing
     .send()
     .await
     .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?;
-    if !listing.status().is_success() {
-        return Err(hf_answer(source, "listing its files", listing.status()));
-    }
+    let listing = answered(&format!("{source}: listing its files"), "the Hub", listing)?;
     let entries: Vec<serde_json::Value> = listing.json().await.map_err(|e| {
         FetchError::Source(format!(
             "{source}: the file list is not what the Hub sends: {e}"
@@ -722,12 +712,8 @@ async fn copy_hf(
             listing.endpoint, listing.repo, listing.revision
         );
         let what = format!("{source}: {path}");
-        let copied = get_resumable(&what, || hf_request(reach, url.clone()), &to, progress)
-            .await
-            .map_err(|e| match e {
-                FetchError::Source(why) => FetchError::Source(why.replace("the server", "the Hub")),
-                e => e,
-            })?;
+        let request = || hf_request(reach, url.clone());
+        let copied = get_resumable((&what, "the Hub"), request, &to, progress).await?;
         tree.add(path, copied);
     }
     Ok(tree.done())
@@ -871,7 +857,7 @@ impl Part {
 /// whole object again, which starts the part afresh. A source with neither header is
 /// fetched whole each time.
 async fn get_resumable(
-    what: &str,
+    (what, peer): (&str, &str),
     request: impl Fn() -> reqwest::RequestBuilder,
     to: &Path,
     progress: &Progress,
@@ -900,7 +886,7 @@ async fn get_resumable(
             .await
             .map_err(|e| FetchError::Unreachable(format!("{what}: {e}")))?;
     }
-    let response = answered(what, response)?;
+    let response = answered(what, peer, response)?;
     let resumed = part.bytes > 0 && response.status() == reqwest::StatusCode::PARTIAL_CONTENT;
     if part.bytes > 0 && !resumed {
         part.restart(progress).await?;
@@ -942,13 +928,13 @@ fn file_chunks(
     Box::pin(futures::stream::try_unfold(file, move |mut file| {
         let what = what.clone();
         async move {
-            let mut buf = vec![0u8; 1 << 20];
+            // Read into spare capacity: nothing is zeroed first.
+            let mut buf = bytes::BytesMut::with_capacity(1 << 20);
             let n = file
-                .read(&mut buf)
+                .read_buf(&mut buf)
                 .await
                 .map_err(|e| FetchError::Source(format!("{what}: {e}")))?;
-            buf.truncate(n);
-            Ok((n > 0).then(|| (bytes::Bytes::from(buf), file)))
+            Ok((n > 0).then(|| (buf.freeze(), file)))
         }
     }))
 }
@@ -1156,7 +1142,7 @@ pub async fn fingerprint(reach: &Reach, source: &str) -> Result<Option<String>, 
             .send()
             .await
             .map_err(|e| FetchError::Unreachable(format!("{source}: {e}")))?;
-        let response = answered(source, response)?;
+        let response = answered(source, "the server", response)?;
         let header = |name: reqwest::header::HeaderName| {
             response
                 .headers()

@@ -733,7 +733,7 @@ impl Staging {
                     .await;
                     if let Err(e) = recorded {
                         // Progress is for people watching; the copy goes on without it.
-                        tracing::debug!(%transfer, error = %e, "progress not recorded");
+                        tracing::warn!(%transfer, error = %e, "progress not recorded");
                     }
                 }
             }
@@ -768,8 +768,8 @@ impl Staging {
             Work::Stage if cacheable => match fetch::fingerprint(&reach, source).await {
                 Ok(f) => f,
                 Err(e) => {
-                    // The fetch itself says what is wrong with the source.
-                    tracing::debug!(source, error = %e, "no fingerprint; not cached");
+                    // Fetched without the cache; the fetch says what is wrong, if anything.
+                    tracing::warn!(source, error = %e, "its version could not be asked; not cached");
                     None
                 }
             },
