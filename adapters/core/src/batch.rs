@@ -122,19 +122,7 @@ fn script(
         binds.push(format!("{host}:{at}"));
     }
     if let Some(a) = array {
-        script.push_str(&format!("case \"${}\" in\n", a.index_var));
-        for (site_index, task) in &a.tasks {
-            script.push_str(&format!(
-                "{site_index}) MERIDIAN_JOB_ID={} ARRAY_INDEX={} ;;\n",
-                task.job_id, task.index
-            ));
-        }
-        script.push_str(&format!(
-            "*) echo \"meridian: no task of this array has index ${}\" >&2; exit 1 ;;\nesac\n\
-             MERIDIAN_ARRAY_INDEX=$ARRAY_INDEX\n\
-             export MERIDIAN_JOB_ID ARRAY_INDEX MERIDIAN_ARRAY_INDEX\n",
-            a.index_var
-        ));
+        script.push_str(&task_table(a));
     }
     let command = match array {
         None => job.task_command(),
@@ -194,9 +182,29 @@ fn script(
     Ok(script)
 }
 
+/// The `case` on the site's task index that sets each task's `MERIDIAN_JOB_ID`,
+/// `ARRAY_INDEX` and `MERIDIAN_ARRAY_INDEX`, and exports them; an index the array does
+/// not have fails the task.
+pub fn task_table(tasks: &ArrayTasks) -> String {
+    let mut table = format!("case \"${}\" in\n", tasks.index_var);
+    for (site_index, task) in &tasks.tasks {
+        table.push_str(&format!(
+            "{site_index}) MERIDIAN_JOB_ID={} ARRAY_INDEX={} ;;\n",
+            task.job_id, task.index
+        ));
+    }
+    table.push_str(&format!(
+        "*) echo \"meridian: no task of this array has index ${}\" >&2; exit 1 ;;\nesac\n\
+         MERIDIAN_ARRAY_INDEX=$ARRAY_INDEX\n\
+         export MERIDIAN_JOB_ID ARRAY_INDEX MERIDIAN_ARRAY_INDEX\n",
+        tasks.index_var
+    ));
+    table
+}
+
 /// Quotes `arg` for a POSIX shell, leaving each `${ARRAY_INDEX}` in it for the shell to
 /// expand (an array task's index is known only when it runs).
-fn quote_with_index(arg: &str) -> String {
+pub fn quote_with_index(arg: &str) -> String {
     const INDEX: &str = "${ARRAY_INDEX}";
     if !arg.contains(INDEX) {
         return shell_quote(arg);

@@ -109,6 +109,8 @@ impl ConformanceOptions {
             resources: self.resources.clone(),
             service: None,
             mounts: Default::default(),
+            volume_sizes: Default::default(),
+            tenant: None,
         }
     }
 

@@ -47,6 +47,13 @@ pub struct JobRequest {
     /// Volume name → where the job sees it at the site.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mounts: BTreeMap<String, String>,
+    /// Volume name → its declared size in bytes, for sites that provision a volume per
+    /// workflow (a Kubernetes PersistentVolumeClaim).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volume_sizes: BTreeMap<String, u64>,
+    /// The tenant the workflow belongs to, for sites that label what they create with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// Tasks of one array to submit as one unit (a Slurm `--array`, a PBS `-J`), of which

@@ -391,6 +391,8 @@ mod tests {
             },
             service: None,
             mounts: Default::default(),
+            volume_sizes: Default::default(),
+            tenant: None,
         }
     }
 

@@ -350,6 +350,8 @@ mod tests {
             },
             service: None,
             mounts: Default::default(),
+            volume_sizes: Default::default(),
+            tenant: None,
         }
     }
 

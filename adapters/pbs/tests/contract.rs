@@ -135,6 +135,8 @@ fn request(name: &str) -> JobRequest {
         },
         service: None,
         mounts: Default::default(),
+        volume_sizes: Default::default(),
+        tenant: None,
     }
 }
 

@@ -763,6 +763,8 @@ mod tests {
             },
             service: None,
             mounts: Default::default(),
+            volume_sizes: Default::default(),
+            tenant: None,
         };
         let mut config = SlurmConfig::cli("/scratch/u");
         config.partition = Some("gpu".into());

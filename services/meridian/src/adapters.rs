@@ -17,9 +17,9 @@ pub fn registry() -> Vec<Registration> {
         meridian_adapter_slurm::REGISTRATION,
         meridian_adapter_pbs::REGISTRATION,
     ];
-    // A kind with a heavy SDK joins behind its feature, e.g.:
-    // #[cfg(feature = "site-kubernetes")]
-    // kinds.push(meridian_adapter_kubernetes::REGISTRATION);
+    // A kind with a heavy SDK joins behind its feature.
+    #[cfg(feature = "site-kubernetes")]
+    kinds.push(meridian_adapter_kubernetes::REGISTRATION);
     kinds
 }
 
@@ -49,7 +49,7 @@ pub fn help() -> String {
         } else {
             "configuration file optional"
         };
-        text.push_str(&format!("\n  {:<8} {} ({config})", r.kind, r.about));
+        text.push_str(&format!("\n  {:<10} {} ({config})", r.kind, r.about));
     }
     text
 }
@@ -97,8 +97,13 @@ mod tests {
             assert!(names.contains(&name), "{names:?}");
             assert!(help().contains(name));
         }
-        let err = find("kubernetes").unwrap_err().to_string();
+        let err = find("nomad").unwrap_err().to_string();
         assert!(err.contains("local, slurm, pbs"), "{err}");
+        assert_eq!(
+            names.contains(&"kubernetes"),
+            cfg!(feature = "site-kubernetes"),
+            "{names:?}"
+        );
     }
 
     #[test]

@@ -44,25 +44,7 @@ fn start(dir: tempfile::TempDir, port: u16) -> SlurmUp {
         ),
     );
     write(dir.path(), "hpc.yaml", CATALOG);
-    let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
-        "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--catalog",
-            "hpc.yaml",
-            "--adapter",
-            "hpc=slurm:slurm.yaml",
-        ],
-        &[],
-    );
-    let server = format!("http://127.0.0.1:{port}");
-    wait_ready(&server, &[&proc]);
+    let (server, proc) = up_with_adapter(dir.path(), port, "hpc.yaml", "hpc=slurm:slurm.yaml");
     SlurmUp {
         server,
         dir,

@@ -586,7 +586,12 @@ impl SiteRunner {
                 }),
             },
             service,
+            volume_sizes: mounts
+                .keys()
+                .filter_map(|v| Some((v.clone(), spec.volumes.get(v)?.size.bytes())))
+                .collect(),
             mounts: mounts.clone(),
+            tenant: Some(self.jobs[&id].tenant.clone()),
         }))
     }
 

@@ -34,6 +34,8 @@ fn orphan(command: &[&str]) -> JobRequest {
         },
         service: None,
         mounts: BTreeMap::new(),
+        volume_sizes: Default::default(),
+        tenant: None,
     }
 }
 

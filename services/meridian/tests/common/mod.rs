@@ -164,6 +164,31 @@ pub fn wait_ready(server: &str, procs: &[&Proc]) {
     panic!("Meridian at {server} never answered:\n{}", logs.join("\n"));
 }
 
+/// `meridian up` in `dir` on `port`, with the sites of the catalogue file `catalog` and
+/// one adapter (`NAME=KIND:FILE`); returns the API's address once it answers.
+pub fn up_with_adapter(dir: &Path, port: u16, catalog: &str, adapter: &str) -> (String, Proc) {
+    let listen = format!("127.0.0.1:{port}");
+    let proc = Proc::spawn(
+        "up",
+        dir,
+        &[
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &listen,
+            "--catalog",
+            catalog,
+            "--adapter",
+            adapter,
+        ],
+        &[],
+    );
+    let server = format!("http://127.0.0.1:{port}");
+    wait_ready(&server, &[&proc]);
+    (server, proc)
+}
+
 pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, body).unwrap();

@@ -1,0 +1,437 @@
+//! End to end on a Kubernetes site: `meridian up --adapter k8s=kubernetes:FILE` against
+//! the **stand-in** API server (`meridian-kube-standin`; no real Kubernetes can run on
+//! these machines), driven with the CLI as a user would: a DAG with a capped array, a
+//! GPU job, a service, an evicted pod whose work is placed again, a cancel that deletes
+//! what it created, and a kill -9 of Meridian mid-run that creates nothing twice.
+
+#![cfg(feature = "site-kubernetes")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use meridian_kube_standin::{Node, Options, StandIn};
+use rust_decimal::Decimal;
+use serde_json::Value;
+
+const CATALOG: &str = r#"
+sites:
+  - name: k8s
+    kind: kubernetes
+    region: campus-1
+    jurisdiction: eu
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: "test charge-back rates"
+      compute:
+        - {offer: cpu-node, per_core_hour: "0.01", per_gib_hour: "0.001"}
+        - {offer: gpu-node, per_core_hour: "0.01", per_gib_hour: "0.001", per_gpu_hour: "0.90"}
+    shapes:
+      - {name: cpu-node, offer: cpu-node, cpus: 4, memory: 8GiB, max_walltime: 1h}
+      - {name: gpu-node, offer: gpu-node, cpus: 8, memory: 32GiB, max_walltime: 1h, gpus: {count: 2, vendor: nvidia, model: H100, memory: 80GiB}}
+"#;
+
+/// The stand-in cluster (on its own runtime) and `meridian up` with a site on it.
+struct K8sUp {
+    server: String,
+    port: u16,
+    proc: Proc,
+    standin: StandIn,
+    dir: tempfile::TempDir,
+    _runtime: tokio::runtime::Runtime,
+}
+
+fn cluster(dir: &std::path::Path) -> (tokio::runtime::Runtime, StandIn) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut options = Options::new(dir.join("standin"));
+    options.nodes.push(Node {
+        name: "gpu-node".into(),
+        cpus: 8,
+        memory_bytes: 32 << 30,
+        labels: BTreeMap::from([(
+            "nvidia.com/gpu.product".into(),
+            "NVIDIA-H100-80GB-HBM3".into(),
+        )]),
+        extended: BTreeMap::from([("nvidia.com/gpu".into(), 2)]),
+    });
+    let standin = runtime.block_on(StandIn::start(options)).unwrap();
+    (runtime, standin)
+}
+
+fn up_on(
+    dir: tempfile::TempDir,
+    port: u16,
+    runtime: tokio::runtime::Runtime,
+    standin: StandIn,
+) -> K8sUp {
+    write(dir.path(), "kubeconfig", &standin.kubeconfig("meridian"));
+    write(
+        dir.path(),
+        "k8s.yaml",
+        &format!(
+            "kubeconfig: {}\nnamespace: meridian\nlog_streams: split\nttl_seconds_after_finished: 600\n",
+            dir.path().join("kubeconfig").display()
+        ),
+    );
+    write(dir.path(), "catalog.yaml", CATALOG);
+    let (server, proc) =
+        up_with_adapter(dir.path(), port, "catalog.yaml", "k8s=kubernetes:k8s.yaml");
+    K8sUp {
+        server,
+        port,
+        proc,
+        standin,
+        dir,
+        _runtime: runtime,
+    }
+}
+
+fn up() -> K8sUp {
+    let dir = tempfile::tempdir().unwrap();
+    let (runtime, standin) = cluster(dir.path());
+    up_on(dir, free_port(), runtime, standin)
+}
+
+/// The workflow `text` with its placement held to the Kubernetes site.
+fn on_k8s(text: &str) -> String {
+    text.replacen("\njobs:", "\nplacement: {sites: [k8s]}\njobs:", 1)
+}
+
+fn jobs_of(status: &Value) -> &Vec<Value> {
+    status["jobs"].as_array().unwrap()
+}
+
+#[test]
+fn a_dag_with_a_capped_array_runs_on_kubernetes_and_each_pod_is_billed() {
+    let up = up();
+    let file = write(up.dir.path(), "dag.yaml", &on_k8s(DAG));
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    assert_eq!(status["site"], "k8s");
+    assert_eq!(status["tasks"]["succeeded"], 8, "{status:#}");
+    let id = status["id"].as_str().unwrap();
+    // The sweep went as one Indexed Job; prep and report as a Job each.
+    let sweep: Vec<&Value> = jobs_of(&status)
+        .iter()
+        .filter(|j| j["name"] == "sweep")
+        .collect();
+    assert_eq!(sweep.len(), 6);
+    let arrays: std::collections::BTreeSet<String> = sweep
+        .iter()
+        .map(|j| {
+            let backend = j["backend_job_id"].as_str().unwrap();
+            backend.rsplit_once('/').unwrap().0.to_string()
+        })
+        .collect();
+    assert_eq!(arrays.len(), 1, "{arrays:?}");
+    assert_eq!(up.standin.created("jobs"), 3, "prep, the sweep and report");
+
+    let runs = runs(&up.server, id);
+    assert_eq!(runs.len(), 8, "{runs:?}");
+    for (name, start, _, _) in runs.iter().filter(|r| r.0.starts_with("sweep")) {
+        let overlapping = runs
+            .iter()
+            .filter(|r| r.0.starts_with("sweep") && r.1 <= *start && *start < r.2)
+            .count();
+        assert!(
+            overlapping <= 2,
+            "{name} started with {overlapping} running (cap 2)"
+        );
+    }
+    let logs = cli(&up.server, &["logs", id, "sweep"]);
+    let text = String::from_utf8_lossy(&logs.stdout);
+    for i in 1..=6 {
+        assert!(text.contains(&format!("cell {i}")), "{text}");
+    }
+    // Each pod's time at the site's rates, for what it asked: 1 core, 64 MiB.
+    let bill = bill(&up.server, id, 8);
+    check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
+}
+
+#[test]
+fn a_gpu_job_lands_on_the_h100_node_and_its_gpu_hours_are_billed() {
+    let up = up();
+    let file = write(
+        up.dir.path(),
+        "gpu.yaml",
+        r#"
+version: v1
+name: on-a-gpu
+placement: {sites: [k8s]}
+jobs:
+  train:
+    image: docker://docker.io/library/busybox:1.37
+    command: [sh, -c, "echo trained on $MERIDIAN_JOB_ID; sleep 0.5"]
+    resources:
+      cpus: 2
+      memory: 1GiB
+      walltime: 5m
+      gpus: {count: 1, vendor: any, model: H100}
+"#,
+    );
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    let id = status["id"].as_str().unwrap();
+    let pods = up.standin.objects("pods");
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0]["spec"]["nodeName"], "gpu-node");
+    assert_eq!(
+        pods[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        "1"
+    );
+    let bill = bill(&up.server, id, 1);
+    let lines = billed_runs(&bill).into_values().next().unwrap();
+    let gpu = lines
+        .iter()
+        .find(|l| l["meter"] == "gpu_hours")
+        .unwrap_or_else(|| panic!("a GPU line: {bill:#}"));
+    let core = lines.iter().find(|l| l["meter"] == "core_hours").unwrap();
+    let seconds = |l: &Value| {
+        let at = |k: &str| chrono::DateTime::parse_from_rfc3339(l[k].as_str().unwrap()).unwrap();
+        (at("ended_at") - at("started_at"))
+            .num_microseconds()
+            .unwrap()
+    };
+    assert_eq!(seconds(gpu), seconds(core), "the pod's one stretch");
+    let expected = Decimal::from_str("0.90").unwrap() * Decimal::from(seconds(gpu))
+        / Decimal::from(3_600_000_000u64);
+    let amount = Decimal::from_str(gpu["amount"].as_str().unwrap()).unwrap();
+    assert!(
+        (amount - expected).abs() < Decimal::from_str("0.0000000001").unwrap(),
+        "{gpu:#}"
+    );
+}
+
+#[test]
+fn a_failing_job_fails_with_its_exit_code_and_a_cancel_deletes_the_job() {
+    let up = up();
+    let file = write(up.dir.path(), "failing.yaml", &on_k8s(FAILING));
+    let out = cli(
+        &up.server,
+        &[
+            "submit",
+            file.to_str().unwrap(),
+            "--wait",
+            "--output",
+            "json",
+        ],
+    );
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["state"], "failed", "{status:#}");
+    let bad = jobs_of(&status)
+        .iter()
+        .find(|j| j["name"] == "bad")
+        .unwrap();
+    assert_eq!(bad["exit_code"], 3, "{status:#}");
+    let logs = cli(&up.server, &["logs", status["id"].as_str().unwrap(), "bad"]);
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("about to fail"));
+
+    let file = write(up.dir.path(), "slow.yaml", &on_k8s(SLOW));
+    let id = submit(&up.server, &file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cli_json(&up.server, &["status", &id])["tasks"]["running"] != 1 {
+        assert!(Instant::now() < deadline, "never ran: {}", up.proc.output());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cli_json(&up.server, &["cancel", &id]);
+    let status = wait_state(&up.server, &id, &["cancelled"]);
+    assert_eq!(jobs_of(&status)[0]["state"], "cancelled", "{status:#}");
+    let name = format!(
+        "meridian-{}",
+        jobs_of(&status)[0]["backend_job_id"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("job/meridian-")
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while up
+        .standin
+        .objects("jobs")
+        .iter()
+        .any(|j| j["metadata"]["name"] == name.as_str())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled Job {name} is still there"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let bill = bill(&up.server, &id, 1);
+    check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
+}
+
+#[test]
+fn a_service_is_a_deployment_with_a_cluster_address_until_cancelled() {
+    let up = up();
+    let port = free_port();
+    let file = write(
+        up.dir.path(),
+        "service.yaml",
+        &on_k8s(&job_and_service(up.dir.path(), port)),
+    );
+    let id = submit(&up.server, &file);
+    let address = wait_address(&up.server, &id, "web");
+    assert!(
+        address.starts_with("meridian-") && address.ends_with(&format!(".meridian.svc:{port}")),
+        "{address}"
+    );
+    // The stand-in runs the pod here, so its port answers on this machine.
+    let page = http_get(&format!("127.0.0.1:{port}"), "/index.txt").expect("it answers");
+    assert!(page.contains("made-by-prep"), "{page}");
+    assert_eq!(up.standin.objects("services").len(), 1);
+    cli_json(&up.server, &["cancel", &id]);
+    wait_state(&up.server, &id, &["cancelled"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !up.standin.objects("deployments").is_empty()
+        || !up.standin.objects("services").is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the Deployment or Service is still there"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_evicted_pod_is_a_site_fault_and_its_work_is_placed_again() {
+    let up = up();
+    let marker = up.dir.path().join("first-run");
+    let file = write(
+        up.dir.path(),
+        "evicted.yaml",
+        &format!(
+            r#"
+version: v1
+name: evicted
+placement: {{sites: [k8s]}}
+jobs:
+  work:
+    image: host
+    command: [sh, -c, "if [ -e {m} ]; then echo second run; else touch {m}; sleep 300; fi"]
+    resources: {{cpus: 1, memory: 64MiB, walltime: 10m}}
+"#,
+            m = marker.display()
+        ),
+    );
+    let id = submit(&up.server, &file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pod = loop {
+        let running = up
+            .standin
+            .objects("pods")
+            .into_iter()
+            .find(|p| p["status"]["phase"] == "Running" && marker.exists());
+        if let Some(pod) = running {
+            break pod;
+        }
+        assert!(Instant::now() < deadline, "never ran: {}", up.proc.output());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let name = pod["metadata"]["name"].as_str().unwrap();
+    let eviction = format!(
+        "{}/api/v1/namespaces/meridian/pods/{name}/eviction",
+        up.standin.url()
+    );
+    let body = format!(
+        r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{name}","namespace":"meridian"}}}}"#
+    );
+    let out = std::process::Command::new("curl")
+        .args(["-sf", "-X", "POST", "-H", "Content-Type: application/json"])
+        .args([
+            "-H",
+            "Authorization: Bearer standin-token",
+            "--data",
+            &body,
+            &eviction,
+        ])
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = wait_state(&up.server, &id, &["finished", "failed"]);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    assert_eq!(dispatches(&up.server, &id, "work"), 2, "{status:#}");
+    assert_eq!(up.standin.created("jobs"), 2, "one Job per run");
+}
+
+#[test]
+fn a_kill_of_meridian_mid_run_creates_nothing_twice_on_kubernetes() {
+    let mut up = up();
+    let marker = up.dir.path().join("ran.txt");
+    let file = write(
+        up.dir.path(),
+        "slow.yaml",
+        &format!(
+            "version: v1\nname: slow-on-k8s\nplacement: {{sites: [k8s]}}\njobs:\n  slow:\n    image: host\n    command: [sh, -c, \"echo ran >> {m}; sleep 4\"]\n    resources: {{cpus: 1, memory: 64MiB, walltime: 2m}}\n  cells:\n    image: host\n    command: [sh, -c, \"echo cell-${{ARRAY_INDEX}} >> {m}; sleep 2\"]\n    array: {{start: 1, end: 3, parallelism: 1}}\n    resources: {{cpus: 1, memory: 64MiB, walltime: 2m}}\n",
+            m = marker.display()
+        ),
+    );
+    let id = submit(&up.server, &file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cli_json(&up.server, &["status", &id])["tasks"]["running"]
+        .as_u64()
+        .unwrap_or(0)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "never ran: {}", up.proc.output());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // kill -9: nothing of Meridian's gets to tidy up.
+    up.proc.kill();
+    let port = up.port;
+    let K8sUp {
+        dir,
+        standin,
+        _runtime: runtime,
+        ..
+    } = up;
+    let up = up_on(dir, port, runtime, standin);
+    let status = wait_state(&up.server, &id, &["finished", "failed"]);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    let ran = std::fs::read_to_string(&marker).unwrap();
+    let mut lines: Vec<&str> = ran.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        ["cell-1", "cell-2", "cell-3", "ran"],
+        "each ran once: {ran:?}"
+    );
+    assert_eq!(jobs_of(&status).len(), 4, "{status:#}");
+    assert_eq!(
+        up.standin.created("jobs"),
+        2,
+        "one Job and one Indexed Job, once each"
+    );
+}
