@@ -35,6 +35,32 @@ sites:
       - {name: gpu-node, offer: gpu-node, cpus: 8, memory: 32GiB, max_walltime: 1h, gpus: {count: 2, vendor: nvidia, model: H100, memory: 80GiB}}
 "#;
 
+/// The same site as CoreWeave sells it: whole 8-GPU nodes by the hour, named by class.
+const COREWEAVE_CATALOG: &str = r#"
+sites:
+  - name: k8s
+    kind: coreweave
+    region: us-east-04
+    jurisdiction: us
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: "test rates"
+      compute:
+        - {offer: H100_NVLINK_80GB.8, per_instance_hour: "22.80"}
+    shapes:
+      - {name: H100_NVLINK_80GB.8, offer: H100_NVLINK_80GB.8, cpus: 128, memory: 2TiB, gpus: {count: 8, vendor: nvidia, model: H100, memory: 80GiB}}
+"#;
+
+/// Which cluster the stand-in plays.
+#[derive(Clone, Copy, PartialEq)]
+enum Flavour {
+    /// A plain cluster with NVIDIA's feature discovery labels.
+    Kubernetes,
+    /// CoreWeave: `gpu.nvidia.com/class` labels, `profile: coreweave`.
+    Coreweave,
+}
+
 /// The stand-in cluster (on its own runtime) and `meridian up` with a site on it.
 struct K8sUp {
     server: String,
@@ -42,25 +68,35 @@ struct K8sUp {
     proc: Proc,
     standin: StandIn,
     dir: tempfile::TempDir,
+    flavour: Flavour,
     _runtime: tokio::runtime::Runtime,
 }
 
-fn cluster(dir: &std::path::Path) -> (tokio::runtime::Runtime, StandIn) {
+fn cluster(dir: &std::path::Path, flavour: Flavour) -> (tokio::runtime::Runtime, StandIn) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let mut options = Options::new(dir.join("standin"));
-    options.nodes.push(Node {
-        name: "gpu-node".into(),
-        cpus: 8,
-        memory_bytes: 32 << 30,
-        labels: BTreeMap::from([(
-            "nvidia.com/gpu.product".into(),
-            "NVIDIA-H100-80GB-HBM3".into(),
-        )]),
-        extended: BTreeMap::from([("nvidia.com/gpu".into(), 2)]),
+    options.nodes.push(match flavour {
+        Flavour::Kubernetes => Node {
+            name: "gpu-node".into(),
+            cpus: 8,
+            memory_bytes: 32 << 30,
+            labels: BTreeMap::from([(
+                "nvidia.com/gpu.product".into(),
+                "NVIDIA-H100-80GB-HBM3".into(),
+            )]),
+            extended: BTreeMap::from([("nvidia.com/gpu".into(), 2)]),
+        },
+        Flavour::Coreweave => Node {
+            name: "gd-8xh100ib-i128".into(),
+            cpus: 128,
+            memory_bytes: 2 << 40,
+            labels: BTreeMap::from([("gpu.nvidia.com/class".into(), "H100_NVLINK_80GB".into())]),
+            extended: BTreeMap::from([("nvidia.com/gpu".into(), 8)]),
+        },
     });
     let standin = runtime.block_on(StandIn::start(options)).unwrap();
     (runtime, standin)
@@ -71,17 +107,26 @@ fn up_on(
     port: u16,
     runtime: tokio::runtime::Runtime,
     standin: StandIn,
+    flavour: Flavour,
 ) -> K8sUp {
     write(dir.path(), "kubeconfig", &standin.kubeconfig("meridian"));
     write(
         dir.path(),
         "k8s.yaml",
         &format!(
-            "kubeconfig: {}\nnamespace: meridian\nlog_streams: split\nttl_seconds_after_finished: 600\n",
-            dir.path().join("kubeconfig").display()
+            "kubeconfig: {}\nnamespace: meridian\nlog_streams: split\nttl_seconds_after_finished: 600\n{}",
+            dir.path().join("kubeconfig").display(),
+            match flavour {
+                Flavour::Kubernetes => "",
+                Flavour::Coreweave => "profile: coreweave\n",
+            }
         ),
     );
-    write(dir.path(), "catalog.yaml", CATALOG);
+    let catalog = match flavour {
+        Flavour::Kubernetes => CATALOG,
+        Flavour::Coreweave => COREWEAVE_CATALOG,
+    };
+    write(dir.path(), "catalog.yaml", catalog);
     let (server, proc) =
         up_with_adapter(dir.path(), port, "catalog.yaml", "k8s=kubernetes:k8s.yaml");
     K8sUp {
@@ -90,14 +135,19 @@ fn up_on(
         proc,
         standin,
         dir,
+        flavour,
         _runtime: runtime,
     }
 }
 
 fn up() -> K8sUp {
+    up_as(Flavour::Kubernetes)
+}
+
+fn up_as(flavour: Flavour) -> K8sUp {
     let dir = tempfile::tempdir().unwrap();
-    let (runtime, standin) = cluster(dir.path());
-    up_on(dir, free_port(), runtime, standin)
+    let (runtime, standin) = cluster(dir.path(), flavour);
+    up_on(dir, free_port(), runtime, standin, flavour)
 }
 
 /// The workflow `text` with its placement held to the Kubernetes site.
@@ -409,10 +459,11 @@ fn a_kill_of_meridian_mid_run_creates_nothing_twice_on_kubernetes() {
     let K8sUp {
         dir,
         standin,
+        flavour,
         _runtime: runtime,
         ..
     } = up;
-    let up = up_on(dir, port, runtime, standin);
+    let up = up_on(dir, port, runtime, standin, flavour);
     let status = wait_state(&up.server, &id, &["finished", "failed"]);
     assert_eq!(
         status["state"],
@@ -433,5 +484,72 @@ fn a_kill_of_meridian_mid_run_creates_nothing_twice_on_kubernetes() {
         up.standin.created("jobs"),
         2,
         "one Job and one Indexed Job, once each"
+    );
+}
+
+#[test]
+fn a_coreweave_site_runs_an_h100_job_on_its_class_and_bills_the_instance_hours() {
+    let up = up_as(Flavour::Coreweave);
+    let file = write(
+        up.dir.path(),
+        "h100.yaml",
+        r#"
+version: v1
+name: on-coreweave
+placement: {sites: [k8s]}
+jobs:
+  train:
+    image: docker://nvcr.io/nvidia/pytorch:25.01-py3
+    command: [sh, -c, "echo trained; sleep 0.5"]
+    resources:
+      cpus: 16
+      memory: 64GiB
+      walltime: 5m
+      gpus: {count: 8, vendor: nvidia, model: H100}
+"#,
+    );
+    let status = submit_wait(&up.server, &file);
+    assert_eq!(
+        status["state"],
+        "finished",
+        "{status:#}\n{}",
+        up.proc.output()
+    );
+    let id = status["id"].as_str().unwrap();
+    let pods = up.standin.objects("pods");
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0]["spec"]["nodeName"], "gd-8xh100ib-i128");
+    let term = &pods[0]["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+        ["matchExpressions"][0];
+    assert_eq!(term["key"], "gpu.nvidia.com/class");
+    assert!(
+        term["values"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("H100_NVLINK_80GB")),
+        "{term}"
+    );
+    assert_eq!(
+        pods[0]["spec"]["containers"][0]["image"],
+        "nvcr.io/nvidia/pytorch:25.01-py3"
+    );
+    // CoreWeave sells the node by the hour: one instance line, at 22.80 an hour.
+    let bill = bill(&up.server, id, 1);
+    let lines = billed_runs(&bill).into_values().next().unwrap();
+    let instance = lines
+        .iter()
+        .find(|l| l["meter"] == "instance_hours")
+        .unwrap_or_else(|| panic!("an instance line: {bill:#}"));
+    let at = |k: &str| chrono::DateTime::parse_from_rfc3339(instance[k].as_str().unwrap()).unwrap();
+    let micros = (at("ended_at") - at("started_at"))
+        .num_microseconds()
+        .unwrap();
+    let expected = Decimal::from_str("22.80").unwrap() * Decimal::from(micros)
+        / Decimal::from(3_600_000_000u64);
+    let amount = Decimal::from_str(instance["amount"].as_str().unwrap()).unwrap();
+    assert!(
+        (amount - expected).abs() < Decimal::from_str("0.0000000001").unwrap(),
+        "{instance:#}"
     );
 }
