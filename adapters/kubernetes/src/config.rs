@@ -176,6 +176,14 @@ impl KubernetesConfig {
         ] {
             check_label_key(key).map_err(|why| format!("{field}: {key:?} {why}"))?;
         }
+        for (model, values) in &self.gpu_models {
+            if let Some(bad) = values.iter().find(|v| v.is_empty() || !is_label_value(v)) {
+                return Err(format!(
+                    "gpu_models.{model}: {bad:?} is not a label value (up to 63 of A-Z, \
+                     a-z, 0-9, '-', '_', '.')"
+                ));
+            }
+        }
         if let Some(queue) = &self.kueue_queue {
             if !is_label_value(queue) || queue.is_empty() {
                 return Err(format!(
@@ -230,9 +238,18 @@ pub fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// A DNS-1123 subdomain: dot-separated labels, at most 253 characters.
+/// A DNS-1123 subdomain, as Kubernetes checks object names: at most 253 characters,
+/// dot-separated parts of a-z, 0-9 and inner '-'.
 pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
+    s.len() <= 253
+        && s.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        })
 }
 
 /// A label value: empty, or up to 63 of `[A-Za-z0-9._-]` starting and ending alphanumeric.

@@ -105,6 +105,9 @@ pub struct KubernetesAdapter {
     config: Arc<KubernetesConfig>,
     live: OnceCell<Live>,
     cancelled: Arc<Mutex<HashMap<String, Cancelled>>>,
+    /// The last word on the tasks of an Indexed Job this adapter deleted once every task
+    /// had ended or been cancelled, for the runner to read after the Job is gone.
+    settled: Mutex<HashMap<String, JobReport>>,
 }
 
 impl std::fmt::Debug for KubernetesAdapter {
@@ -160,6 +163,7 @@ impl KubernetesAdapter {
             config: Arc::new(config),
             live: OnceCell::new(),
             cancelled: Arc::default(),
+            settled: Mutex::default(),
         })
     }
 
@@ -241,6 +245,9 @@ impl KubernetesAdapter {
         let (state, requested, address, cancelled) = match target {
             Target::Job(name) | Target::Task(name, _) => {
                 let Some(job) = live.watches.jobs.get(&ObjectRef::new(name).within(ns)) else {
+                    if let Some(report) = self.settled.lock().expect("settled").get(&key) {
+                        return Ok(report.clone());
+                    }
                     return match cancelled {
                         Some(c) => Ok(cancelled_report(id, c)),
                         None => Err(AdapterError::UnknownJob(id.0)),
@@ -345,7 +352,12 @@ impl KubernetesAdapter {
         let started_at = match report.state {
             JobState::Running { started_at } => Some(started_at),
             JobState::Cancelled { .. } => return Ok(()),
-            ref done if done.is_terminal() => return Ok(()),
+            ref done if done.is_terminal() => {
+                // Ended for Meridian, perhaps not for Kubernetes: a service that kept
+                // crashing still holds its Deployment, a pod whose image cannot be
+                // pulled its Job. The leak sweep's cancel takes them away.
+                return self.delete_leftover(live, target).await;
+            }
             _ => None,
         };
         let at = Utc::now();
@@ -383,13 +395,57 @@ impl KubernetesAdapter {
                     .jobs
                     .get(&ObjectRef::new(name).within(&self.config.namespace))
                 {
-                    if watch::all_tasks_settled(&job, &self.cancelled.lock().expect("cancel map")) {
+                    let settled =
+                        watch::all_tasks_settled(&job, &self.cancelled.lock().expect("cancel map"));
+                    if settled {
+                        // Keep what the other tasks ended as: the runner may not have read
+                        // it yet, and it must not take them for lost.
+                        let count = tasks_of(&job).map_or(0, |t| t.len() as u32);
+                        for n in 0..count {
+                            let task = Target::Task(name.clone(), n);
+                            if let Ok(report) = self.report(live, &task) {
+                                self.settled
+                                    .lock()
+                                    .expect("settled")
+                                    .insert(format!("{name}/{n}"), report);
+                            }
+                        }
                         gone_ok(live.jobs.delete(name, &delete).await, "deleting the Job")?;
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Deletes what still runs at the site for a run Meridian counts as ended.
+    async fn delete_leftover(&self, live: &Live, target: &Target) -> Result<(), AdapterError> {
+        let delete = DeleteParams::background();
+        match target {
+            Target::Service(name) => {
+                gone_ok(
+                    live.deployments.delete(name, &delete).await,
+                    "deleting the Deployment",
+                )?;
+                gone_ok(
+                    live.services.delete(name, &delete).await,
+                    "deleting the Service",
+                )
+            }
+            Target::Job(name) => {
+                let cached = live
+                    .watches
+                    .jobs
+                    .get(&ObjectRef::new(name).within(&self.config.namespace));
+                match cached {
+                    Some(job) if !watch::finished(&job) => {
+                        gone_ok(live.jobs.delete(name, &delete).await, "deleting the Job")
+                    }
+                    _ => Ok(()),
+                }
+            }
+            Target::Task(..) => Ok(()),
+        }
     }
 
     fn remember(&self, key: String, entry: Cancelled) {
@@ -575,6 +631,10 @@ where
     match api.create(&PostParams::default(), object).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        // Not the object (it is being created): its namespace.
+        Err(kube::Error::Api(status)) if status.code == 404 => Err(AdapterError::Unavailable(
+            format!("creating in the namespace: {}", status.message),
+        )),
         Err(e) => Err(api_error(
             &format!("creating {}", object.meta().name.as_deref().unwrap_or("?")),
             e,
@@ -772,11 +832,13 @@ impl SiteAdapter for KubernetesAdapter {
                 owned.insert(id);
             }
             let status = job.status.as_ref();
+            let marked = watch::cancelled_tasks(&job);
             for (n, task) in tasks_of(&job).unwrap_or_default().iter().enumerate() {
                 let n = n as u32;
                 let settled =
                     state::in_intervals(status.and_then(|s| s.completed_indexes.as_deref()), n)
                         || state::in_intervals(status.and_then(|s| s.failed_indexes.as_deref()), n)
+                        || marked.contains_key(&n)
                         || cancelled.contains_key(&format!("{}/{n}", job.name_any()));
                 if !settled {
                     owned.insert(task.job_id);

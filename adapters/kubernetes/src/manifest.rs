@@ -65,14 +65,27 @@ pub fn object_name(id: Uuid) -> String {
     format!("meridian-{id}")
 }
 
-/// The claim that holds `volume` of `workflow` at this site.
+/// The claim that holds `volume` of `workflow` at this site. A volume name that is not
+/// already lower-case letters, digits and inner `-` gets a hash of itself appended, so
+/// `Data` and `data`, or `a_b` and `a-b`, stay two claims.
 pub fn claim_name(workflow: Uuid, volume: &str) -> String {
-    let volume: String = volume
+    let lowered: String = volume
         .to_ascii_lowercase()
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
-    format!("meridian-{workflow}-{}", volume.trim_matches('-'))
+    let tidy = lowered.trim_matches('-');
+    if tidy == volume {
+        return format!("meridian-{workflow}-{tidy}");
+    }
+    // FNV-1a: stable across builds, which a claim's name must be.
+    let hash = volume.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    match tidy {
+        "" => format!("meridian-{workflow}-{hash:08x}"),
+        tidy => format!("meridian-{workflow}-{tidy}-{hash:08x}"),
+    }
 }
 
 /// What a run asked for, kept on its object so a restarted adapter bills it the same.
@@ -360,6 +373,9 @@ fn pod_spec(
         affinity,
         tolerations,
         volumes: (!volumes.is_empty()).then_some(volumes),
+        // Every Service in the namespace would otherwise add its variables to every pod:
+        // with many services, more than a process's environment can hold.
+        enable_service_links: Some(false),
         ..Default::default()
     })
 }
@@ -427,7 +443,6 @@ pub fn job(
         spec: Some(JobSpec {
             backoff_limit: Some(0),
             pod_failure_policy: Some(failure_policy("FailJob")),
-            active_deadline_seconds: Some(walltime_seconds(job)),
             ttl_seconds_after_finished: Some(config.ttl_seconds_after_finished as i32),
             suspend: config.kueue_queue.as_ref().map(|_| true),
             template: PodTemplateSpec {
@@ -435,7 +450,12 @@ pub fn job(
                     labels: Some(pod_labels),
                     ..Default::default()
                 }),
-                spec: Some(pod_spec(config, job, gpu, start_of(job), "Never")?),
+                spec: Some(PodSpec {
+                    // On the pod, not the Job: a Job's deadline counts from its start,
+                    // time spent unscheduled included, and would fail a job for waiting.
+                    active_deadline_seconds: Some(walltime_seconds(job)),
+                    ..pod_spec(config, job, gpu, start_of(job), "Never")?
+                }),
             },
             ..Default::default()
         }),
@@ -480,8 +500,10 @@ pub fn array_job(
         TASKS.into(),
         serde_json::to_string(&tasks).expect("plain data"),
     );
-    let mut spec = pod_spec(config, template, gpu, start, "Never")?;
-    spec.active_deadline_seconds = Some(walltime_seconds(template));
+    let spec = PodSpec {
+        active_deadline_seconds: Some(walltime_seconds(template)),
+        ..pod_spec(config, template, gpu, start, "Never")?
+    };
     let count = array.tasks.len() as i32;
     Ok(Job {
         metadata: meta(object_name(array.batch_id), config, labels, annotations),
@@ -644,8 +666,16 @@ mod tests {
     fn claim_names_are_object_names() {
         let w = Uuid::nil();
         assert_eq!(
-            claim_name(w, "Scratch_Data"),
+            claim_name(w, "scratch-data"),
             "meridian-00000000-0000-0000-0000-000000000000-scratch-data"
+        );
+        let names =
+            ["Scratch_Data", "scratch_data", "scratch-data", "_", "-"].map(|v| claim_name(w, v));
+        let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert!(
+            names.iter().all(|n| crate::config::is_dns_subdomain(n)),
+            "{names:?}"
         );
     }
 }

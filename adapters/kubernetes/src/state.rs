@@ -11,7 +11,9 @@
 //! | Job `DeadlineExceeded`, pod `DeadlineExceeded` | `failed`, `timeout` |
 //! | pod condition `DisruptionTarget` (preemption, eviction, node pressure) | `failed`, `preempted` (a site fault: re-placed) |
 //! | `DisruptionTarget` by taint manager or pod GC (node lost) | `failed`, `node_failure` (re-placed) |
-//! | `ImagePullBackOff`, `InvalidImageName`, `ErrImageNeverPull` | `failed`, `image_unavailable` |
+//! | `InvalidImageName`, `ErrImageNeverPull`; a pull the registry refused (not found, denied) | `failed`, `image_unavailable` |
+//! | pod refused by the kubelet at admission (`OutOfcpu`, …) | `failed`, `site_refused` (re-placed) |
+//! | Job `Suspended` (Kueue) | `pending` |
 //! | object deleted by a cancel | `cancelled` |
 
 use chrono::{DateTime, Utc};
@@ -83,23 +85,38 @@ pub fn disruption(pod: &Pod) -> Option<FailureReason> {
     })
 }
 
-/// Why the pod can never start, when its image cannot be had.
+/// Why the pod can never start, when its image cannot be had. A failed pull is final
+/// only when the registry said the image is not there or not ours to pull; otherwise
+/// (a timeout, a rate limit) the kubelet keeps trying and the run is still pending.
 fn image_failure(pod: &Pod) -> Option<FailureReason> {
     let waiting = main_container(pod)?.state.as_ref()?.waiting.as_ref()?;
-    match waiting.reason.as_deref()? {
-        reason @ ("ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull") => {
-            Some(FailureReason::ImageUnavailable {
-                message: format!(
-                    "{reason}: {}",
-                    waiting
-                        .message
-                        .as_deref()
-                        .unwrap_or("the image cannot be pulled")
-                ),
-            })
-        }
-        _ => None,
-    }
+    let reason = waiting.reason.as_deref()?;
+    let message = waiting.message.as_deref().unwrap_or("");
+    let lowered = message.to_ascii_lowercase();
+    let final_pull = [
+        "not found",
+        "manifest unknown",
+        "unauthorized",
+        "denied",
+        "forbidden",
+    ]
+    .iter()
+    .any(|m| lowered.contains(m));
+    let failed = match reason {
+        "InvalidImageName" | "ErrImageNeverPull" => true,
+        "ErrImagePull" | "ImagePullBackOff" => final_pull,
+        _ => false,
+    };
+    failed.then(|| FailureReason::ImageUnavailable {
+        message: format!(
+            "{reason}: {}",
+            if message.is_empty() {
+                "the image cannot be pulled"
+            } else {
+                message
+            }
+        ),
+    })
 }
 
 /// What one pod says of its run; `None` while it has not started.
@@ -133,8 +150,18 @@ pub fn pod_state(pod: &Pod, now: DateTime<Utc>) -> Option<JobState> {
         }),
         "Failed" => {
             let t = terminated(pod);
-            let failure = if status.and_then(|s| s.reason.as_deref()) == Some("DeadlineExceeded") {
+            let pod_reason = status.and_then(|s| s.reason.as_deref());
+            let failure = if pod_reason == Some("DeadlineExceeded") {
                 FailureReason::Timeout
+            } else if let (None, Some(reason)) = (t, pod_reason) {
+                // The kubelet refused the pod at admission (OutOfcpu, NodeAffinity,
+                // UnexpectedAdmissionError): the node's doing, not the job's.
+                FailureReason::SiteRefused {
+                    message: format!(
+                        "{reason}: {}",
+                        status.and_then(|s| s.message.as_deref()).unwrap_or("")
+                    ),
+                }
             } else if t.and_then(|t| t.reason.as_deref()) == Some("OOMKilled") {
                 FailureReason::OutOfMemory
             } else {
@@ -170,8 +197,25 @@ fn job_condition<'a>(
         .find(|c| c.type_ == kind && c.status == "True")
 }
 
+/// Whether the Job is suspended (held by Kueue, or preempted by it): its pods are
+/// being deleted and it will run again when admitted.
+fn suspended(job: &Job) -> bool {
+    job_condition(job, "Suspended").is_some()
+}
+
+/// The pods that speak for a Job that has not ended: one being deleted was stopped by
+/// the Job controller (a suspension), and its failure is not the job's.
+fn live_pods<'a>(job: &Job, pods: &[&'a Pod]) -> Vec<&'a Pod> {
+    let ended = job_condition(job, "Complete").is_some() || job_condition(job, "Failed").is_some();
+    pods.iter()
+        .copied()
+        .filter(|p| ended || p.metadata.deletion_timestamp.is_none() || disruption(p).is_some())
+        .collect()
+}
+
 /// A plain Job's state, from the Job and its pods (newest last).
 pub fn job_state(job: &Job, pods: &[&Pod], now: DateTime<Utc>) -> JobState {
+    let pods = live_pods(job, pods);
     let pod = pods.last().copied();
     let from_pod = pod.and_then(|p| pod_state(p, now));
     let started = pod.and_then(started_at);
@@ -225,6 +269,9 @@ pub fn job_state(job: &Job, pods: &[&Pod], now: DateTime<Utc>) -> JobState {
             ended_at,
         };
     }
+    if suspended(job) {
+        return JobState::Pending;
+    }
     from_pod.unwrap_or(JobState::Pending)
 }
 
@@ -242,8 +289,13 @@ pub fn in_intervals(list: Option<&str>, index: u32) -> bool {
 /// The state of the task with completion `index` of an Indexed Job, from its pods
 /// (newest last).
 pub fn task_state(job: &Job, index: u32, pods: &[&Pod], now: DateTime<Utc>) -> JobState {
+    let pods = live_pods(job, pods);
     let pod = pods.last().copied();
-    if let Some(state) = pod.and_then(|p| pod_state(p, now)) {
+    let pod_says = pod.and_then(|p| pod_state(p, now));
+    if suspended(job) && !pod_says.as_ref().is_some_and(JobState::is_terminal) {
+        return JobState::Pending;
+    }
+    if let Some(state) = pod_says {
         if state.is_terminal() {
             return state;
         }
@@ -279,9 +331,9 @@ pub fn task_state(job: &Job, index: u32, pods: &[&Pod], now: DateTime<Utc>) -> J
             started_at: None,
             ended_at: done_at(),
             exit_code: None,
-            failure: FailureReason::Other {
-                message: "the index failed and its pod is gone".into(),
-            },
+            // While its Job exists, a pod goes early only with its node (pod garbage
+            // collection): the site lost the task.
+            failure: FailureReason::Lost,
         };
     }
     if job_condition(job, "Failed").is_some() || job_condition(job, "Complete").is_some() {
@@ -359,5 +411,88 @@ pub fn service_state(
     match first_start {
         Some(started_at) => (JobState::Running { started_at }, ready),
         None => (JobState::Pending, false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn now() -> DateTime<Utc> {
+        "2026-12-02T12:00:00Z".parse().unwrap()
+    }
+
+    fn job(status: serde_json::Value) -> Job {
+        serde_json::from_value(json!({"metadata": {"name": "meridian-x"}, "status": status}))
+            .unwrap()
+    }
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "meridian-x-abcde"}, "status": status}))
+            .unwrap()
+    }
+
+    fn waiting(reason: &str, message: &str) -> Pod {
+        pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "main", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": message}}}]}))
+    }
+
+    #[test]
+    fn a_pull_is_final_only_when_the_registry_refused_it() {
+        let j = job(json!({}));
+        let busy = waiting("ImagePullBackOff", "Back-off pulling image \"x\"");
+        assert_eq!(job_state(&j, &[&busy], now()), JobState::Pending);
+        let missing = waiting(
+            "ErrImagePull",
+            "failed to pull and unpack image \"x\": x: not found",
+        );
+        assert!(matches!(
+            job_state(&j, &[&missing], now()),
+            JobState::Failed {
+                failure: FailureReason::ImageUnavailable { .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_pod_the_kubelet_refused_is_the_sites_fault() {
+        let refused = pod(json!({"phase": "Failed", "reason": "OutOfcpu",
+            "message": "Node didn't have enough resource: cpu"}));
+        match pod_state(&refused, now()).unwrap() {
+            JobState::Failed { failure, .. } => {
+                assert!(failure.is_site_fault(), "{failure:?}");
+                assert!(matches!(failure, FailureReason::SiteRefused { .. }));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_suspended_job_waits_whatever_its_deleted_pods_say() {
+        let j = job(json!({"conditions": [{"type": "Suspended", "status": "True"}]}));
+        let mut stopped = pod(json!({"phase": "Failed", "containerStatuses": [{
+            "name": "main", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}]}));
+        stopped.metadata.deletion_timestamp = Some(Time("2026-12-02T12:00:00Z".parse().unwrap()));
+        assert_eq!(job_state(&j, &[&stopped], now()), JobState::Pending);
+        assert_eq!(task_state(&j, 0, &[&stopped], now()), JobState::Pending);
+    }
+
+    #[test]
+    fn a_failed_index_whose_pod_is_gone_was_lost_by_the_site() {
+        let j = job(json!({"failedIndexes": "1", "completedIndexes": "0,2-3"}));
+        match task_state(&j, 1, &[], now()) {
+            JobState::Failed { failure, .. } => assert_eq!(failure, FailureReason::Lost),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            task_state(&j, 3, &[], now()),
+            JobState::Succeeded { .. }
+        ));
+        assert_eq!(task_state(&j, 4, &[], now()), JobState::Pending);
     }
 }

@@ -327,6 +327,43 @@ async fn contract_a_service_that_keeps_crashing_fails_with_its_exit_code() {
         }
         other => panic!("{other:?}"),
     }
+    // Kubernetes would keep restarting it: the leak sweep's cancel takes it away.
+    let name = format!("meridian-{}", job.job_id);
+    assert_eq!(cluster.named("deployments", &name), 1);
+    adapter.cancel(&id).await.unwrap();
+    eventually(
+        "the failed service's Deployment and Service are deleted",
+        || {
+            (cluster.named("deployments", &name) == 0 && cluster.named("services", &name) == 0)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_waiting_for_a_node_does_not_count_against_the_walltime() {
+    let cluster = Cluster::start(|_| {}).await;
+    let adapter = cluster.adapter();
+    let o = cluster.options();
+    // No node here has a GPU: the pod waits unscheduled, past its 1 s walltime.
+    let mut job = o.job("waits", &["true"]);
+    job.resources.walltime = Duration::from_secs(1);
+    job.resources.gpus = Some(Gpus {
+        count: 1,
+        vendor: "nvidia".into(),
+        model: None,
+    });
+    let id = adapter.submit(&job).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = adapter.status(&id).await.unwrap();
+    assert_eq!(report.state, JobState::Pending, "{report:?}");
+    let pod = pod_of_job(&cluster, &format!("meridian-{}", job.job_id)).unwrap();
+    assert_eq!(
+        pod["status"]["conditions"][0]["reason"], "Unschedulable",
+        "{pod:#}"
+    );
+    adapter.cancel(&id).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
