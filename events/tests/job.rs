@@ -363,3 +363,54 @@ fn compute_is_charged_for_the_billed_stretch_when_the_site_gives_one() {
         )
         .then_err(|e| matches!(e, JobError::BilledBackwards { .. }));
 }
+
+#[test]
+fn the_reason_a_site_holds_a_run_back_is_recorded_when_it_changes_and_forgotten_at_start() {
+    let waiting = |reason: &str| JobCommand::RecordWaiting {
+        reason: reason.into(),
+    };
+    let job = given::<Job>([dispatched(), on_site()])
+        .when(
+            waiting("Unschedulable: 0/3 nodes have a free GPU"),
+            at(1, 0),
+        )
+        .then(vec![JobEvent::Waiting {
+            reason: "Unschedulable: 0/3 nodes have a free GPU".into(),
+        }]);
+    assert_eq!(
+        job.waiting(),
+        Some("Unschedulable: 0/3 nodes have a free GPU")
+    );
+    // The same reason again says nothing new.
+    given::<Job>([
+        dispatched(),
+        on_site(),
+        JobEvent::Waiting {
+            reason: "Priority".into(),
+        },
+    ])
+    .when(waiting("Priority"), at(1, 0))
+    .then(vec![]);
+    let job = given::<Job>([
+        dispatched(),
+        on_site(),
+        JobEvent::Waiting {
+            reason: "Priority".into(),
+        },
+        started(),
+    ])
+    .when(waiting("Resources"), at(1, 0));
+    job.then_err(|e| matches!(e, JobError::AlreadyStarted));
+    let mut started_job = Job::default();
+    for e in [
+        dispatched(),
+        on_site(),
+        JobEvent::Waiting {
+            reason: "Priority".into(),
+        },
+        started(),
+    ] {
+        started_job.apply(&e);
+    }
+    assert_eq!(started_job.waiting(), None);
+}

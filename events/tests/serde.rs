@@ -25,7 +25,7 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 49] = [
+const TAGS: [&str; 50] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -49,6 +49,7 @@ const TAGS: [&str; 49] = [
     "job.dispatched.v1",
     "job.submitted_to_site.v1",
     "job.started.v1",
+    "job.waiting.v1",
     "job.service_ready.v1",
     "job.finished.v1",
     "job.failed.v1",
@@ -317,6 +318,10 @@ fn every_event() -> Vec<Event> {
             started_at: at(1, 0),
             allocated: gpu_allocation(),
             hosts: vec!["gpu017".into(), "gpu018".into()],
+        }
+        .into(),
+        JobEvent::Waiting {
+            reason: "Priority: 40 jobs ahead in the queue".into(),
         }
         .into(),
         JobEvent::ServiceReady {

@@ -256,6 +256,10 @@ pub struct JobReport {
     /// a service there is ready once it answers on its port ([`service_address`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// Why the site holds a pending run back, when it says (a scheduler's pending
+    /// reason, a pod no node can take yet): shown in `meridian status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// Where a running service answers: the address its site gives, else its host and port

@@ -242,7 +242,7 @@ impl KubernetesAdapter {
             .expect("cancel map")
             .get(&key)
             .copied();
-        let (state, requested, address, cancelled) = match target {
+        let (state, requested, address, cancelled, waiting) = match target {
             Target::Job(name) | Target::Task(name, _) => {
                 let Some(job) = live.watches.jobs.get(&ObjectRef::new(name).within(ns)) else {
                     if let Some(report) = self.settled.lock().expect("settled").get(&key) {
@@ -263,13 +263,14 @@ impl KubernetesAdapter {
                     Some(index) => state::task_state(&job, index, &pods, now),
                     None => state::job_state(&job, &pods, now),
                 };
+                let waiting = state::waiting_reason(Some(&job), &pods);
                 // A task cancelled by an earlier run of this adapter is marked on its Job.
                 let marked = index.and_then(|i| watch::cancelled_tasks(&job).get(&i).copied());
                 let cancelled = cancelled.or(marked.map(|at| Cancelled {
                     started_at: None,
                     at,
                 }));
-                (state, requested_of(&*job), None, cancelled)
+                (state, requested_of(&*job), None, cancelled, waiting)
             }
             Target::Service(name) => {
                 let Some(deployment) = live
@@ -291,7 +292,14 @@ impl KubernetesAdapter {
                     .unwrap_or(meridian_adapter_core::DEFAULT_MAX_RESTARTS);
                 let (state, ready) = state::service_state(&deployment, &pods, max_restarts, now);
                 let address = ready.then(|| service_address(&deployment, ns)).flatten();
-                (state, requested_of(&*deployment), address, cancelled)
+                let waiting = state::waiting_reason(None, &pods);
+                (
+                    state,
+                    requested_of(&*deployment),
+                    address,
+                    cancelled,
+                    waiting,
+                )
             }
         };
         let state = match (cancelled, state) {
@@ -313,6 +321,7 @@ impl KubernetesAdapter {
         Ok(JobReport {
             backend_id: id,
             usage: usage_of(&requested),
+            waiting: waiting.filter(|_| matches!(state, JobState::Pending)),
             state,
             address,
             host: None,
@@ -505,6 +514,7 @@ fn cancelled_report(id: BackendJobId, c: Cancelled) -> JobReport {
         usage: Usage::default(),
         address: None,
         host: None,
+        waiting: None,
     }
 }
 
@@ -704,6 +714,7 @@ impl SiteAdapter for KubernetesAdapter {
                     usage: Usage::default(),
                     address: None,
                     host: None,
+                    waiting: None,
                 })
             }
             other => other,

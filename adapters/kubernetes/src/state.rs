@@ -275,6 +275,37 @@ pub fn job_state(job: &Job, pods: &[&Pod], now: DateTime<Utc>) -> JobState {
     from_pod.unwrap_or(JobState::Pending)
 }
 
+/// Why a pending run waits, as the cluster says: a suspended Job (Kueue holds it), a
+/// pod no node can take yet (the scheduler's message), a container not started yet
+/// (pulling its image, creating it).
+pub fn waiting_reason(job: Option<&Job>, pods: &[&Pod]) -> Option<String> {
+    if job.is_some_and(suspended) {
+        return Some("the Job is suspended until its queue admits it (Kueue)".into());
+    }
+    let pod = pods.last()?;
+    let status = pod.status.as_ref()?;
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    if let Some(c) = unscheduled {
+        return Some(format!(
+            "{}: {}",
+            c.reason.as_deref().unwrap_or("Unscheduled"),
+            c.message
+                .as_deref()
+                .unwrap_or("no node can take the pod yet")
+        ));
+    }
+    let waiting = main_container(pod)?.state.as_ref()?.waiting.as_ref()?;
+    let reason = waiting.reason.as_deref()?;
+    Some(match waiting.message.as_deref() {
+        Some(message) if !message.is_empty() => format!("{reason}: {message}"),
+        _ => reason.to_string(),
+    })
+}
+
 /// Whether `index` is in an interval list such as `"0-3,5"`.
 pub fn in_intervals(list: Option<&str>, index: u32) -> bool {
     list.unwrap_or("").split(',').any(|part| {

@@ -358,6 +358,12 @@ async fn contract_waiting_for_a_node_does_not_count_against_the_walltime() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let report = adapter.status(&id).await.unwrap();
     assert_eq!(report.state, JobState::Pending, "{report:?}");
+    // And it says why.
+    let waiting = report.waiting.unwrap_or_default();
+    assert!(
+        waiting.starts_with("Unschedulable: ") && waiting.contains("nvidia.com/gpu"),
+        "{waiting}"
+    );
     let pod = pod_of_job(&cluster, &format!("meridian-{}", job.job_id)).unwrap();
     assert_eq!(
         pod["status"]["conditions"][0]["reason"], "Unschedulable",

@@ -561,6 +561,7 @@ impl SiteAdapter for LocalAdapter {
             backend_id: id.clone(),
             state: snapshot.state,
             usage: snapshot.usage,
+            waiting: None,
         })
     }
 

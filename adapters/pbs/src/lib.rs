@@ -214,6 +214,7 @@ impl PbsAdapter {
             backend_id: id.clone(),
             state,
             usage: info.usage,
+            waiting: None,
         })
     }
 

@@ -204,6 +204,15 @@ pub struct Record {
     pub usage: Usage,
     /// The node its batch script runs on, once it runs.
     pub batch_host: Option<String>,
+    /// Why Slurm holds it pending (`Priority`, `Resources`, `QOSMaxGRESPerUser`…).
+    pub pending_reason: Option<String>,
+}
+
+/// Slurm's pending reason as Meridian shows it; `None` and an empty one say nothing.
+pub fn pending_reason(state: &str, reason: &str) -> Option<String> {
+    let reason = reason.trim();
+    (state.starts_with("PENDING") && !reason.is_empty() && reason != "None")
+        .then(|| format!("Slurm: {reason}"))
 }
 
 impl Record {
@@ -221,6 +230,10 @@ impl Record {
                 .batch_host
                 .clone()
                 .filter(|_| matches!(state, JobState::Running { .. })),
+            waiting: self
+                .pending_reason
+                .clone()
+                .filter(|_| matches!(state, JobState::Pending)),
             backend_id: id.clone(),
             state,
             usage,
@@ -250,6 +263,7 @@ pub fn scontrol_record(line: &str) -> Option<Record> {
         batch_host: Some(get("BatchHost"))
             .filter(|h| has_nodes(h))
             .map(str::to_string),
+        pending_reason: pending_reason(state, get("Reason")),
     })
 }
 
@@ -292,6 +306,7 @@ pub fn sacct_record(stdout: &str, jobcomp: bool) -> Option<Record> {
         usage,
         // Accounting answers for jobs that ended: no service is running there.
         batch_host: None,
+        pending_reason: None,
     })
 }
 
@@ -376,6 +391,11 @@ mod tests {
         assert_eq!(pending.ended_at, None);
         let report = pending.report(&BackendJobId("6".into())).unwrap();
         assert_eq!(report.usage, Usage::default());
+        assert_eq!(report.waiting.as_deref(), Some("Slurm: BeginTime"));
+        assert_eq!(
+            record.pending_reason, None,
+            "a failed job waits for nothing"
+        );
     }
 
     #[test]

@@ -565,6 +565,10 @@ pub(crate) fn ctld_record(job: &Value) -> Record {
             .as_str()
             .filter(|h| has_nodes(h))
             .map(str::to_string),
+        pending_reason: crate::parse::pending_reason(
+            &states(&job["job_state"]),
+            job["state_reason"].as_str().unwrap_or(""),
+        ),
     }
 }
 
@@ -597,6 +601,7 @@ pub(crate) fn dbd_record(job: &Value) -> Record {
         usage,
         // Accounting answers for jobs that ended: no service is running there.
         batch_host: None,
+        pending_reason: None,
     }
 }
 

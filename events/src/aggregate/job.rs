@@ -76,6 +76,11 @@ pub enum JobCommand {
         allocated: Allocation,
         hosts: Vec<String>,
     },
+    /// The site holds the run back, for `reason`; repeating the reason it has is a no-op,
+    /// and a run that started has nothing to wait for.
+    RecordWaiting {
+        reason: String,
+    },
     /// A service's run answers at `address`; repeating the address it has is a no-op.
     RecordServiceReady {
         address: String,
@@ -163,6 +168,7 @@ pub struct Job {
     cancel_requested: bool,
     outcome: Option<JobOutcome>,
     address: Option<String>,
+    waiting: Option<String>,
 }
 
 impl Job {
@@ -189,6 +195,11 @@ impl Job {
 
     pub fn hosts(&self) -> &[String] {
         &self.hosts
+    }
+
+    /// Why the site holds the run back, while it does.
+    pub fn waiting(&self) -> Option<&str> {
+        self.waiting.as_deref()
     }
 
     /// Where a service's run answers, once it said so.
@@ -319,6 +330,17 @@ impl Aggregate for Job {
                 _ => Err(JobError::AlreadyStarted),
             },
 
+            JobCommand::RecordWaiting { reason } => match self.live()?.0 {
+                JobState::Dispatched | JobState::SubmittedToSite => {
+                    if self.waiting.as_deref() == Some(reason.as_str()) || reason.trim().is_empty()
+                    {
+                        return Ok(Vec::new());
+                    }
+                    Ok(vec![JobEvent::Waiting { reason }])
+                }
+                _ => Err(JobError::AlreadyStarted),
+            },
+
             JobCommand::RecordServiceReady { address, ready_at } => {
                 self.live()?;
                 if self.started_at.is_none() {
@@ -440,10 +462,12 @@ impl Aggregate for Job {
                 hosts,
             } => {
                 self.state = Some(JobState::Started);
+                self.waiting = None;
                 self.started_at = Some(*started_at);
                 self.allocated = Some(allocated.clone());
                 self.hosts = hosts.clone();
             }
+            JobEvent::Waiting { reason } => self.waiting = Some(reason.clone()),
             JobEvent::ServiceReady { address, .. } => self.address = Some(address.clone()),
             JobEvent::Finished { .. } => {
                 self.state = Some(JobState::Finished);

@@ -46,6 +46,12 @@ pub enum JobEvent {
         hosts: Vec<String>,
     },
 
+    /// The site holds the run back before it starts, and says why (a scheduler's
+    /// pending reason, a pod the cluster cannot place yet); recorded when the reason
+    /// changes.
+    #[serde(rename = "job.waiting.v1")]
+    Waiting { reason: String },
+
     /// A service's run answers at `address` (host:port) since `ready_at`.
     #[serde(rename = "job.service_ready.v1")]
     ServiceReady {
@@ -115,6 +121,7 @@ impl JobEvent {
             JobEvent::Dispatched { .. } => "job.dispatched.v1",
             JobEvent::SubmittedToSite { .. } => "job.submitted_to_site.v1",
             JobEvent::Started { .. } => "job.started.v1",
+            JobEvent::Waiting { .. } => "job.waiting.v1",
             JobEvent::ServiceReady { .. } => "job.service_ready.v1",
             JobEvent::Finished { .. } => "job.finished.v1",
             JobEvent::Failed { .. } => "job.failed.v1",

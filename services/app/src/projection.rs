@@ -101,6 +101,9 @@ pub struct StatusProjection;
 /// next release can clear it.
 pub const HELD: &str = "held: ";
 
+/// How a pending run's reason starts when its site holds it back (`job.waiting.v1`).
+pub const WAITING: &str = "waiting at the site: ";
+
 pub(crate) fn timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
@@ -711,9 +714,19 @@ async fn apply_job(
                 .execute(&mut **tx)
                 .await?;
         }
+        // Why the site holds a run back shows as its reason while it waits.
+        JobEvent::Waiting { reason } => {
+            sqlx::query(
+                "UPDATE intake_tasks SET reason = $1 WHERE job_id = $2 AND state = 'pending'",
+            )
+            .bind(format!("{WAITING}{reason}"))
+            .bind(&job_id)
+            .execute(&mut **tx)
+            .await?;
+        }
         JobEvent::Started { started_at, .. } => {
             sqlx::query(
-                "UPDATE intake_tasks SET state = 'running', started_at = $1
+                "UPDATE intake_tasks SET state = 'running', started_at = $1, reason = NULL
                  WHERE job_id = $2 AND state = 'pending'",
             )
             .bind(timestamp(*started_at))

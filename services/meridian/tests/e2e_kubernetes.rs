@@ -553,3 +553,51 @@ jobs:
         "{instance:#}"
     );
 }
+
+#[test]
+fn a_job_waiting_for_a_gpu_says_why_in_meridian_status() {
+    let up = up();
+    // Both jobs want both GPUs of the one GPU node: one waits for the other.
+    let job = |name: &str| {
+        format!(
+            "  {name}:\n    image: host\n    command: [sh, -c, \"sleep 3\"]\n    resources: {{cpus: 1, memory: 64MiB, walltime: 5m, gpus: {{count: 2, vendor: nvidia, model: H100}}}}\n"
+        )
+    };
+    let file = write(
+        up.dir.path(),
+        "two-gpu-jobs.yaml",
+        &format!(
+            "version: v1\nname: queued-for-gpus\nplacement: {{sites: [k8s]}}\njobs:\n{}{}",
+            job("first"),
+            job("second")
+        ),
+    );
+    let id = submit(&up.server, &file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reason = loop {
+        let status = cli_json(&up.server, &["status", &id]);
+        let waiting = jobs_of(&status)
+            .iter()
+            .find(|j| j["state"] == "pending" && j["reason"].is_string())
+            .map(|j| j["reason"].as_str().unwrap().to_string());
+        if let Some(reason) = waiting {
+            break reason;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no job said why it waits: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        reason.starts_with("waiting at the site: Unschedulable: ")
+            && reason.contains("nvidia.com/gpu"),
+        "{reason}"
+    );
+    let status = wait_state(&up.server, &id, &["finished", "failed"]);
+    assert_eq!(status["state"], "finished", "{status:#}");
+    assert!(
+        jobs_of(&status).iter().all(|j| j["reason"].is_null()),
+        "a run that started waits for nothing: {status:#}"
+    );
+}

@@ -686,6 +686,19 @@ impl SiteRunner {
         {
             self.pass_cancel_on(id).await;
         }
+        // Nothing waits silently: why the site holds the run back goes to the log when it
+        // changes, and shows in the run's status.
+        if let (SiteState::Pending, Some(reason)) = (&report.state, &report.waiting) {
+            if self.jobs[&id].job.state.waiting() != Some(reason.as_str()) {
+                self.command(
+                    id,
+                    JobCommand::RecordWaiting {
+                        reason: reason.clone(),
+                    },
+                )
+                .await?;
+            }
+        }
         let started = self.jobs[&id].job.state.started_at().is_some();
         let started_at = match &report.state {
             SiteState::Running { started_at } | SiteState::Succeeded { started_at, .. } => {
