@@ -379,14 +379,7 @@ impl KubernetesAdapter {
             }
             Target::Service(name) => {
                 self.remember(name.clone(), entry);
-                gone_ok(
-                    live.deployments.delete(name, &delete).await,
-                    "deleting the Deployment",
-                )?;
-                gone_ok(
-                    live.services.delete(name, &delete).await,
-                    "deleting the Service",
-                )?;
+                delete_service(live, name).await?;
             }
             Target::Task(name, index) => {
                 self.remember(format!("{name}/{index}"), entry);
@@ -431,16 +424,7 @@ impl KubernetesAdapter {
     async fn delete_leftover(&self, live: &Live, target: &Target) -> Result<(), AdapterError> {
         let delete = DeleteParams::background();
         match target {
-            Target::Service(name) => {
-                gone_ok(
-                    live.deployments.delete(name, &delete).await,
-                    "deleting the Deployment",
-                )?;
-                gone_ok(
-                    live.services.delete(name, &delete).await,
-                    "deleting the Service",
-                )
-            }
+            Target::Service(name) => delete_service(live, name).await,
             Target::Job(name) => {
                 let cached = live
                     .watches
@@ -491,6 +475,19 @@ impl KubernetesAdapter {
             Err(e) => Err(api_error("reading a pod's log", e)),
         }
     }
+}
+
+/// Deletes a service's Deployment (and so its pods) and its Service.
+async fn delete_service(live: &Live, name: &str) -> Result<(), AdapterError> {
+    let delete = DeleteParams::background();
+    gone_ok(
+        live.deployments.delete(name, &delete).await,
+        "deleting the Deployment",
+    )?;
+    gone_ok(
+        live.services.delete(name, &delete).await,
+        "deleting the Service",
+    )
 }
 
 fn tail(mut text: String) -> String {
