@@ -38,6 +38,8 @@ pub struct SiteEntry {
     pub prices: Vec<PriceSheet>,
     pub drained: bool,
     pub healthy: bool,
+    /// Why the site said it is unhealthy, at its last report.
+    pub health_message: Option<String>,
     pub capacity: Option<Capacity>,
     /// Set for one decision only: why this site may not be chosen now.
     pub excluded: Option<String>,
@@ -313,6 +315,7 @@ impl Catalog {
                 prices: Vec::new(),
                 drained: false,
                 healthy: true,
+                health_message: None,
                 capacity: None,
                 excluded: None,
                 runs: 0,
@@ -338,9 +341,13 @@ impl Catalog {
                 site.prices.sort_by_key(|p| p.effective_from);
             }
             SiteEvent::HealthReported {
-                healthy, capacity, ..
+                healthy,
+                capacity,
+                message,
+                ..
             } => {
                 site.healthy = *healthy;
+                site.health_message = message.clone().filter(|_| !*healthy);
                 site.capacity = Some(capacity.clone());
             }
             SiteEvent::ShapesDeclared { shapes } => site.shapes = shapes.clone(),

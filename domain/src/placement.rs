@@ -400,7 +400,10 @@ fn not_allowed(
         return Some(reason.clone());
     }
     if !site.healthy {
-        return Some("unhealthy at its last report".into());
+        return Some(match &site.health_message {
+            Some(why) => format!("unhealthy at its last report: {why}"),
+            None => "unhealthy at its last report".into(),
+        });
     }
     if disconnected.contains(site.name.as_str()) {
         return Some(NOT_CONNECTED.into());

@@ -22,6 +22,9 @@ pub struct SiteSummary {
     pub jurisdiction: String,
     /// `ok`, `drained` or `unhealthy`.
     pub state: String,
+    /// Why the site is unhealthy, as its adapter said at its last report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Whether an adapter serves the site now (its heartbeat holds); placement chooses
     /// only connected sites.
     #[serde(default)]
@@ -118,6 +121,7 @@ impl App {
                         "ok"
                     }
                     .to_string(),
+                    reason: s.health_message.clone().filter(|_| !s.healthy),
                     connected: s.connected_at(now),
                     reliability: s.reliability(),
                     shapes: s.shapes.iter().map(|x| x.name.clone()).collect(),

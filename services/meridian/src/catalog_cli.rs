@@ -451,6 +451,7 @@ pub async fn site(verb: SiteVerb, output: Output) -> anyhow::Result<i32> {
                                         p.effective_from.get(..10).unwrap_or(&p.effective_from)
                                     )
                                 }),
+                                s.reason.clone().unwrap_or_default(),
                             ]
                         })
                         .collect();
@@ -463,6 +464,7 @@ pub async fn site(verb: SiteVerb, output: Output) -> anyhow::Result<i32> {
                             "CONNECTED",
                             "SHAPES",
                             "PRICES",
+                            "REASON",
                         ],
                         &rows,
                     );

@@ -79,6 +79,7 @@ fn cluster(dir: &std::path::Path, flavour: Flavour) -> (tokio::runtime::Runtime,
         .build()
         .unwrap();
     let mut options = Options::new(dir.join("standin"));
+    options.forbidden_namespaces.push("locked".into());
     options.nodes.push(match flavour {
         Flavour::Kubernetes => Node {
             name: "gpu-node".into(),
@@ -600,4 +601,66 @@ fn a_job_waiting_for_a_gpu_says_why_in_meridian_status() {
         jobs_of(&status).iter().all(|j| j["reason"].is_null()),
         "a run that started waits for nothing: {status:#}"
     );
+}
+
+#[test]
+fn a_namespace_the_adapter_may_not_use_makes_the_site_unhealthy_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_runtime, standin) = cluster(dir.path(), Flavour::Kubernetes);
+    write(dir.path(), "kubeconfig", &standin.kubeconfig("locked"));
+    write(
+        dir.path(),
+        "k8s.yaml",
+        &format!(
+            "kubeconfig: {}\nnamespace: locked\n",
+            dir.path().join("kubeconfig").display()
+        ),
+    );
+    write(dir.path(), "catalog.yaml", CATALOG);
+    let (server, proc) = up_with_adapter(
+        dir.path(),
+        free_port(),
+        "catalog.yaml",
+        "k8s=kubernetes:k8s.yaml",
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let site = loop {
+        let list = cli_json(&server, &["site", "list"]);
+        let site = list["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "k8s")
+            .cloned()
+            .unwrap();
+        if site["state"] == "unhealthy" {
+            break site;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never unhealthy: {site:#}\n{}",
+            proc.output()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let reason = site["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("namespace \"locked\"") && reason.contains("forbidden"),
+        "{site:#}"
+    );
+    // Work for that site is not swallowed: placement says why it cannot go there.
+    let file = write(dir.path(), "slow.yaml", &on_k8s(SLOW));
+    let id = submit(&server, &file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = cli_json(&server, &["status", &id]);
+        let why = status["reason"].as_str().unwrap_or_default().to_string();
+        if why.contains("unhealthy at its last report: namespace \"locked\"") {
+            assert_ne!(status["state"], "running", "{status:#}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no reason given: {status:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(standin.created("jobs"), 0);
 }
