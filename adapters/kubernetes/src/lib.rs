@@ -84,6 +84,13 @@ impl Target {
         parts.next().is_none().then_some(target)
     }
 
+    /// The name of the object the run is (part of).
+    fn object(&self) -> &str {
+        match self {
+            Target::Job(name) | Target::Task(name, _) | Target::Service(name) => name,
+        }
+    }
+
     fn id(&self) -> BackendJobId {
         BackendJobId(match self {
             Target::Job(name) => format!("job/{name}"),
@@ -350,14 +357,8 @@ impl KubernetesAdapter {
     }
 
     async fn cancel_target(&self, live: &Live, target: &Target) -> Result<(), AdapterError> {
-        let report = match self.report(live, target) {
-            Ok(report) => report,
-            Err(AdapterError::UnknownJob(id)) => {
-                // Cancelling what this adapter already cancelled and deleted is fine.
-                return Err(AdapterError::UnknownJob(id));
-            }
-            Err(e) => return Err(e),
-        };
+        // A run this adapter cancelled reports cancelled even once its object is gone.
+        let report = self.report(live, target)?;
         let started_at = match report.state {
             JobState::Running { started_at } => Some(started_at),
             JobState::Cancelled { .. } => return Ok(()),
@@ -693,10 +694,7 @@ impl SiteAdapter for KubernetesAdapter {
         }
         match report {
             Err(AdapterError::UnknownJob(_)) => {
-                let name = match &target {
-                    Target::Job(n) | Target::Task(n, _) => n,
-                    Target::Service(n) => n,
-                };
+                let name = target.object();
                 let exists = match &target {
                     Target::Service(_) => live.deployments.get_opt(name).await.map(|o| o.is_some()),
                     _ => live.jobs.get_opt(name).await.map(|o| o.is_some()),

@@ -309,7 +309,8 @@ async fn reap(
         }
         for pod in doomed {
             if let Err(e) = pods.delete(&pod, &DeleteParams::background()).await {
-                tracing::debug!(pod, error = %e, "stopping a cancelled task's pod");
+                // Tried again on the next tick while the pod still runs.
+                tracing::warn!(pod, error = %e, "stopping a cancelled task's pod");
             }
         }
     }

@@ -249,26 +249,31 @@ jobs:
         "1"
     );
     let bill = bill(&up.server, id, 1);
-    let lines = billed_runs(&bill).into_values().next().unwrap();
-    let gpu = lines
+    let gpu = line_at_rate(&bill, "gpu_hours", "0.90");
+    let core = line_at_rate(&bill, "core_hours", "0.02");
+    assert_eq!(gpu, core, "the pod's one stretch");
+}
+
+/// The one run's line of `meter` in `bill` costs its stretch at `rate` an hour (for
+/// one unit); returns the stretch in microseconds.
+fn line_at_rate(bill: &Value, meter: &str, rate: &str) -> i64 {
+    let lines = billed_runs(bill).into_values().next().unwrap();
+    let line = lines
         .iter()
-        .find(|l| l["meter"] == "gpu_hours")
-        .unwrap_or_else(|| panic!("a GPU line: {bill:#}"));
-    let core = lines.iter().find(|l| l["meter"] == "core_hours").unwrap();
-    let seconds = |l: &Value| {
-        let at = |k: &str| chrono::DateTime::parse_from_rfc3339(l[k].as_str().unwrap()).unwrap();
-        (at("ended_at") - at("started_at"))
-            .num_microseconds()
-            .unwrap()
-    };
-    assert_eq!(seconds(gpu), seconds(core), "the pod's one stretch");
-    let expected = Decimal::from_str("0.90").unwrap() * Decimal::from(seconds(gpu))
-        / Decimal::from(3_600_000_000u64);
-    let amount = Decimal::from_str(gpu["amount"].as_str().unwrap()).unwrap();
+        .find(|l| l["meter"] == meter)
+        .unwrap_or_else(|| panic!("a {meter} line: {bill:#}"));
+    let at = |k: &str| chrono::DateTime::parse_from_rfc3339(line[k].as_str().unwrap()).unwrap();
+    let micros = (at("ended_at") - at("started_at"))
+        .num_microseconds()
+        .unwrap();
+    let expected =
+        Decimal::from_str(rate).unwrap() * Decimal::from(micros) / Decimal::from(3_600_000_000u64);
+    let amount = Decimal::from_str(line["amount"].as_str().unwrap()).unwrap();
     assert!(
         (amount - expected).abs() < Decimal::from_str("0.0000000001").unwrap(),
-        "{gpu:#}"
+        "{line:#} should cost {expected}"
     );
+    micros
 }
 
 #[test]
@@ -537,22 +542,7 @@ jobs:
     );
     // CoreWeave sells the node by the hour: one instance line, at 22.80 an hour.
     let bill = bill(&up.server, id, 1);
-    let lines = billed_runs(&bill).into_values().next().unwrap();
-    let instance = lines
-        .iter()
-        .find(|l| l["meter"] == "instance_hours")
-        .unwrap_or_else(|| panic!("an instance line: {bill:#}"));
-    let at = |k: &str| chrono::DateTime::parse_from_rfc3339(instance[k].as_str().unwrap()).unwrap();
-    let micros = (at("ended_at") - at("started_at"))
-        .num_microseconds()
-        .unwrap();
-    let expected = Decimal::from_str("22.80").unwrap() * Decimal::from(micros)
-        / Decimal::from(3_600_000_000u64);
-    let amount = Decimal::from_str(instance["amount"].as_str().unwrap()).unwrap();
-    assert!(
-        (amount - expected).abs() < Decimal::from_str("0.0000000001").unwrap(),
-        "{instance:#}"
-    );
+    line_at_rate(&bill, "instance_hours", "22.80");
 }
 
 #[test]
