@@ -366,7 +366,7 @@ impl KubernetesAdapter {
                 // Ended for Meridian, perhaps not for Kubernetes: a service that kept
                 // crashing still holds its Deployment, a pod whose image cannot be
                 // pulled its Job. The leak sweep's cancel takes them away.
-                return self.delete_leftover(live, target).await;
+                return self.delete_leftover(live, target, done).await;
             }
             _ => None,
         };
@@ -422,23 +422,32 @@ impl KubernetesAdapter {
     }
 
     /// Deletes what still runs at the site for a run Meridian counts as ended.
-    async fn delete_leftover(&self, live: &Live, target: &Target) -> Result<(), AdapterError> {
-        let delete = DeleteParams::background();
+    async fn delete_leftover(
+        &self,
+        live: &Live,
+        target: &Target,
+        state: &JobState,
+    ) -> Result<(), AdapterError> {
         match target {
             Target::Service(name) => delete_service(live, name).await,
-            Target::Job(name) => {
-                let cached = live
-                    .watches
-                    .jobs
-                    .get(&ObjectRef::new(name).within(&self.config.namespace));
-                match cached {
-                    Some(job) if !watch::finished(&job) => {
-                        gone_ok(live.jobs.delete(name, &delete).await, "deleting the Job")
+            // Only a pod whose image the registry refused waits on forever; any other
+            // ended run's Job ends too (the controller may say so a moment later) and goes
+            // after its TTL, keeping its state readable meanwhile.
+            Target::Job(name)
+                if matches!(
+                    state,
+                    JobState::Failed {
+                        failure: meridian_adapter_core::FailureReason::ImageUnavailable { .. },
+                        ..
                     }
-                    _ => Ok(()),
-                }
+                ) =>
+            {
+                gone_ok(
+                    live.jobs.delete(name, &DeleteParams::background()).await,
+                    "deleting the Job",
+                )
             }
-            Target::Task(..) => Ok(()),
+            Target::Job(_) | Target::Task(..) => Ok(()),
         }
     }
 
