@@ -449,3 +449,143 @@ pub mod job_logs {
             .collect())
     }
 }
+
+/// What runs said of themselves through the API (`POST /v1/runs/{job}/report`): a
+/// cloud instance reports its start, its exit code and its output there. Written by the
+/// API, read by the cloud sites' adapters, which merge it with what the provider says.
+/// Not a read model of the log: it is input from outside, like a batch system's state,
+/// and becomes events only through the site runner.
+pub mod run_reports {
+    use sqlx::Row;
+
+    use crate::{Store, StoreError};
+
+    const SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS run_reports (
+        job_id TEXT PRIMARY KEY,
+        started_at TEXT,
+        ended_at TEXT,
+        exit_code BIGINT,
+        stdout TEXT NOT NULL,
+        stderr TEXT NOT NULL
+    )"];
+
+    /// One run's report so far; times are RFC 3339, UTC, as the API received them.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct RunReportRow {
+        pub started_at: Option<String>,
+        pub ended_at: Option<String>,
+        pub exit_code: Option<i64>,
+        pub stdout: String,
+        pub stderr: String,
+    }
+
+    /// Creates the table.
+    pub async fn migrate(store: &Store) -> Result<(), StoreError> {
+        store.migrate(SCHEMA).await
+    }
+
+    /// Records that run `job_id` started at `at`; a second start keeps the first.
+    pub async fn started(store: &Store, job_id: &str, at: &str) -> Result<(), StoreError> {
+        migrate(store).await?;
+        sqlx::query(
+            "INSERT INTO run_reports (job_id, started_at, stdout, stderr) VALUES ($1, $2, '', '')
+             ON CONFLICT (job_id) DO UPDATE SET started_at = COALESCE(run_reports.started_at, excluded.started_at)",
+        )
+        .bind(job_id)
+        .bind(at)
+        .execute(store.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Which of a run's output streams.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Stream {
+        Stdout,
+        Stderr,
+    }
+
+    /// Replaces run `job_id`'s output on `stream` with what it sent now (the tail it
+    /// holds, so a retried or repeated send changes nothing).
+    pub async fn output(
+        store: &Store,
+        job_id: &str,
+        stream: Stream,
+        text: &str,
+    ) -> Result<(), StoreError> {
+        migrate(store).await?;
+        // The column comes from the enum, never from input.
+        let column = match stream {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        };
+        sqlx::query(
+            "INSERT INTO run_reports (job_id, stdout, stderr) VALUES ($1, '', '')
+             ON CONFLICT (job_id) DO NOTHING",
+        )
+        .bind(job_id)
+        .execute(store.pool())
+        .await?;
+        sqlx::query(&format!(
+            "UPDATE run_reports SET {column} = $1 WHERE job_id = $2"
+        ))
+        .bind(text)
+        .bind(job_id)
+        .execute(store.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Records how run `job_id` ended; the first end reported stands (a retried
+    /// report changes nothing).
+    pub async fn exited(
+        store: &Store,
+        job_id: &str,
+        at: &str,
+        exit_code: i64,
+    ) -> Result<(), StoreError> {
+        migrate(store).await?;
+        sqlx::query(
+            "INSERT INTO run_reports (job_id, started_at, ended_at, exit_code, stdout, stderr)
+             VALUES ($1, $2, $2, $3, '', '')
+             ON CONFLICT (job_id) DO UPDATE SET
+                 started_at = COALESCE(run_reports.started_at, excluded.started_at),
+                 exit_code = COALESCE(run_reports.exit_code, excluded.exit_code),
+                 ended_at = COALESCE(run_reports.ended_at, excluded.ended_at)",
+        )
+        .bind(job_id)
+        .bind(at)
+        .bind(exit_code)
+        .execute(store.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// What run `job_id` reported, if anything. Adapters ask this at every look, so it
+    /// does not create the table: no table yet means no report yet.
+    pub async fn read(store: &Store, job_id: &str) -> Result<Option<RunReportRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT started_at, ended_at, exit_code, stdout, stderr FROM run_reports WHERE job_id = $1",
+        )
+        .bind(job_id)
+        .fetch_optional(store.pool())
+        .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(sqlx::Error::Database(e))
+                if e.message().contains("no such table")
+                    || e.message().contains("does not exist") =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(row.map(|r| RunReportRow {
+            started_at: r.get(0),
+            ended_at: r.get(1),
+            exit_code: r.get(2),
+            stdout: r.get(3),
+            stderr: r.get(4),
+        }))
+    }
+}

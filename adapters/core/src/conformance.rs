@@ -111,6 +111,8 @@ impl ConformanceOptions {
             mounts: Default::default(),
             volume_sizes: Default::default(),
             tenant: None,
+            shape: None,
+            report_to: None,
         }
     }
 

@@ -54,6 +54,64 @@ pub struct JobRequest {
     /// The tenant the workflow belongs to, for sites that label what they create with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The shape placement chose, when the site's catalogue entry names it (a cloud site
+    /// launches that instance type, spot when its offer is the spot one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<PlacedShape>,
+    /// Where and with what a run reports its start and end itself (a cloud instance):
+    /// never serialized, since it holds a credential.
+    #[serde(skip)]
+    pub report_to: Option<ReportTo>,
+}
+
+/// The shape placement chose for a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedShape {
+    /// The site's name for it: an instance type at a cloud site.
+    pub name: String,
+    /// The priced offer placement chose.
+    pub offer: String,
+    /// Whether that offer is the shape's spot (preemptible) one.
+    pub spot: bool,
+    /// The vendor of its accelerators (`nvidia`, `amd`), if it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_vendor: Option<String>,
+}
+
+/// Where a run reports itself, and the credential that speaks for that one run.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReportTo {
+    /// Meridian's API, as the site's machines reach it.
+    pub server: String,
+    /// A credential good only for reporting this one run.
+    pub credential: String,
+}
+
+impl std::fmt::Debug for ReportTo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReportTo")
+            .field("server", &self.server)
+            .field("credential", &"..")
+            .finish()
+    }
+}
+
+/// What a run said of itself through Meridian's API (`POST /v1/runs/{job}/report`):
+/// when it started, how it ended and its output. Sites whose machines report this way
+/// (the cloud sites) read it through [`RunReports`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub exit_code: Option<i32>,
+    pub logs: Logs,
+}
+
+/// The runs' own reports, as the API keeps them.
+#[async_trait]
+pub trait RunReports: Send + Sync {
+    /// What run `job_id` reported, if anything.
+    async fn read(&self, job_id: Uuid) -> Result<Option<RunReport>, AdapterError>;
 }
 
 /// Tasks of one array to submit as one unit (a Slurm `--array`, a PBS `-J`), of which

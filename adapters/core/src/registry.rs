@@ -7,13 +7,25 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::{AdapterError, SiteAdapter};
+use crate::{AdapterError, RunReports, SiteAdapter};
 
 /// What the binary knows when it builds an adapter.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BuildContext {
     /// A directory the adapter may keep state in when its configuration names none.
     pub state_dir: PathBuf,
+    /// The runs' own reports, for sites whose machines report through the API (the
+    /// cloud sites); none where this process keeps no store.
+    pub run_reports: Option<Arc<dyn RunReports>>,
+}
+
+impl std::fmt::Debug for BuildContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuildContext")
+            .field("state_dir", &self.state_dir)
+            .field("run_reports", &self.run_reports.is_some())
+            .finish()
+    }
 }
 
 /// Why an adapter could not be built from its configuration.

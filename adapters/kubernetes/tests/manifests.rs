@@ -52,6 +52,8 @@ fn request(name: &str, command: &[&str]) -> JobRequest {
         mounts: BTreeMap::new(),
         volume_sizes: BTreeMap::new(),
         tenant: Some("genomics".into()),
+        shape: None,
+        report_to: None,
     }
 }
 

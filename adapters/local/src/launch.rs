@@ -393,6 +393,8 @@ mod tests {
             mounts: Default::default(),
             volume_sizes: Default::default(),
             tenant: None,
+            shape: None,
+            report_to: None,
         }
     }
 

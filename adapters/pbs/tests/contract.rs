@@ -137,6 +137,8 @@ fn request(name: &str) -> JobRequest {
         mounts: Default::default(),
         volume_sizes: Default::default(),
         tenant: None,
+        shape: None,
+        report_to: None,
     }
 }
 

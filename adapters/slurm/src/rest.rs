@@ -770,6 +770,8 @@ mod tests {
             mounts: Default::default(),
             volume_sizes: Default::default(),
             tenant: None,
+            shape: None,
+            report_to: None,
         };
         let mut config = SlurmConfig::cli("/scratch/u");
         config.partition = Some("gpu".into());

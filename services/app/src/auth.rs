@@ -26,6 +26,7 @@ use crate::{App, AppError};
 /// The prefix of every Meridian token, so that secret scanners can find leaked ones.
 pub const TOKEN_PREFIX: &str = "mer_";
 const CREDENTIAL_PREFIX: &str = "mer_wf_";
+const RUN_CREDENTIAL_PREFIX: &str = "mer_run_";
 /// What a tenant defaults to when a token with no tenant acts without naming one.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -125,6 +126,36 @@ impl WorkflowCredentials {
     pub fn mint(&self, workflow: Uuid) -> String {
         let mac = hmac_sha256(&self.key, workflow.as_bytes());
         format!("{CREDENTIAL_PREFIX}{}_{}", workflow.simple(), hex(&mac))
+    }
+
+    /// The credential one run reports its own start, end and output with
+    /// (`POST /v1/runs/{job}/report`): good for that job only, and for nothing else.
+    pub fn mint_run(&self, job: Uuid) -> String {
+        format!(
+            "{RUN_CREDENTIAL_PREFIX}{}_{}",
+            job.simple(),
+            hex(&self.run_mac(job))
+        )
+    }
+
+    /// Whether `credential` is the run credential of `job`.
+    pub fn verify_run(&self, credential: &str, job: Uuid) -> bool {
+        let Some((id, mac)) = credential
+            .strip_prefix(RUN_CREDENTIAL_PREFIX)
+            .and_then(|rest| rest.split_once('_'))
+        else {
+            return false;
+        };
+        Uuid::try_parse(id).ok() == Some(job)
+            && same(hex(&self.run_mac(job)).as_bytes(), mac.as_bytes())
+    }
+
+    /// Domain-separated from the workflow credentials' MAC, so that neither kind can
+    /// stand for the other even where a job and a workflow id were equal.
+    fn run_mac(&self, job: Uuid) -> [u8; 32] {
+        let mut message = b"run:".to_vec();
+        message.extend_from_slice(job.as_bytes());
+        hmac_sha256(&self.key, &message)
     }
 
     /// The workflow a credential speaks for, if this key made it.

@@ -28,6 +28,7 @@ mod principal;
 mod projection;
 pub mod read;
 pub mod reports;
+pub mod runs;
 pub mod sites;
 pub mod tenants;
 pub mod workflows;

@@ -695,3 +695,99 @@ pub(crate) async fn not_found(uri: Uri) -> ApiError {
 pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}", uri.path()))
 }
+
+// ---------------------------------------------------------------------------------
+// Runs reporting themselves (a cloud instance's bootstrap).
+
+const MAX_RUN_REPORT_BODY: usize = 4 * 1024;
+/// Output is kept to its last 1 MiB a stream; a little more is read so a tail cut
+/// inside a character still fills it.
+const MAX_RUN_OUTPUT_BODY: usize = (1 << 20) + 16;
+
+/// A run reports its start, its output or its end, with its own run credential
+/// (`mer_run_…`): the cloud sites' instances call this; nothing else may.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{job}/report",
+    tag = "runs",
+    operation_id = "report_run",
+    params(("job" = Uuid, Path, description = "The run's job id (MERIDIAN_JOB_ID on its machine)")),
+    request_body(content = meridian_app::runs::RunReportBody, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Kept"),
+        (status = 400, description = "The body or the job id is invalid; the error says which", body = ErrorBody),
+        (status = 401, description = "Not this run's credential", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
+    )
+)]
+pub(crate) async fn report_run(
+    State(intake): State<Intake>,
+    path: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Result<StatusCode, ApiError> {
+    let who = credentials(&request)?;
+    let Path(text) =
+        path.map_err(|e| ApiError::BadRequest(format!("invalid job id: {}", e.body_text())))?;
+    let job = run_id(&text)?;
+    let headers = request.headers().clone();
+    let bytes = read_body(&headers, request.into_body(), MAX_RUN_REPORT_BODY).await?;
+    let report: meridian_app::runs::RunReportBody =
+        meridian_app::formats::json_body(&bytes, "run report")?;
+    intake.app.report_run(&who, job, report).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn run_id(path: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(path).map_err(|_| {
+        ApiError::BadRequest(format!(
+            "invalid job id {path:?}: expected a UUID such as 0190b6a4-4c1e-7cc3-9a52-4d3f0b1f2e9a"
+        ))
+    })
+}
+
+/// A run sends the tail of its output on one stream (`stdout` or `stderr`), as plain
+/// text; each send replaces the last. Only its own run credential may.
+#[utoipa::path(
+    put,
+    path = "/v1/runs/{job}/output/{stream}",
+    tag = "runs",
+    operation_id = "report_run_output",
+    params(
+        ("job" = Uuid, Path, description = "The run's job id (MERIDIAN_JOB_ID on its machine)"),
+        ("stream" = String, Path, description = "`stdout` or `stderr`"),
+    ),
+    request_body(content = String, content_type = "text/plain", description = "The stream's last 1 MiB"),
+    responses(
+        (status = 204, description = "Kept"),
+        (status = 400, description = "The job id or the stream is invalid", body = ErrorBody),
+        (status = 401, description = "Not this run's credential", body = ErrorBody),
+        (status = 413, description = "More than 1 MiB", body = ErrorBody),
+    )
+)]
+pub(crate) async fn report_run_output(
+    State(intake): State<Intake>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    request: Request,
+) -> Result<StatusCode, ApiError> {
+    use meridian_app::runs::Stream;
+    let who = credentials(&request)?;
+    let Path((job, stream)) =
+        path.map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))?;
+    let job = run_id(&job)?;
+    let stream = match stream.as_str() {
+        "stdout" => Stream::Stdout,
+        "stderr" => Stream::Stderr,
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "stream: expected stdout or stderr; got {other:?}"
+            )))
+        }
+    };
+    let headers = request.headers().clone();
+    let bytes = read_body(&headers, request.into_body(), MAX_RUN_OUTPUT_BODY).await?;
+    intake
+        .app
+        .report_run_output(&who, job, stream, &bytes)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}

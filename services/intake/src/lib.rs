@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use meridian_eventlog::EventLog;
 use meridian_store::Store;
@@ -87,6 +87,12 @@ impl Intake {
         );
         Router::new()
             .route("/v1/health", get(handlers::health))
+            // A run's own credential is checked by the application, not the token layer.
+            .route("/v1/runs/{job}/report", post(handlers::report_run))
+            .route(
+                "/v1/runs/{job}/output/{stream}",
+                put(handlers::report_run_output),
+            )
             .with_state(self.clone())
             .merge(authenticated)
             .fallback(handlers::not_found)

@@ -7,7 +7,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use meridian_adapter_core::{BuildContext, Registration, SiteAdapter};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use meridian_adapter_core::{
+    AdapterError, BuildContext, Logs, Registration, RunReport, RunReports, SiteAdapter,
+};
+use meridian_store::{run_reports, Store};
+use uuid::Uuid;
 
 /// The kinds this build can run.
 pub fn registry() -> Vec<Registration> {
@@ -20,6 +26,8 @@ pub fn registry() -> Vec<Registration> {
     // A kind with a heavy SDK joins behind its feature.
     #[cfg(feature = "site-kubernetes")]
     kinds.push(meridian_adapter_kubernetes::REGISTRATION);
+    #[cfg(feature = "site-aws")]
+    kinds.push(meridian_adapter_aws::REGISTRATION);
     kinds
 }
 
@@ -60,6 +68,7 @@ pub fn build(
     kind: &str,
     config: Option<&Path>,
     state_dir: &Path,
+    store: &Store,
 ) -> anyhow::Result<Arc<dyn SiteAdapter>> {
     let registration = find(kind)?;
     let text = match config {
@@ -72,6 +81,7 @@ pub fn build(
     };
     let context = BuildContext {
         state_dir: state_dir.to_path_buf(),
+        run_reports: Some(Arc::new(StoreRunReports(store.clone()))),
     };
     (registration.build)(&text, &context).with_context(|| match config {
         Some(path) => format!(
@@ -80,6 +90,31 @@ pub fn build(
         ),
         None => format!("building the {kind} adapter"),
     })
+}
+
+/// The runs' own reports, as the API keeps them in the store.
+struct StoreRunReports(Store);
+
+#[async_trait]
+impl RunReports for StoreRunReports {
+    async fn read(&self, job_id: Uuid) -> Result<Option<RunReport>, AdapterError> {
+        let row = run_reports::read(&self.0, &job_id.to_string())
+            .await
+            .map_err(|e| AdapterError::Unavailable(format!("reading the run's report: {e}")))?;
+        let time = |t: Option<String>| {
+            t.and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+                .map(|t| t.with_timezone(&Utc))
+        };
+        Ok(row.map(|row| RunReport {
+            started_at: time(row.started_at),
+            ended_at: time(row.ended_at),
+            exit_code: row.exit_code.and_then(|c| i32::try_from(c).ok()),
+            logs: Logs {
+                stdout: row.stdout,
+                stderr: row.stderr,
+            },
+        }))
+    }
 }
 
 #[cfg(test)]

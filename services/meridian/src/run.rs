@@ -305,6 +305,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
                 &spec.kind,
                 Some(&spec.config),
                 &args.data_dir.join("sites").join(&spec.site),
+                &store,
             )?,
         ));
     }
@@ -386,7 +387,11 @@ async fn write_admin_profile(app: &meridian_app::App, server: &str) -> anyhow::R
 fn call_back(server: &str, credentials: WorkflowCredentials) -> CallBack {
     CallBack {
         server: server.to_string(),
-        credential: Arc::new(move |workflow| credentials.mint(workflow)),
+        credential: Arc::new({
+            let credentials = credentials.clone();
+            move |workflow| credentials.mint(workflow)
+        }),
+        run_credential: Arc::new(move |job| credentials.mint_run(job)),
     }
 }
 
@@ -717,6 +722,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                     &kind,
                     adapter_config.as_deref(),
                     root.as_deref().unwrap_or(Path::new(".")),
+                    &store,
                 )?;
                 let roots = adapter.volume_root().map(|r| (site.clone(), r));
                 tasks.datamover(

@@ -22,7 +22,7 @@ use std::time::Duration;
 use chrono::Utc;
 use meridian_adapter_core::{
     AdapterError, ArrayRequest, ArrayTask, BackendJobId, JobRequest, JobState as SiteState,
-    ServiceRequest, SiteAdapter, DEFAULT_MAX_RESTARTS,
+    PlacedShape, ReportTo, ServiceRequest, SiteAdapter, DEFAULT_MAX_RESTARTS,
 };
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
 use meridian_eventlog::{EventLog, LogError};
@@ -106,6 +106,9 @@ pub struct CallBack {
     pub server: String,
     /// Makes the credential of a workflow's jobs.
     pub credential: Arc<dyn Fn(Uuid) -> String + Send + Sync>,
+    /// Makes the credential one run reports its own start and end with (a cloud
+    /// instance): good for that job only.
+    pub run_credential: Arc<dyn Fn(Uuid) -> String + Send + Sync>,
 }
 
 /// The durable subscription name for a site: consumer names allow only `[A-Za-z0-9_-]`.
@@ -528,6 +531,37 @@ impl SiteRunner {
         Ok(Some(spec))
     }
 
+    /// The shape whose offer (or spot offer) placement priced the run at, from the
+    /// site's catalogue entry; read again once when an offer is not among the shapes
+    /// known (the catalogue changed since).
+    async fn placed_shape(&mut self, offer: &str) -> Result<Option<PlacedShape>, RunnerError> {
+        let find = |shapes: &[meridian_events::vocabulary::site::Shape]| {
+            shapes.iter().find_map(|shape| {
+                let spot = shape.spot_offer.as_deref() == Some(offer);
+                (shape.offer == offer || spot).then(|| PlacedShape {
+                    name: shape.name.clone(),
+                    offer: offer.to_string(),
+                    spot,
+                    gpu_vendor: shape.gpus.as_ref().map(|g| {
+                        match g.vendor {
+                            AcceleratorVendor::Nvidia => "nvidia",
+                            AcceleratorVendor::Amd => "amd",
+                        }
+                        .to_string()
+                    }),
+                })
+            })
+        };
+        if let Some(found) = find(&self.shapes) {
+            return Ok(Some(found));
+        }
+        let catalog = meridian_domain::Catalog::load(&*self.log).await?;
+        if let Some(entry) = catalog.find(&self.site) {
+            self.shapes = entry.shapes.clone();
+        }
+        Ok(find(&self.shapes))
+    }
+
     async fn request_for(&mut self, id: Uuid) -> Result<Option<JobRequest>, RunnerError> {
         let Some(dispatch) = self.jobs[&id].job.state.dispatch().cloned() else {
             return Ok(None);
@@ -592,6 +626,11 @@ impl SiteRunner {
                 .collect(),
             mounts: mounts.clone(),
             tenant: Some(self.jobs[&id].tenant.clone()),
+            shape: self.placed_shape(&dispatch.rate.offer).await?,
+            report_to: self.call_back.as_ref().map(|c| ReportTo {
+                server: c.server.clone(),
+                credential: (c.run_credential)(id),
+            }),
         }))
     }
 

@@ -36,6 +36,8 @@ fn orphan(command: &[&str]) -> JobRequest {
         mounts: BTreeMap::new(),
         volume_sizes: Default::default(),
         tenant: None,
+        shape: None,
+        report_to: None,
     }
 }
 
