@@ -57,6 +57,18 @@ pub struct SiteEntry {
     /// The most tasks of an array its adapter takes as one submission, as its last
     /// heartbeat said; `None`: one task at a time.
     pub arrays: Option<u32>,
+    /// The last refresh of its shapes from the provider, asked for or done.
+    pub shapes_refresh: Option<ShapesRefresh>,
+}
+
+/// A refresh of a site's shapes from its provider (`meridian site refresh`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShapesRefresh {
+    pub requested_by: Option<String>,
+    pub requested_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the adapter last did one, and what came of it.
+    pub refreshed_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub outcome: Option<String>,
 }
 
 impl SiteEntry {
@@ -324,6 +336,7 @@ impl Catalog {
                 datasets: Vec::new(),
                 connection: None,
                 arrays: None,
+                shapes_refresh: None,
             });
             return;
         }
@@ -362,6 +375,29 @@ impl Catalog {
                         .or_default()
                         .insert(name.clone());
                 }
+            }
+            SiteEvent::ShapesRefreshRequested { by, requested_at } => {
+                let refresh = site.shapes_refresh.get_or_insert(ShapesRefresh {
+                    requested_by: None,
+                    requested_at: None,
+                    refreshed_at: None,
+                    outcome: None,
+                });
+                refresh.requested_by = Some(by.clone());
+                refresh.requested_at = Some(*requested_at);
+            }
+            SiteEvent::ShapesRefreshed {
+                outcome,
+                refreshed_at,
+            } => {
+                let refresh = site.shapes_refresh.get_or_insert(ShapesRefresh {
+                    requested_by: None,
+                    requested_at: None,
+                    refreshed_at: None,
+                    outcome: None,
+                });
+                refresh.refreshed_at = Some(*refreshed_at);
+                refresh.outcome = Some(outcome.clone());
             }
             SiteEvent::Drained { .. } => site.drained = true,
             SiteEvent::Undrained { .. } => site.drained = false,

@@ -212,6 +212,83 @@ fn health_drain_undrain() {
         .then_err(|e| *e == SiteError::NotRegistered);
 }
 
+#[test]
+fn a_shapes_refresh_is_asked_for_then_recorded_declaring_only_what_changed() {
+    use meridian_events::vocabulary::site::Shape;
+    let shape = |memory_gib: u64| Shape {
+        name: "p4d.24xlarge".into(),
+        offer: "p4d.24xlarge".into(),
+        spot_offer: None,
+        cpus: 96,
+        memory_bytes: memory_gib << 30,
+        gpus: None,
+        max_nodes: 1,
+        max_walltime_secs: None,
+    };
+    let asked = SiteEvent::ShapesRefreshRequested {
+        by: "admin".into(),
+        requested_at: at(1, 0),
+    };
+    let site = given::<Site>([registered()])
+        .when(
+            SiteCommand::RequestShapesRefresh { by: "admin".into() },
+            at(1, 0),
+        )
+        .then(vec![asked.clone()]);
+    assert!(site.shapes_refresh_pending());
+    let declared = SiteEvent::ShapesDeclared {
+        shapes: vec![shape(1024)],
+    };
+    // Changed: declared, then recorded; the request is answered.
+    let site = given::<Site>([registered(), declared.clone(), asked.clone()])
+        .when(
+            SiteCommand::RecordShapesRefresh {
+                shapes: Some(vec![shape(1152)]),
+                outcome: "p4d.24xlarge: memory 1024 GiB -> 1152 GiB".into(),
+            },
+            at(2, 0),
+        )
+        .then(vec![
+            SiteEvent::ShapesDeclared {
+                shapes: vec![shape(1152)],
+            },
+            SiteEvent::ShapesRefreshed {
+                outcome: "p4d.24xlarge: memory 1024 GiB -> 1152 GiB".into(),
+                refreshed_at: at(2, 0),
+            },
+        ]);
+    assert!(!site.shapes_refresh_pending());
+    // Unchanged, or unreadable: only recorded.
+    given::<Site>([registered(), declared.clone(), asked.clone()])
+        .when(
+            SiteCommand::RecordShapesRefresh {
+                shapes: Some(vec![shape(1024)]),
+                outcome: "unchanged".into(),
+            },
+            at(2, 0),
+        )
+        .then(vec![SiteEvent::ShapesRefreshed {
+            outcome: "unchanged".into(),
+            refreshed_at: at(2, 0),
+        }]);
+    // Bad shapes change nothing.
+    given::<Site>([registered(), declared, asked])
+        .when(
+            SiteCommand::RecordShapesRefresh {
+                shapes: Some(vec![shape(0)]),
+                outcome: "x".into(),
+            },
+            at(2, 0),
+        )
+        .then_err(|e| matches!(e, SiteError::InvalidShapes { .. }));
+    given::<Site>([])
+        .when(
+            SiteCommand::RequestShapesRefresh { by: "admin".into() },
+            at(1, 0),
+        )
+        .then_err(|e| *e == SiteError::NotRegistered);
+}
+
 fn requested() -> TransferEvent {
     TransferEvent::Requested {
         workflow_id: id(WORKFLOW),

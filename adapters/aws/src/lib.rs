@@ -20,12 +20,15 @@ use meridian_adapter_cloud::{
     tags, CloudProvider, CloudSite, Instance, InstanceState, Launch, ProviderError,
 };
 use meridian_adapter_core::registry::{parse_config, BuildError};
+use meridian_adapter_core::{GpuFacts, ShapeFacts};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
 mod config;
 mod shapes;
 
+/// The SDK this adapter speaks, for tests and tools that look at what it launched.
+pub use aws_sdk_ec2;
 pub use config::{AwsConfig, Subnet};
 pub use shapes::InstanceTypeFacts;
 
@@ -38,8 +41,10 @@ pub const REGISTRATION: meridian_adapter_core::Registration = meridian_adapter_c
         let config: AwsConfig = parse_config(text)?;
         let lifecycle = config.lifecycle.clone();
         let provider = Ec2::new(config).map_err(BuildError::Config)?;
+        let refresh = provider.config.refresh_shapes;
         let site = CloudSite::new(provider, lifecycle, context.run_reports.clone())
-            .map_err(BuildError::Config)?;
+            .map_err(BuildError::Config)?
+            .with_shapes_at_start(refresh);
         Ok(Arc::new(site))
     },
 };
@@ -403,7 +408,17 @@ impl CloudProvider for Ec2 {
                     .build(),
             );
         }
-        let answer = request.send().await.map_err(|e| provider_error(&e))?;
+        // One attempt: EC2 answers capacity errors as server errors (500), which the
+        // SDK would retry in the same zone; the lifecycle tries the next zone instead,
+        // and a retry of the whole launch reuses its client token.
+        let answer = request
+            .customize()
+            .config_override(aws_sdk_ec2::config::Builder::default().retry_config(
+                aws_sdk_ec2::config::retry::RetryConfig::standard().with_max_attempts(1),
+            ))
+            .send()
+            .await
+            .map_err(|e| provider_error(&e))?;
         answer
             .instances()
             .first()
@@ -468,6 +483,25 @@ impl CloudProvider for Ec2 {
             Err(e) if e.code() == Some("InvalidInstanceID.NotFound") => Ok(()),
             Err(e) => Err(provider_error(&e)),
         }
+    }
+
+    async fn shapes(&self, names: &[String]) -> Result<Vec<ShapeFacts>, ProviderError> {
+        Ok(self
+            .instance_types(names)
+            .await?
+            .into_iter()
+            .map(|f| ShapeFacts {
+                name: f.name,
+                cpus: f.cpus,
+                memory_bytes: f.memory_bytes,
+                gpus: f.gpus.map(|g| GpuFacts {
+                    count: g.count,
+                    vendor: g.vendor,
+                    model: g.model,
+                    memory_bytes: g.memory_bytes,
+                }),
+            })
+            .collect())
     }
 
     async fn check(&self) -> Result<(), ProviderError> {

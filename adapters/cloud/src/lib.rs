@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use meridian_adapter_core::JobRequest;
+use meridian_adapter_core::{JobRequest, ShapeFacts};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -148,6 +148,9 @@ pub trait CloudProvider: Send + Sync + 'static {
 
     /// Whether the API answers with these credentials (for the site's health).
     async fn check(&self) -> Result<(), ProviderError>;
+
+    /// The figures of these shapes (instance types), as the provider gives them.
+    async fn shapes(&self, names: &[String]) -> Result<Vec<ShapeFacts>, ProviderError>;
 }
 
 /// How the lifecycle behaves, the same for every cloud: the `lifecycle:` section of a

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use meridian_adapter_core::{
     AdapterError, BackendJobId, Capacity, FailureReason, JobReport, JobRequest, JobState, Logs,
-    RunReport, RunReports, SiteAdapter, Usage,
+    RunReport, RunReports, ShapeFacts, SiteAdapter, Usage,
 };
 use meridian_events::vocabulary::BilledInterval;
 use uuid::Uuid;
@@ -216,6 +216,7 @@ pub struct CloudSite<P> {
     config: LifecycleConfig,
     reports: Option<Arc<dyn RunReports>>,
     memory: Mutex<Memory>,
+    shapes_at_start: bool,
 }
 
 impl<P: CloudProvider> CloudSite<P> {
@@ -232,7 +233,14 @@ impl<P: CloudProvider> CloudSite<P> {
             config,
             reports,
             memory: Mutex::new(Memory::default()),
+            shapes_at_start: false,
         })
+    }
+
+    /// Refreshes the site's shapes from the provider when the site runner starts.
+    pub fn with_shapes_at_start(mut self, refresh: bool) -> CloudSite<P> {
+        self.shapes_at_start = refresh;
+        self
     }
 
     pub fn provider(&self) -> &P {
@@ -541,6 +549,14 @@ impl<P: CloudProvider> SiteAdapter for CloudSite<P> {
             message,
             ..Capacity::default()
         })
+    }
+
+    async fn shapes(&self, names: &[String]) -> Result<Vec<ShapeFacts>, AdapterError> {
+        self.provider.shapes(names).await.map_err(unavailable)
+    }
+
+    fn refresh_shapes_at_start(&self) -> bool {
+        self.shapes_at_start
     }
 
     async fn owned(&self) -> Result<Vec<Uuid>, AdapterError> {

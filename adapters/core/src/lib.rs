@@ -354,6 +354,27 @@ pub struct Capacity {
     pub message: Option<String>,
 }
 
+/// One shape's figures as its provider gives them (an instance type's vCPUs, memory and
+/// GPUs); prices are not among them: they stay in the catalogue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapeFacts {
+    pub name: String,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<GpuFacts>,
+}
+
+/// The accelerators of one node of a shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFacts {
+    pub count: u32,
+    /// `nvidia` or `amd` (or the maker's name for others).
+    pub vendor: String,
+    pub model: String,
+    pub memory_bytes: u64,
+}
+
 /// A job's captured output.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Logs {
@@ -437,6 +458,22 @@ pub trait SiteAdapter: Send + Sync {
     /// `None` (the default): the data mover cannot reach the site's storage.
     fn volume_root(&self) -> Option<std::path::PathBuf> {
         None
+    }
+
+    /// What the provider says of these shapes (instance types): CPUs, memory, GPUs, for
+    /// `meridian site refresh`. Sites that cannot say answer `NotSupported`.
+    async fn shapes(&self, names: &[String]) -> Result<Vec<ShapeFacts>, AdapterError> {
+        let _ = names;
+        Err(AdapterError::NotSupported(format!(
+            "reading shapes from a {} site's provider",
+            self.kind()
+        )))
+    }
+
+    /// Whether the site runner refreshes the site's shapes from the provider when it
+    /// starts (the adapter's configuration says).
+    fn refresh_shapes_at_start(&self) -> bool {
+        false
     }
 
     /// The Meridian jobs this site still runs (or queues), by the job id each is tagged

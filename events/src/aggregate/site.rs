@@ -40,6 +40,16 @@ pub enum SiteCommand {
     DeclareShapes {
         shapes: Vec<crate::vocabulary::site::Shape>,
     },
+    /// Asks the site's adapter to read its shapes from the provider again.
+    RequestShapesRefresh {
+        by: String,
+    },
+    /// The adapter read its shapes: `shapes` when it could (declared when they
+    /// changed), and what came of it.
+    RecordShapesRefresh {
+        shapes: Option<Vec<crate::vocabulary::site::Shape>>,
+        outcome: String,
+    },
     Drain {
         by: String,
         reason: Option<String>,
@@ -136,11 +146,22 @@ pub struct Site {
     shapes: Vec<crate::vocabulary::site::Shape>,
     datasets: Vec<crate::vocabulary::site::Dataset>,
     connection: Option<Connection>,
+    refresh_requested_at: Option<DateTime<Utc>>,
+    refreshed_at: Option<DateTime<Utc>>,
 }
 
 impl Site {
     pub fn is_registered(&self) -> bool {
         self.registered
+    }
+
+    /// Whether a refresh of its shapes was asked for and not yet done.
+    pub fn shapes_refresh_pending(&self) -> bool {
+        match (self.refresh_requested_at, self.refreshed_at) {
+            (Some(asked), Some(done)) => asked > done,
+            (Some(_), None) => true,
+            _ => false,
+        }
     }
 
     pub fn shapes(&self) -> &[crate::vocabulary::site::Shape] {
@@ -309,26 +330,33 @@ impl Aggregate for Site {
             }
             SiteCommand::DeclareShapes { shapes } => {
                 self.registered()?;
-                let mut names = BTreeSet::new();
-                for shape in &shapes {
-                    if !names.insert(shape.name.as_str()) {
-                        return Err(SiteError::InvalidShapes {
-                            reason: format!("shape {} is declared twice", shape.name),
-                        });
-                    }
-                    if shape.cpus == 0 || shape.memory_bytes == 0 || shape.max_nodes == 0 {
-                        return Err(SiteError::InvalidShapes {
-                            reason: format!(
-                                "shape {} needs at least one CPU, some memory and one node",
-                                shape.name
-                            ),
-                        });
-                    }
-                }
+                check_shapes(&shapes)?;
                 if self.shapes == shapes {
                     return Ok(Vec::new());
                 }
                 Ok(vec![SiteEvent::ShapesDeclared { shapes }])
+            }
+            SiteCommand::RequestShapesRefresh { by } => {
+                self.registered()?;
+                Ok(vec![SiteEvent::ShapesRefreshRequested {
+                    by,
+                    requested_at: now,
+                }])
+            }
+            SiteCommand::RecordShapesRefresh { shapes, outcome } => {
+                self.registered()?;
+                let mut events = Vec::new();
+                if let Some(shapes) = shapes {
+                    check_shapes(&shapes)?;
+                    if self.shapes != shapes {
+                        events.push(SiteEvent::ShapesDeclared { shapes });
+                    }
+                }
+                events.push(SiteEvent::ShapesRefreshed {
+                    outcome,
+                    refreshed_at: now,
+                });
+                Ok(events)
             }
             SiteCommand::Drain { by, reason } => {
                 self.registered()?;
@@ -415,6 +443,12 @@ impl Aggregate for Site {
             }
             SiteEvent::ShapesDeclared { shapes } => self.shapes = shapes.clone(),
             SiteEvent::DatasetsDeclared { datasets } => self.datasets = datasets.clone(),
+            SiteEvent::ShapesRefreshRequested { requested_at, .. } => {
+                self.refresh_requested_at = Some(*requested_at)
+            }
+            SiteEvent::ShapesRefreshed { refreshed_at, .. } => {
+                self.refreshed_at = Some(*refreshed_at)
+            }
             SiteEvent::Drained { .. } => self.drained = true,
             SiteEvent::Undrained { .. } => self.drained = false,
             SiteEvent::Heartbeat {
@@ -438,4 +472,25 @@ impl Aggregate for Site {
             }
         }
     }
+}
+
+/// Shapes with unique names, each with a CPU, some memory and a node.
+fn check_shapes(shapes: &[crate::vocabulary::site::Shape]) -> Result<(), SiteError> {
+    let mut names = BTreeSet::new();
+    for shape in shapes {
+        if !names.insert(shape.name.as_str()) {
+            return Err(SiteError::InvalidShapes {
+                reason: format!("shape {} is declared twice", shape.name),
+            });
+        }
+        if shape.cpus == 0 || shape.memory_bytes == 0 || shape.max_nodes == 0 {
+            return Err(SiteError::InvalidShapes {
+                reason: format!(
+                    "shape {} needs at least one CPU, some memory and one node",
+                    shape.name
+                ),
+            });
+        }
+    }
+    Ok(())
 }

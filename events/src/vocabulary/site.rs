@@ -44,6 +44,22 @@ pub enum SiteEvent {
     #[serde(rename = "site.shapes_declared.v1")]
     ShapesDeclared { shapes: Vec<Shape> },
 
+    /// An admin asked the site's adapter to read its shapes' figures (CPUs, memory,
+    /// GPUs) from the provider again (`meridian site refresh`).
+    #[serde(rename = "site.shapes_refresh_requested.v1")]
+    ShapesRefreshRequested {
+        by: String,
+        requested_at: DateTime<Utc>,
+    },
+
+    /// The adapter read its shapes from the provider: what changed, or why it could
+    /// not. Changed shapes are declared in a `site.shapes_declared.v1` before this.
+    #[serde(rename = "site.shapes_refreshed.v1")]
+    ShapesRefreshed {
+        outcome: String,
+        refreshed_at: DateTime<Utc>,
+    },
+
     /// Data sets the site holds at origin (a bucket in its region, a shared file
     /// system); replaces the set declared before. Copies made later are known from
     /// `transfer.completed.v1`.
@@ -98,6 +114,8 @@ impl SiteEvent {
             SiteEvent::HealthReported { .. } => "site.health_reported.v1",
             SiteEvent::ShapesDeclared { .. } => "site.shapes_declared.v1",
             SiteEvent::DatasetsDeclared { .. } => "site.datasets_declared.v1",
+            SiteEvent::ShapesRefreshRequested { .. } => "site.shapes_refresh_requested.v1",
+            SiteEvent::ShapesRefreshed { .. } => "site.shapes_refreshed.v1",
             SiteEvent::Drained { .. } => "site.drained.v1",
             SiteEvent::Undrained { .. } => "site.undrained.v1",
             SiteEvent::Heartbeat { .. } => "site.heartbeat.v1",

@@ -20,13 +20,20 @@ pub const OUTPUT_CAP_BYTES: usize = 1 << 20;
 #[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 pub enum RunReportBody {
     /// The job's command is starting now.
-    Started,
+    Started {},
     /// The command ended with this exit code (its output is sent before, to
     /// `PUT /v1/runs/{job}/output/{stream}`).
     Exited { exit_code: i32 },
 }
 
 pub use meridian_store::run_reports::Stream;
+
+/// What the API answers a run's report with.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct RunReportKept {
+    /// The run's job id.
+    pub job: Uuid,
+}
 
 /// The last `cap` bytes of `text`, cut at a character boundary.
 fn tail(text: &str, cap: usize) -> &str {
@@ -54,7 +61,7 @@ impl App {
         let id = job.to_string();
         let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         match report {
-            RunReportBody::Started => run_reports::started(store, &id, &now).await,
+            RunReportBody::Started {} => run_reports::started(store, &id, &now).await,
             RunReportBody::Exited { exit_code } => {
                 run_reports::exited(store, &id, &now, i64::from(exit_code)).await
             }

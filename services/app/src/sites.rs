@@ -34,6 +34,23 @@ pub struct SiteSummary {
     pub shapes: Vec<String>,
     /// The price sheet in force: currency, since when, and its source.
     pub prices: Option<PricesSummary>,
+    /// The last refresh of its shapes from the provider (`meridian site refresh`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shapes_refresh: Option<ShapesRefreshSummary>,
+}
+
+/// A refresh of a site's shapes from its provider: asked for by whom and when, and
+/// when its adapter last did one and what came of it (RFC 3339 times, UTC).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ShapesRefreshSummary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refreshed_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -130,6 +147,17 @@ impl App {
                         effective_from: p.effective_from.to_rfc3339(),
                         source: p.source.clone(),
                     }),
+                    shapes_refresh: s.shapes_refresh.as_ref().map(|r| {
+                        let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+                            t.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                        };
+                        ShapesRefreshSummary {
+                            requested_by: r.requested_by.clone(),
+                            requested_at: time(r.requested_at),
+                            refreshed_at: time(r.refreshed_at),
+                            outcome: r.outcome.clone(),
+                        }
+                    }),
                 })
                 .collect(),
         })
@@ -200,6 +228,14 @@ impl App {
             by: who.user.clone(),
         };
         self.on_site(who, site, command, "ok").await
+    }
+
+    /// Asks the site's adapter to read its shapes from the provider again.
+    pub async fn refresh_shapes(&self, who: &Principal, site: &str) -> Result<SiteState, AppError> {
+        let command = SiteCommand::RequestShapesRefresh {
+            by: who.user.clone(),
+        };
+        self.on_site(who, site, command, "refresh requested").await
     }
 
     async fn on_site(

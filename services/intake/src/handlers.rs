@@ -714,7 +714,7 @@ const MAX_RUN_OUTPUT_BODY: usize = (1 << 20) + 16;
     params(("job" = Uuid, Path, description = "The run's job id (MERIDIAN_JOB_ID on its machine)")),
     request_body(content = meridian_app::runs::RunReportBody, content_type = "application/json"),
     responses(
-        (status = 204, description = "Kept"),
+        (status = 200, description = "Kept", body = meridian_app::runs::RunReportKept),
         (status = 400, description = "The body or the job id is invalid; the error says which", body = ErrorBody),
         (status = 401, description = "Not this run's credential", body = ErrorBody),
         (status = 413, description = "The body is too large", body = ErrorBody),
@@ -724,7 +724,7 @@ pub(crate) async fn report_run(
     State(intake): State<Intake>,
     path: Result<Path<String>, PathRejection>,
     request: Request,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Json<meridian_app::runs::RunReportKept>, ApiError> {
     let who = credentials(&request)?;
     let Path(text) =
         path.map_err(|e| ApiError::BadRequest(format!("invalid job id: {}", e.body_text())))?;
@@ -734,7 +734,7 @@ pub(crate) async fn report_run(
     let report: meridian_app::runs::RunReportBody =
         meridian_app::formats::json_body(&bytes, "run report")?;
     intake.app.report_run(&who, job, report).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(Json(meridian_app::runs::RunReportKept { job }))
 }
 
 fn run_id(path: &str) -> Result<Uuid, ApiError> {
@@ -758,7 +758,7 @@ fn run_id(path: &str) -> Result<Uuid, ApiError> {
     ),
     request_body(content = String, content_type = "text/plain", description = "The stream's last 1 MiB"),
     responses(
-        (status = 204, description = "Kept"),
+        (status = 200, description = "Kept", body = meridian_app::runs::RunReportKept),
         (status = 400, description = "The job id or the stream is invalid", body = ErrorBody),
         (status = 401, description = "Not this run's credential", body = ErrorBody),
         (status = 413, description = "More than 1 MiB", body = ErrorBody),
@@ -768,7 +768,7 @@ pub(crate) async fn report_run_output(
     State(intake): State<Intake>,
     path: Result<Path<(String, String)>, PathRejection>,
     request: Request,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Json<meridian_app::runs::RunReportKept>, ApiError> {
     use meridian_app::runs::Stream;
     let who = credentials(&request)?;
     let Path((job, stream)) =
@@ -789,5 +789,5 @@ pub(crate) async fn report_run_output(
         .app
         .report_run_output(&who, job, stream, &bytes)
         .await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(Json(meridian_app::runs::RunReportKept { job }))
 }

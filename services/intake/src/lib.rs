@@ -123,6 +123,7 @@ fn routes() -> Router<Intake> {
         .route("/v1/sites", get(sites::list).put(sites::apply))
         .route("/v1/sites/{name}/drain", post(sites::drain))
         .route("/v1/sites/{name}/undrain", post(sites::undrain))
+        .route("/v1/sites/{name}/refresh", post(sites::refresh))
         .route("/v1/quotes", post(sites::quote))
         .route(
             "/v1/tenants/{tenant}/policy",

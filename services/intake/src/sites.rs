@@ -114,6 +114,27 @@ pub(crate) async fn undrain(
     Ok(Json(intake.app().undrain(&who, &name).await?))
 }
 
+/// Asks the site's adapter to read its shapes' figures (CPUs, memory, GPUs) from the
+/// provider again; it does at its next heartbeat, and `GET /v1/sites` shows the outcome
+/// under `shapes_refresh`.
+#[utoipa::path(post, path = "/v1/sites/{name}/refresh", tag = "sites", operation_id = "refresh_site_shapes",
+    params(("name" = String, Path, description = "The site's name")),
+    responses(
+        (status = 202, description = "Asked; the adapter does it at its next heartbeat", body = SiteState),
+        (status = 404, description = "No such site", body = ErrorBody),
+    ))]
+pub(crate) async fn refresh(
+    State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<(axum::http::StatusCode, Json<SiteState>), ApiError> {
+    let name = site_name(path)?;
+    Ok((
+        axum::http::StatusCode::ACCEPTED,
+        Json(intake.app().refresh_shapes(&who, &name).await?),
+    ))
+}
+
 /// Prices a workflow at every site of the live catalogue, without submitting it, under
 /// the placement policy of the tenant in `X-Meridian-Tenant`.
 #[utoipa::path(post, path = "/v1/quotes", tag = "sites", operation_id = "quote",

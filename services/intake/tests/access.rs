@@ -80,9 +80,9 @@ fn allowed(endpoint: &str, caller: &str) -> bool {
             "finance-all",
             "admin",
         ],
-        "apply-sites" | "drain" | "undrain" | "set-policy" | "grant-adjustment"
-        | "revoke-adjustment" | "issue-token" | "list-tokens" | "revoke-token" | "audit"
-        | "set-budget" => &["admin"],
+        "apply-sites" | "drain" | "undrain" | "refresh-shapes" | "set-policy"
+        | "grant-adjustment" | "revoke-adjustment" | "issue-token" | "list-tokens"
+        | "revoke-token" | "audit" | "set-budget" => &["admin"],
         other => panic!("no rights for {other}"),
     };
     callers.contains(&caller)
@@ -97,7 +97,7 @@ enum Scope {
     Owned,
 }
 
-const ENDPOINTS: [(&str, Scope, StatusCode); 26] = [
+const ENDPOINTS: [(&str, Scope, StatusCode); 27] = [
     ("health", Scope::Global, StatusCode::OK),
     ("submit", Scope::Owned, StatusCode::ACCEPTED),
     ("list", Scope::Owned, StatusCode::OK),
@@ -113,6 +113,7 @@ const ENDPOINTS: [(&str, Scope, StatusCode); 26] = [
     ("apply-sites", Scope::Global, StatusCode::OK),
     ("drain", Scope::Global, StatusCode::OK),
     ("undrain", Scope::Global, StatusCode::OK),
+    ("refresh-shapes", Scope::Global, StatusCode::ACCEPTED),
     ("get-policy", Scope::Owned, StatusCode::OK),
     ("set-policy", Scope::Owned, StatusCode::OK),
     ("list-adjustments", Scope::Owned, StatusCode::OK),
@@ -198,6 +199,7 @@ async fn request(b: &Bench, w: &World, endpoint: &str, caller: &Caller, own: boo
         "apply-sites" => Req::new(Method::PUT, "/v1/sites").yaml(CATALOG),
         "drain" => Req::post("/v1/sites/cheap/drain"),
         "undrain" => Req::post("/v1/sites/cheap/undrain"),
+        "refresh-shapes" => Req::post("/v1/sites/cheap/refresh"),
         "get-policy" => Req::get(&format!("/v1/tenants/{tenant}/policy")),
         "set-policy" => {
             Req::new(Method::PUT, &format!("/v1/tenants/{tenant}/policy")).json(&json!({}))
@@ -883,4 +885,106 @@ async fn bodies_follow_the_documented_formats() {
         ))
         .await;
     assert_eq!(res.status, StatusCode::NOT_FOUND, "{}", res.body);
+}
+
+#[tokio::test]
+async fn a_run_reports_itself_with_its_own_run_credential_and_nothing_else_may() {
+    let b = Bench::new(Db::Sqlite).await;
+    let job = Uuid::now_v7();
+    let other = Uuid::now_v7();
+    let run = b.credentials.mint_run(job);
+    assert!(run.starts_with("mer_run_"), "{run}");
+    let report = |body: Value, token: &str| {
+        Req::post(&format!("/v1/runs/{job}/report"))
+            .json(&body)
+            .bearer(token)
+    };
+    let head = b.head().await;
+
+    // Anyone else is refused: no token, an admin's, the workflow's, another run's, a forged one.
+    let forged = meridian_app::WorkflowCredentials::generate().mint_run(job);
+    let refused = [
+        ("admin", b.admin_token.clone()),
+        ("workflow credential", b.credentials.mint(job)),
+        ("another run's", b.credentials.mint_run(other)),
+        ("forged", forged),
+    ];
+    for (who, token) in refused {
+        let res = b.call(report(json!({"event": "started"}), &token)).await;
+        assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{who}: {}", res.body);
+        assert!(
+            res.error().contains("run credential"),
+            "{who}: {}",
+            res.body
+        );
+    }
+    let res = b
+        .call(
+            Req::post(&format!("/v1/runs/{job}/report"))
+                .json(&json!({"event": "started"}))
+                .anonymous(),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
+
+    // Bad input names what is wrong and keeps nothing.
+    for (body, expected) in [
+        (json!({"event": "finished"}), "finished"),
+        (json!({"event": "exited"}), "exit_code"),
+        (json!({"event": "started", "code": 1}), "code"),
+    ] {
+        let res = b.call(report(body.clone(), &run)).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}: {}", res.body);
+        assert!(res.error().contains(expected), "{body}: {}", res.body);
+    }
+    let res = b
+        .call(
+            Req::new(Method::PUT, &format!("/v1/runs/{job}/output/stdin"))
+                .body("x")
+                .bearer(&run),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert!(res.error().contains("stdout or stderr"), "{}", res.body);
+    assert!(
+        meridian_store::run_reports::read(&b.store, &job.to_string())
+            .await
+            .unwrap()
+            .is_none(),
+        "a refused report kept something"
+    );
+
+    // Its own credential: start, output, exit; a second exit changes nothing.
+    let res = b.call(report(json!({"event": "started"}), &run)).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    for (stream, text) in [("stdout", "hello\n"), ("stderr", "warning\n")] {
+        let res = b
+            .call(
+                Req::new(Method::PUT, &format!("/v1/runs/{job}/output/{stream}"))
+                    .header("content-type", "text/plain")
+                    .body(text)
+                    .bearer(&run),
+            )
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    }
+    for code in [3, 0] {
+        let res = b
+            .call(report(json!({"event": "exited", "exit_code": code}), &run))
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    }
+    let kept = meridian_store::run_reports::read(&b.store, &job.to_string())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(kept.started_at.is_some());
+    assert_eq!(kept.exit_code, Some(3), "the first exit reported stands");
+    assert_eq!(
+        (kept.stdout.as_str(), kept.stderr.as_str()),
+        ("hello\n", "warning\n")
+    );
+    // Reports are input from outside, not events: the log is untouched.
+    assert_eq!(b.head().await, head);
+    b.finish().await;
 }

@@ -38,6 +38,21 @@ pub enum SiteVerb {
         #[command(flatten)]
         server: ServerArg,
     },
+    /// Read the site's shapes (CPUs, memory, GPUs) from its provider again: the site's
+    /// adapter does it at its next heartbeat (within 20 s) and declares what changed.
+    /// Prices stay as the catalogue file has them. Sites whose adapter cannot read its
+    /// provider's shapes (local, Slurm, PBS, Kubernetes) say so.
+    Refresh {
+        name: String,
+        /// Ask, and return without waiting for the adapter.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for the adapter, in seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+        #[command(flatten)]
+        server: ServerArg,
+    },
     /// The sites, with their state, whether an adapter serves them, shapes and prices.
     List {
         #[command(flatten)]
@@ -292,6 +307,7 @@ pub async fn quote_live(
 /// `meridian explain ID`: the placement decisions recorded in a workflow's history.
 pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()> {
     let events = c.get(&format!("/v1/workflows/{id}/events")).await?;
+    let faults = site_faults(&events);
     let decisions: Vec<Value> = events["events"]
         .as_array()
         .cloned()
@@ -314,7 +330,22 @@ pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()>
     if decisions.is_empty() {
         println!("{id} has not been placed yet");
     }
-    for d in decisions {
+    let times: Vec<String> = decisions
+        .iter()
+        .map(|d| d["occurred_at"].as_str().unwrap_or("").to_string())
+        .collect();
+    for (n, d) in decisions.into_iter().enumerate() {
+        // The site faults that ended this attempt: after it, before the next.
+        let next = times.get(n + 1).map(String::as_str);
+        let ended: Vec<&(String, String)> = faults
+            .iter()
+            .filter(|(at, _)| *at >= times[n] && next.is_none_or(|next| at.as_str() < next))
+            .collect();
+        let print_faults = || {
+            for (_, fault) in &ended {
+                println!("  then {fault}");
+            }
+        };
         let p = &d["payload"];
         let attempt = p["attempt"].as_u64().unwrap_or(1);
         let when = d["occurred_at"].as_str().unwrap_or("-");
@@ -333,6 +364,7 @@ pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()>
                 })
                 .collect();
             client::table(&["SITE", "WHY NOT"], &rows);
+            print_faults();
             continue;
         }
         let mut sites = vec![p["site"].as_str().unwrap_or("-").to_string()];
@@ -370,8 +402,44 @@ pub async fn explain(c: &Client, id: &str, output: Output) -> anyhow::Result<()>
             p["rate"]["effective_from"].as_str().unwrap_or("-"),
             p["rate"]["source"].as_str().unwrap_or("-"),
         );
+        print_faults();
     }
     Ok(())
+}
+
+/// The runs a site failed (refused, reclaimed, lost…), which send work back to
+/// placement: `(when, "job J at SITE: why")`, oldest first.
+fn site_faults(events: &Value) -> Vec<(String, String)> {
+    let all = events["events"].as_array().cloned().unwrap_or_default();
+    let name_of = |aggregate: &Value| {
+        all.iter()
+            .find(|e| e["aggregate"] == *aggregate && e["payload"]["type"] == "job.dispatched.v1")
+            .map(|e| {
+                let job = e["payload"]["job"].as_str().unwrap_or("-");
+                match e["payload"]["index"].as_u64() {
+                    Some(i) => format!("{job}[{i}]"),
+                    None => job.to_string(),
+                }
+            })
+            .unwrap_or_else(|| "-".into())
+    };
+    all.iter()
+        .filter(|e| e["payload"]["type"] == "job.failed.v1")
+        .filter_map(|e| {
+            let reason: meridian_events::FailureReason =
+                serde_json::from_value(e["payload"]["reason"].clone()).ok()?;
+            reason.is_site_fault().then(|| {
+                (
+                    e["occurred_at"].as_str().unwrap_or("").to_string(),
+                    format!(
+                        "job {} at {}: {reason}",
+                        name_of(&e["aggregate"]),
+                        e["payload"]["site"].as_str().unwrap_or("-")
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// Brings the log's catalogue up to `file`: registers new sites, records changed prices,
@@ -427,6 +495,74 @@ pub async fn site(verb: SiteVerb, output: Output) -> anyhow::Result<i32> {
             server.client()?.acting_as(&who).post(&path, None).await?;
             println!("{name}: back in placement");
             Ok(0)
+        }
+        SiteVerb::Refresh {
+            name,
+            no_wait,
+            timeout,
+            server,
+        } => {
+            let path = format!("/v1/sites/{}/refresh", path_segment(&name));
+            server.client()?.acting_as(&who).post(&path, None).await?;
+            let client = server.client()?;
+            if no_wait {
+                println!("{name}: refresh asked for; `meridian site list --output json` shows its outcome");
+                return Ok(0);
+            }
+            // The request's time, as the catalogue recorded it.
+            let asked = |list: &SiteList| {
+                list.sites
+                    .iter()
+                    .find(|s| s.name == name)
+                    .and_then(|s| s.shapes_refresh.as_ref())
+                    .map(|r| {
+                        (
+                            r.requested_at.clone(),
+                            r.refreshed_at.clone(),
+                            r.outcome.clone(),
+                        )
+                    })
+            };
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
+            let mut said_waiting = false;
+            loop {
+                let list: SiteList = client.get_as("/v1/sites").await?;
+                let site = list.sites.iter().find(|s| s.name == name);
+                if let Some((Some(requested), Some(refreshed), outcome)) = asked(&list) {
+                    // RFC 3339 UTC with the same precision: text order is time order.
+                    if refreshed >= requested {
+                        let outcome = outcome.unwrap_or_default();
+                        println!("{name}: {outcome}");
+                        return Ok(if outcome.starts_with("could not") {
+                            1
+                        } else {
+                            0
+                        });
+                    }
+                }
+                if std::time::Instant::now() > deadline {
+                    anyhow::bail!(
+                        "{name}: the site's adapter did not refresh its shapes within {timeout} s{}",
+                        if site.is_some_and(|s| !s.connected) {
+                            " (no adapter serves the site: start one)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                if !said_waiting {
+                    said_waiting = true;
+                    eprintln!(
+                        "{name}: asked; waiting for the site's adapter (at its next heartbeat){}",
+                        if site.is_some_and(|s| !s.connected) {
+                            " — no adapter serves the site now"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
         }
         SiteVerb::List { server } => {
             let list: SiteList = server.client()?.get_as("/v1/sites").await?;

@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+mod shapes;
+
 use meridian_adapter_core::{
     AdapterError, ArrayRequest, ArrayTask, BackendJobId, JobRequest, JobState as SiteState,
     PlacedShape, ReportTo, ServiceRequest, SiteAdapter, DEFAULT_MAX_RESTARTS,
@@ -84,6 +86,8 @@ pub struct SiteRunner {
     /// This process, in its heartbeats.
     instance: Uuid,
     heartbeat_every: Duration,
+    /// Refresh the site's shapes from its provider at the first heartbeat.
+    refresh_at_start: bool,
     /// Whether "not in the catalogue" was said already.
     warned_unregistered: bool,
     /// How often the site's own jobs are checked against the log (the leak sweep).
@@ -133,6 +137,7 @@ impl SiteRunner {
         log: Arc<dyn EventLog>,
         store: Option<Store>,
     ) -> SiteRunner {
+        let refresh_at_start = adapter.refresh_shapes_at_start();
         SiteRunner {
             site: site.into(),
             adapter,
@@ -145,6 +150,7 @@ impl SiteRunner {
             shapes: Vec::new(),
             instance: Uuid::now_v7(),
             heartbeat_every: Duration::from_secs(20),
+            refresh_at_start,
             warned_unregistered: false,
             sweep_every: Duration::from_secs(300),
             jobs: HashMap::new(),
@@ -349,6 +355,35 @@ impl SiteRunner {
                 .map(|n| n.min(meridian_events::vocabulary::MAX_ARRAY_BATCH)),
         };
         self.on_site(site_id, command, "record the heartbeat")
+            .await?;
+        self.refresh_shapes(site_id).await
+    }
+
+    /// Reads the site's shapes from its provider when an admin asked for it (`meridian
+    /// site refresh`), or at start when the adapter is configured to; records the
+    /// outcome, and the shapes when they changed.
+    async fn refresh_shapes(&mut self, site_id: Uuid) -> Result<(), RunnerError> {
+        let at_start = std::mem::take(&mut self.refresh_at_start);
+        let site =
+            aggregates::load::<meridian_events::aggregate::Site>(&*self.log, site_id).await?;
+        if !(at_start || site.state.shapes_refresh_pending()) {
+            return Ok(());
+        }
+        let current = site.state.shapes().to_vec();
+        let names: Vec<String> = current.iter().map(|s| s.name.clone()).collect();
+        let (shapes, outcome) = match self.adapter.shapes(&names).await {
+            Ok(facts) => {
+                let (shapes, outcome) = shapes::refreshed(&current, &facts);
+                (Some(shapes), outcome)
+            }
+            Err(e) => (None, format!("could not read the shapes: {e}")),
+        };
+        tracing::info!(site = %self.site, %outcome, "refreshed the site's shapes from its provider");
+        if let Some(shapes) = &shapes {
+            self.shapes = shapes.clone();
+        }
+        let command = SiteCommand::RecordShapesRefresh { shapes, outcome };
+        self.on_site(site_id, command, "record the refreshed shapes")
             .await
             .map(|_| ())
     }
