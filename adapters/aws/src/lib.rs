@@ -430,22 +430,11 @@ impl CloudProvider for Ec2 {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let client = self.client().await;
-        match client
-            .describe_instances()
-            .set_instance_ids(Some(ids.to_vec()))
-            .send()
+        // By filter, not InstanceIds: one id EC2 has forgotten (an hour after its
+        // termination) fails a whole InstanceIds call, but only drops out of a filter.
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        self.describe_filtered(vec![filter("instance-id", &ids)])
             .await
-        {
-            Ok(answer) => Ok(answer
-                .reservations()
-                .iter()
-                .flat_map(|r| r.instances().iter().map(instance_of))
-                .collect()),
-            // Gone from EC2's memory (an hour after termination): unknown.
-            Err(e) if e.code() == Some("InvalidInstanceID.NotFound") => Ok(Vec::new()),
-            Err(e) => Err(provider_error(&e)),
-        }
     }
 
     async fn find(&self, job_id: Uuid) -> Result<Vec<Instance>, ProviderError> {

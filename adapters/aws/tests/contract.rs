@@ -217,3 +217,42 @@ async fn contract_a_client_token_given_again_launches_nothing_new() {
         Some("terminate")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_many_runs_are_followed_with_one_describe_and_a_forgotten_one_spoils_none() {
+    let standin = Ec2StandIn::start().await;
+    let site = site(
+        standin.url(),
+        AMI,
+        ZONES,
+        LifecycleConfig::default(),
+        MemoryReports::default(),
+    );
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let job = job("c7i.4xlarge", Duration::from_secs(600), false, false);
+        ids.push(site.submit(&job).await.unwrap());
+    }
+    // EC2 forgets a terminated instance after about an hour.
+    ids.push(meridian_adapter_core::BackendJobId(
+        "i-0000000000000dead".into(),
+    ));
+    let describes = || {
+        standin
+            .requests()
+            .iter()
+            .filter(|r| *r == "DescribeInstances")
+            .count()
+    };
+    let before = describes();
+    let reports = site.status_all(&ids).await;
+    assert_eq!(describes() - before, 1, "one call for all of them");
+    for report in &reports[..3] {
+        assert_eq!(report.as_ref().unwrap().state, JobState::Pending);
+    }
+    assert!(
+        matches!(reports[3], Err(AdapterError::UnknownJob(_))),
+        "{:?}",
+        reports[3]
+    );
+}

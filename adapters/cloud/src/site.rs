@@ -290,6 +290,45 @@ impl<P: CloudProvider> CloudSite<P> {
             .ok_or_else(|| AdapterError::UnknownJob(id.0.clone()))
     }
 
+    /// The run's report from its instance and what it reported itself; terminates the
+    /// instance when the lifecycle says to.
+    async fn report(
+        &self,
+        id: &BackendJobId,
+        instance: &Instance,
+    ) -> Result<JobReport, AdapterError> {
+        let report = self.report_of(instance.job_id()).await?;
+        let ended_by = self.memory().ended_by.get(&instance.id).copied();
+        let now = Utc::now();
+        let judgement = judge(instance, report.as_ref(), ended_by, &self.config, now);
+        if let Some(why) = judgement.terminate {
+            if let Err(e) = self.terminate(&instance.id, why).await {
+                tracing::warn!(instance = %instance.id, error = %e, "could not terminate; trying again at the next look");
+            }
+        }
+        let billed = instance.launched_at.map(|from| BilledInterval {
+            from,
+            to: if judgement.state.is_terminal() {
+                instance.ended_at.unwrap_or(now)
+            } else {
+                now
+            },
+        });
+        Ok(JobReport {
+            backend_id: id.clone(),
+            state: judgement.state,
+            usage: Usage {
+                nodes: 1,
+                gpu_vendor: instance.tags.get(tags::GPU_VENDOR).cloned(),
+                billed,
+                ..Usage::default()
+            },
+            address: None,
+            host: instance.address.clone(),
+            waiting: judgement.waiting,
+        })
+    }
+
     async fn terminate(&self, instance: &str, why: EndedBy) -> Result<(), AdapterError> {
         self.memory()
             .ended_by
@@ -330,6 +369,10 @@ fn unavailable(e: ProviderError) -> AdapterError {
     }
 }
 
+/// The most instances asked of the provider in one describe call (EC2 takes 1,000 ids,
+/// the others fewer; every provider pages its answer).
+const DESCRIBE_CHUNK: usize = 200;
+
 /// The client token of a launch in `zone`: at most 64 characters, as EC2 allows.
 fn client_token(job: Uuid, zone: Option<&str>) -> String {
     let mut token = format!("meridian-{}-{}", job.simple(), zone.unwrap_or("any"));
@@ -359,7 +402,7 @@ impl<P: CloudProvider> SiteAdapter for CloudSite<P> {
         }
         if self.reports.is_none() {
             return Err(AdapterError::NotSupported(format!(
-                "following runs at a {} site from a process without Meridian's store: run the adapter with the store (--database) so instances' reports reach it",
+                "following runs at a {} site from a process without Meridian's store, where instances' reports arrive",
                 self.kind()
             )));
         }
@@ -371,7 +414,7 @@ impl<P: CloudProvider> SiteAdapter for CloudSite<P> {
         };
         let Some(report_to) = &job.report_to else {
             return Err(AdapterError::NotSupported(format!(
-                "runs at a {} site without Meridian's API address: instances report there (start the site runner with --server)",
+                "runs at a {} site without Meridian's API address and run credentials: instances report there (start the adapter with --server and --credential-key-file, as `meridian up` does)",
                 self.kind()
             )));
         };
@@ -471,36 +514,30 @@ impl<P: CloudProvider> SiteAdapter for CloudSite<P> {
 
     async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError> {
         let instance = self.instance(id).await?;
-        let report = self.report_of(instance.job_id()).await?;
-        let ended_by = self.memory().ended_by.get(&instance.id).copied();
-        let now = Utc::now();
-        let judgement = judge(&instance, report.as_ref(), ended_by, &self.config, now);
-        if let Some(why) = judgement.terminate {
-            if let Err(e) = self.terminate(&instance.id, why).await {
-                tracing::warn!(instance = %instance.id, error = %e, "could not terminate; trying again at the next look");
+        self.report(id, &instance).await
+    }
+
+    /// One DescribeInstances for all of them (in chunks the APIs take), not one each:
+    /// the site runner asks every few hundred milliseconds.
+    async fn status_all(&self, ids: &[BackendJobId]) -> Vec<Result<JobReport, AdapterError>> {
+        let mut known: HashMap<String, Instance> = HashMap::new();
+        let mut failed: Option<AdapterError> = None;
+        let names: Vec<String> = ids.iter().map(|i| i.0.clone()).collect();
+        for chunk in names.chunks(DESCRIBE_CHUNK) {
+            match self.provider.describe(chunk).await {
+                Ok(found) => known.extend(found.into_iter().map(|i| (i.id.clone(), i))),
+                Err(e) => failed = Some(unavailable(e)),
             }
         }
-        let billed = instance.launched_at.map(|from| BilledInterval {
-            from,
-            to: if judgement.state.is_terminal() {
-                instance.ended_at.unwrap_or(now)
-            } else {
-                now
-            },
-        });
-        Ok(JobReport {
-            backend_id: id.clone(),
-            state: judgement.state,
-            usage: Usage {
-                nodes: 1,
-                gpu_vendor: instance.tags.get(tags::GPU_VENDOR).cloned(),
-                billed,
-                ..Usage::default()
-            },
-            address: None,
-            host: instance.address.clone(),
-            waiting: judgement.waiting,
-        })
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.push(match (known.get(&id.0), &failed) {
+                (Some(instance), _) => self.report(id, instance).await,
+                (None, Some(e)) => Err(AdapterError::Unavailable(e.to_string())),
+                (None, None) => Err(AdapterError::UnknownJob(id.0.clone())),
+            });
+        }
+        out
     }
 
     async fn cancel(&self, id: &BackendJobId) -> Result<(), AdapterError> {

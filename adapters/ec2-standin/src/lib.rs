@@ -254,6 +254,7 @@ fn passes(i: &StandInInstance, params: &BTreeMap<String, String>) -> bool {
         .all(|(name, values)| match name.strip_prefix("tag:") {
             Some(key) => i.tags.get(key).is_some_and(|v| values.contains(v)),
             None if name == "instance-state-name" => values.contains(&i.state),
+            None if name == "instance-id" => values.contains(&i.id),
             None => true,
         })
 }

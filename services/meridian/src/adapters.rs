@@ -37,9 +37,20 @@ pub fn find(kind: &str) -> anyhow::Result<Registration> {
         .into_iter()
         .find(|r| r.kind == kind)
         .with_context(|| {
+            // The kinds that sit behind a cargo feature, so that the error says how to get them.
+            let feature = match kind {
+                "kubernetes" => Some("site-kubernetes"),
+                "aws" => Some("site-aws"),
+                _ => None,
+            };
             format!(
-                "no adapter of kind {kind:?} in this build; the kinds are: {}",
-                names().join(", ")
+                "no adapter of kind {kind:?} in this build; the kinds are: {}{}",
+                names().join(", "),
+                feature
+                    .map(|f| format!(
+                        " ({kind} needs a build with `cargo build --release -p meridian --features {f}`)"
+                    ))
+                    .unwrap_or_default()
             )
         })
 }
@@ -139,12 +150,23 @@ mod tests {
             cfg!(feature = "site-kubernetes"),
             "{names:?}"
         );
+        assert_eq!(
+            names.contains(&"aws"),
+            cfg!(feature = "site-aws"),
+            "{names:?}"
+        );
     }
 
-    #[test]
-    fn a_kind_that_needs_a_configuration_says_so() {
+    #[tokio::test]
+    async fn a_kind_that_needs_a_configuration_says_so() {
         let tmp = tempfile::tempdir().unwrap();
-        let err = match build("slurm", None, tmp.path()) {
+        let store = Store::connect(&format!(
+            "sqlite://{}",
+            tmp.path().join("s.sqlite").display()
+        ))
+        .await
+        .unwrap();
+        let err = match build("slurm", None, tmp.path(), &store) {
             Ok(_) => panic!("built a slurm adapter without its configuration"),
             Err(e) => e.to_string(),
         };
