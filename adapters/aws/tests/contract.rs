@@ -16,6 +16,17 @@ use meridian_ec2_standin::Ec2StandIn;
 const AMI: &str = "ami-0123456789abcdef0";
 const ZONES: &[&str] = &["us-east-1a", "us-east-1b"];
 
+/// A site on `standin`, launching in both zones, its runs' reports kept nowhere.
+fn on(standin: &Ec2StandIn) -> meridian_adapter_cloud::CloudSite<meridian_adapter_aws::Ec2> {
+    site(
+        standin.url(),
+        AMI,
+        ZONES,
+        LifecycleConfig::default(),
+        MemoryReports::default(),
+    )
+}
+
 fn launches(standin: &Ec2StandIn) -> Vec<String> {
     standin
         .requests()
@@ -32,13 +43,7 @@ async fn contract_a_zone_without_capacity_is_skipped_and_kept_out() {
         "InsufficientInstanceCapacity",
         "We currently do not have sufficient g6.xlarge capacity in the Availability Zone you requested (us-east-1a).",
     );
-    let site = site(
-        standin.url(),
-        AMI,
-        ZONES,
-        LifecycleConfig::default(),
-        MemoryReports::default(),
-    );
+    let site = on(&standin);
     let first = job("g6.xlarge", Duration::from_secs(600), false, true);
     let id = site.submit(&first).await.unwrap();
     let launched = standin.instances();
@@ -67,13 +72,7 @@ async fn contract_every_capacity_code_in_every_zone_is_a_site_refusal_naming_eac
         for zone in ZONES {
             standin.refuse(zone, code, &format!("no capacity in {zone}"));
         }
-        let site = site(
-            standin.url(),
-            AMI,
-            ZONES,
-            LifecycleConfig::default(),
-            MemoryReports::default(),
-        );
+        let site = on(&standin);
         let error = site
             .submit(&job("g6.xlarge", Duration::from_secs(600), true, true))
             .await
@@ -103,13 +102,7 @@ async fn contract_an_account_limit_refuses_the_whole_site_at_once() {
             code,
             "You have requested more vCPU capacity than your current vCPU limit allows.",
         );
-        let site = site(
-            standin.url(),
-            AMI,
-            ZONES,
-            LifecycleConfig::default(),
-            MemoryReports::default(),
-        );
+        let site = on(&standin);
         let error = site
             .submit(&job("p4d.24xlarge", Duration::from_secs(600), false, true))
             .await
@@ -190,13 +183,7 @@ async fn contract_a_spot_reclaim_is_a_site_fault() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_client_token_given_again_launches_nothing_new() {
     let standin = Ec2StandIn::start().await;
-    let site = site(
-        standin.url(),
-        AMI,
-        ZONES,
-        LifecycleConfig::default(),
-        MemoryReports::default(),
-    );
+    let site = on(&standin);
     let job = job("c7i.4xlarge", Duration::from_secs(600), false, false);
     let tags = vec![("meridian-managed".to_string(), "true".to_string())];
     let launch = meridian_adapter_cloud::Launch {
@@ -221,13 +208,7 @@ async fn contract_a_client_token_given_again_launches_nothing_new() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_many_runs_are_followed_with_one_describe_and_a_forgotten_one_spoils_none() {
     let standin = Ec2StandIn::start().await;
-    let site = site(
-        standin.url(),
-        AMI,
-        ZONES,
-        LifecycleConfig::default(),
-        MemoryReports::default(),
-    );
+    let site = on(&standin);
     let mut ids = Vec::new();
     for _ in 0..3 {
         let job = job("c7i.4xlarge", Duration::from_secs(600), false, false);

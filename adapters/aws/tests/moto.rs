@@ -19,6 +19,18 @@ use meridian_datamover::testkit::Moto;
 /// An image moto knows (its stock Amazon Linux AMI).
 const AMI: &str = "ami-12c6146b";
 
+/// The run's report once it has ended.
+async fn ended(
+    site: &CloudSite<Ec2>,
+    id: &meridian_adapter_core::BackendJobId,
+) -> meridian_adapter_core::JobReport {
+    eventually("the run ends", || async {
+        let r = site.status(id).await.unwrap();
+        r.state.is_terminal().then_some(r)
+    })
+    .await
+}
+
 async fn assert_nothing_left(site: &CloudSite<Ec2>) {
     let owned = site.owned().await.unwrap();
     assert!(owned.is_empty(), "left running in moto: {owned:?}");
@@ -122,11 +134,7 @@ async fn cancel_terminates_and_bills_launch_to_terminate() {
     ));
 
     site.cancel(&id).await.unwrap();
-    let report = eventually("the cancelled run ends", || async {
-        let r = site.status(&id).await.unwrap();
-        r.state.is_terminal().then_some(r)
-    })
-    .await;
+    let report = ended(&site, &id).await;
     assert!(
         matches!(report.state, JobState::Cancelled { .. }),
         "{report:?}"
@@ -152,11 +160,7 @@ async fn a_run_past_its_walltime_and_grace_is_terminated_as_a_timeout() {
     reports.started(job.job_id, Utc::now() - chrono::Duration::seconds(5));
 
     // The first look sees it over its walltime and terminates it; a later one sees it gone.
-    let report = eventually("the run over its walltime ends", || async {
-        let r = site.status(&id).await.unwrap();
-        r.state.is_terminal().then_some(r)
-    })
-    .await;
+    let report = ended(&site, &id).await;
     let JobState::Failed { failure, .. } = report.state else {
         panic!("{report:?}")
     };
@@ -183,22 +187,12 @@ async fn an_exit_reported_terminates_the_instance_and_ends_the_run_with_its_code
         reports.started(job.job_id, Utc::now());
         reports.exited(job.job_id, code, &format!("exit {code}\n"));
     }
-    let ended = |id| {
-        let site = &site;
-        async move {
-            eventually("the run ends", || async {
-                let r = site.status(&id).await.unwrap();
-                r.state.is_terminal().then_some(r)
-            })
-            .await
-        }
-    };
     assert!(matches!(
-        ended(ok_id.clone()).await.state,
+        ended(&site, &ok_id).await.state,
         JobState::Succeeded { .. }
     ));
     assert!(matches!(
-        ended(bad_id.clone()).await.state,
+        ended(&site, &bad_id).await.state,
         JobState::Failed {
             exit_code: Some(3),
             ..

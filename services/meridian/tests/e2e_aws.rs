@@ -73,32 +73,17 @@ fn adapter_config(
 /// `meridian up` with the AWS site, its credentials in the environment only.
 fn up_aws(dir: &Path, catalog_text: &str, config: &Path) -> (String, Proc) {
     let catalog = write(dir, "catalog.yaml", catalog_text);
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let adapter = format!("aws-test=aws:{}", config.display());
-    let proc = Proc::spawn(
-        "up",
+    up_with_adapter_env(
         dir,
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--catalog",
-            catalog.to_str().unwrap(),
-            "--adapter",
-            &adapter,
-        ],
+        free_port(),
+        catalog.to_str().unwrap(),
+        &format!("aws-test=aws:{}", config.display()),
         &[
             ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
             ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
             ("AWS_EC2_METADATA_DISABLED", "true"),
         ],
-    );
-    let server = format!("http://127.0.0.1:{port}");
-    wait_ready(&server, &[&proc]);
-    (server, proc)
+    )
 }
 
 fn ec2(endpoint: &str) -> Ec2 {

@@ -167,6 +167,17 @@ pub fn wait_ready(server: &str, procs: &[&Proc]) {
 /// `meridian up` in `dir` on `port`, with the sites of the catalogue file `catalog` and
 /// one adapter (`NAME=KIND:FILE`); returns the API's address once it answers.
 pub fn up_with_adapter(dir: &Path, port: u16, catalog: &str, adapter: &str) -> (String, Proc) {
+    up_with_adapter_env(dir, port, catalog, adapter, &[])
+}
+
+/// [`up_with_adapter`] with `env` set for Meridian (an SDK's credentials).
+pub fn up_with_adapter_env(
+    dir: &Path,
+    port: u16,
+    catalog: &str,
+    adapter: &str,
+    env: &[(&str, &str)],
+) -> (String, Proc) {
     let listen = format!("127.0.0.1:{port}");
     let proc = Proc::spawn(
         "up",
@@ -182,7 +193,7 @@ pub fn up_with_adapter(dir: &Path, port: u16, catalog: &str, adapter: &str) -> (
             "--adapter",
             adapter,
         ],
-        &[],
+        env,
     );
     let server = format!("http://127.0.0.1:{port}");
     wait_ready(&server, &[&proc]);
