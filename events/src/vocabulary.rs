@@ -178,16 +178,19 @@ pub struct BilledInterval {
 }
 
 impl Usage {
-    /// What compute is charged for: the billed stretch when the site gave one, else the
-    /// run's.
+    /// What compute is charged for: the stretch its site bills when it gave one, else the
+    /// run's own; nothing for a run that never started and that its site does not bill
+    /// (a cloud instance that booted and was cancelled is billed, a queued batch job is
+    /// not).
     pub fn charged(
         &self,
-        started_at: chrono::DateTime<chrono::Utc>,
+        started_at: Option<chrono::DateTime<chrono::Utc>>,
         ended_at: chrono::DateTime<chrono::Utc>,
-    ) -> (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) {
-        match self.billed {
-            Some(b) => (b.from, b.to),
-            None => (started_at, ended_at),
+    ) -> Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> {
+        match (self.billed, started_at) {
+            (Some(b), _) => Some((b.from, b.to)),
+            (None, Some(started_at)) => Some((started_at, ended_at)),
+            (None, None) => None,
         }
     }
 }

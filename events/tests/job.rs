@@ -161,6 +161,65 @@ fn a_run_may_fail_before_it_starts() {
 }
 
 #[test]
+fn a_run_its_site_bills_before_it_started_carries_what_it_was_dispatched_with() {
+    use meridian_events::vocabulary::BilledInterval;
+    let billed = Usage {
+        billed: Some(BilledInterval {
+            from: at(1, 0),
+            to: at(1, 30),
+        }),
+        ..Usage::default()
+    };
+    let (events, _) = given::<Job>([dispatched(), on_site()])
+        .when(
+            JobCommand::Fail {
+                ended_at: at(1, 30),
+                exit_code: None,
+                reason: FailureReason::Preempted,
+                usage: billed.clone(),
+            },
+            at(1, 30),
+        )
+        .then_ok();
+    let JobEvent::Failed {
+        started_at,
+        allocated: Some(allocated),
+        ..
+    } = &events[0]
+    else {
+        panic!("{events:?}")
+    };
+    assert_eq!(*started_at, None);
+    let r = resources();
+    assert_eq!(allocated.nodes, r.nodes);
+    assert_eq!(allocated.cpus, r.cpus * r.nodes);
+    assert_eq!(
+        allocated.memory_bytes,
+        r.memory.bytes() * u64::from(r.nodes)
+    );
+    // Not billed by its site: nothing to charge, as before.
+    let (events, _) = given::<Job>([dispatched()])
+        .when(
+            JobCommand::Cancel {
+                ended_at: at(1, 0),
+                usage: Usage::default(),
+            },
+            at(1, 0),
+        )
+        .then_ok();
+    assert!(
+        matches!(
+            &events[0],
+            JobEvent::Cancelled {
+                allocated: None,
+                ..
+            }
+        ),
+        "{events:?}"
+    );
+}
+
+#[test]
 fn finishing_a_run_never_started_is_refused() {
     given::<Job>([dispatched(), on_site()])
         .when(finish(0), at(3, 0))

@@ -100,7 +100,12 @@ impl Ec2 {
     pub async fn client(&self) -> &Client {
         self.client
             .get_or_init(|| async {
+                use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+                let https = aws_smithy_http_client::Builder::new()
+                    .tls_provider(Provider::Rustls(CryptoMode::Ring))
+                    .build_https();
                 let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                    .http_client(https)
                     .region(aws_config::Region::new(self.config.region.clone()));
                 if let Some(url) = &self.config.endpoint_url {
                     loader = loader.endpoint_url(url);

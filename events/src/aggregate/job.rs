@@ -261,9 +261,28 @@ impl Job {
             ended_at,
             exit_code,
             reason,
-            allocated: self.allocated.clone(),
+            allocated: self.allocated_or_billed(d, &usage),
             usage,
         }
+    }
+
+    /// What the run was given: as recorded at its start, else — for a run that never
+    /// started but that its site bills (a cloud instance that booted and was cancelled,
+    /// reclaimed or never reported) — what it was dispatched with, so the billed stretch
+    /// is charged. Accelerators are left out there: no site said which it gave, and the
+    /// cloud sites price by the instance.
+    fn allocated_or_billed(&self, d: &Dispatch, usage: &Usage) -> Option<Allocation> {
+        self.allocated.clone().or_else(|| {
+            usage.billed.map(|_| {
+                let nodes = d.resources.nodes.max(1);
+                Allocation {
+                    nodes,
+                    cpus: d.resources.cpus.saturating_mul(nodes),
+                    memory_bytes: d.resources.memory.bytes().saturating_mul(u64::from(nodes)),
+                    gpus: None,
+                }
+            })
+        })
     }
 }
 
@@ -422,7 +441,7 @@ impl Aggregate for Job {
                     rate: d.rate.clone(),
                     started_at: self.started_at,
                     ended_at,
-                    allocated: self.allocated.clone(),
+                    allocated: self.allocated_or_billed(d, &usage),
                     usage,
                 }])
             }

@@ -131,7 +131,8 @@ impl JobEvent {
     }
 
     /// The compute this event bills: the allocation at the rate in force, from start to
-    /// end. `None` for events that bill nothing (not terminal, or it never started).
+    /// end. `None` for events that bill nothing (not terminal, or never started and not
+    /// billed by its site).
     pub fn compute_cost(&self) -> Option<Result<Money, MoneyError>> {
         match self {
             JobEvent::Finished {
@@ -142,12 +143,12 @@ impl JobEvent {
                 usage,
                 ..
             } => {
-                let (from, to) = usage.charged(*started_at, *ended_at);
+                let (from, to) = usage.charged(Some(*started_at), *ended_at)?;
                 Some(rate.cost_between(allocated, from, to))
             }
             JobEvent::Failed {
                 rate,
-                started_at: Some(started_at),
+                started_at,
                 ended_at,
                 allocated: Some(allocated),
                 usage,
@@ -155,13 +156,13 @@ impl JobEvent {
             }
             | JobEvent::Cancelled {
                 rate,
-                started_at: Some(started_at),
+                started_at,
                 ended_at,
                 allocated: Some(allocated),
                 usage,
                 ..
             } => {
-                let (from, to) = usage.charged(*started_at, *ended_at);
+                let (from, to) = usage.charged(*started_at, *ended_at)?;
                 Some(rate.cost_between(allocated, from, to))
             }
             _ => None,

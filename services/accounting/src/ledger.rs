@@ -466,52 +466,63 @@ impl<'a> Run<'a> {
                 allocated,
                 usage,
                 ..
-            } => Some(Run {
-                workflow_id: *workflow_id,
-                site,
-                rate,
-                started_at: usage.charged(*started_at, *ended_at).0,
-                ended_at: usage.charged(*started_at, *ended_at).1,
-                allocated,
-                outcome: "finished".into(),
-            }),
+            } => {
+                let (from, to) = usage.charged(Some(*started_at), *ended_at)?;
+                Some(Run {
+                    workflow_id: *workflow_id,
+                    site,
+                    rate,
+                    started_at: from,
+                    ended_at: to,
+                    allocated,
+                    outcome: "finished".into(),
+                })
+            }
             JobEvent::Failed {
                 workflow_id,
                 site,
                 rate,
-                started_at: Some(started_at),
+                started_at,
                 ended_at,
                 allocated: Some(allocated),
                 reason,
                 usage,
                 ..
-            } => Some(Run {
-                workflow_id: *workflow_id,
-                site,
-                rate,
-                started_at: usage.charged(*started_at, *ended_at).0,
-                ended_at: usage.charged(*started_at, *ended_at).1,
-                allocated,
-                outcome: format!("failed: {reason}"),
-            }),
+            } => {
+                // A run that never started is charged only for what its site bills
+                // (a cloud instance's life).
+                let (from, to) = usage.charged(*started_at, *ended_at)?;
+                Some(Run {
+                    workflow_id: *workflow_id,
+                    site,
+                    rate,
+                    started_at: from,
+                    ended_at: to,
+                    allocated,
+                    outcome: format!("failed: {reason}"),
+                })
+            }
             JobEvent::Cancelled {
                 workflow_id,
                 site,
                 rate,
-                started_at: Some(started_at),
+                started_at,
                 ended_at,
                 allocated: Some(allocated),
                 usage,
                 ..
-            } => Some(Run {
-                workflow_id: *workflow_id,
-                site,
-                rate,
-                started_at: usage.charged(*started_at, *ended_at).0,
-                ended_at: usage.charged(*started_at, *ended_at).1,
-                allocated,
-                outcome: "cancelled".into(),
-            }),
+            } => {
+                let (from, to) = usage.charged(*started_at, *ended_at)?;
+                Some(Run {
+                    workflow_id: *workflow_id,
+                    site,
+                    rate,
+                    started_at: from,
+                    ended_at: to,
+                    allocated,
+                    outcome: "cancelled".into(),
+                })
+            }
             _ => None,
         }
     }

@@ -856,6 +856,54 @@ async fn the_billed_stretch_is_charged_when_the_site_gives_one(store: &Store) {
     assert_eq!(d(&lines[0].amount), d("98.32"));
     assert_eq!(lines[0].started_at, "2026-11-02T09:00:00.000000Z");
     assert_eq!(lines[0].ended_at, "2026-11-02T10:00:00.000000Z");
+
+    // An instance that booted for half an hour and was cancelled before its job started:
+    // AWS bills it, so the bill does; a run refused before launch costs nothing.
+    let booted = log
+        .run(
+            "physics",
+            w,
+            "aws-us-east-1",
+            "serve",
+            2,
+            &cloud_rate(),
+            &gpu_node(),
+            minutes(60),
+            minutes(90),
+            End::CancelledBilledBeforeStart(meridian_events::vocabulary::BilledInterval {
+                from: minutes(60),
+                to: minutes(90),
+            }),
+        )
+        .await;
+    let refused = log
+        .run(
+            "physics",
+            w,
+            "aws-us-east-1",
+            "serve",
+            3,
+            &cloud_rate(),
+            &gpu_node(),
+            minutes(90),
+            minutes(91),
+            End::Refused,
+        )
+        .await;
+    catch_up(store, &*log.log, &Ledger).await.unwrap();
+    let b = bill(store, w).await.unwrap();
+    let of = |job: Uuid| -> Vec<BillLine> {
+        b.lines
+            .iter()
+            .filter(|l| l.job_id.as_deref() == Some(job.to_string().as_str()))
+            .cloned()
+            .collect()
+    };
+    let booted_lines = of(booted);
+    assert_eq!(booted_lines.len(), 1, "{booted_lines:#?}");
+    assert_eq!(d(&booted_lines[0].quantity), d("0.5"));
+    assert_eq!(d(&booted_lines[0].amount), d("49.16"));
+    assert!(of(refused).is_empty());
 }
 on_both!(
     the_billed_stretch_is_charged_when_the_site_gives_one,

@@ -473,3 +473,121 @@ sites:
     let said = String::from_utf8_lossy(&local.stdout);
     assert!(said.contains("not supported"), "{said}");
 }
+
+#[test]
+fn contract_a_reclaimed_spot_instance_sends_the_work_elsewhere_and_its_life_is_billed() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let standin = runtime.block_on(meridian_ec2_standin::Ec2StandIn::start());
+    let dir = tempfile::tempdir().unwrap();
+    let config = adapter_config(
+        dir.path(),
+        standin.url(),
+        &dir.path().join("poweroff.sh"),
+        true,
+    );
+    // Spot is cheaper still, and the workflow allows it.
+    let catalog_text = r#"
+sites:
+  - name: aws-test
+    kind: aws
+    region: us-east-1
+    jurisdiction: us
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: "test list prices"
+      compute:
+        - {offer: c7i.4xlarge, per_instance_hour: "0.002"}
+        - {offer: c7i.4xlarge-spot, per_instance_hour: "0.001"}
+    shapes:
+      - {name: c7i.4xlarge, offer: c7i.4xlarge, spot_offer: c7i.4xlarge-spot, cpus: 16, memory: 32GiB}
+"#;
+    let (server, proc) = up_aws(dir.path(), catalog_text, &config);
+    let file = write(
+        dir.path(),
+        "spot.yaml",
+        "version: v1\nname: spot\nplacement: {spot: true}\njobs:\n  work:\n    image: host\n    command: [sh, -c, \"echo ran\"]\n    resources: {cpus: 1, memory: 64MiB, walltime: 10m}\n",
+    );
+    let id = submit(&server, &file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let instance = loop {
+        if let Some(i) = standin.instances().into_iter().next() {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "no launch: {}", proc.output());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        instance.spot,
+        "placement chose the spot offer: {instance:?}"
+    );
+    // The instance's bootstrap says the job started, with its run credential.
+    let script = String::from_utf8(aws_smithy_base64(&instance.user_data)).unwrap();
+    let token = script
+        .lines()
+        .find_map(|l| l.strip_prefix("meridian_run_token="))
+        .unwrap();
+    let job = &instance.tags["meridian-job-id"];
+    let started = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "-X",
+            "POST",
+            "-H",
+            &format!("Authorization: Bearer {token}"),
+        ])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "--data",
+            r#"{"event":"started"}"#,
+        ])
+        .arg(format!("{server}/v1/runs/{job}/report"))
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{started:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cli_json(&server, &["status", &id])["state"] != "running" {
+        assert!(
+            Instant::now() < deadline,
+            "never running: {}",
+            proc.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // AWS takes it back.
+    standin.reclaim(&instance.id);
+    let status = wait_state(&server, &id, &["finished", "failed"]);
+    assert_eq!(status["state"], "finished", "{status:#}\n{}", proc.output());
+    let events = cli_json(&server, &["events", &id]);
+    let sites: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["payload"]["type"] == "job.dispatched.v1")
+        .map(|e| e["payload"]["site"].as_str().unwrap())
+        .collect();
+    assert_eq!(sites, vec!["aws-test", "local"], "{events:#}");
+    let explain = String::from_utf8_lossy(&cli(&server, &["explain", &id]).stdout).to_string();
+    assert!(
+        explain.contains("job work at aws-test: preempted by the site"),
+        "{explain}"
+    );
+    // The reclaimed instance's life is on the bill, at the spot price.
+    let bill = bill(&server, &id, 2);
+    let spot_line = bill["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["site"] == "aws-test")
+        .unwrap_or_else(|| panic!("no line for the reclaimed instance: {bill:#}"));
+    assert_eq!(spot_line["meter"], "instance_hours", "{spot_line:#}");
+    assert_eq!(spot_line["offer"], "c7i.4xlarge-spot", "{spot_line:#}");
+    assert_eq!(spot_line["list_unit_price"], "0.001", "{spot_line:#}");
+    drop(runtime);
+}

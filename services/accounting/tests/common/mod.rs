@@ -218,6 +218,18 @@ impl Log {
                 allocated: Some(allocated.clone()),
                 usage: Usage::default(),
             },
+            End::CancelledBilledBeforeStart(billed) => JobEvent::Cancelled {
+                workflow_id,
+                site: site.into(),
+                rate: rate.clone(),
+                started_at: None,
+                ended_at,
+                allocated: Some(allocated.clone()),
+                usage: Usage {
+                    billed: Some(billed),
+                    ..Usage::default()
+                },
+            },
         };
         self.append(AggregateKind::Job, job_id, tenant, vec![event.into()])
             .await;
@@ -345,6 +357,9 @@ pub enum End {
     Failed(FailureReason),
     Refused,
     Cancelled,
+    /// Cancelled before it started, its site billing this stretch (a cloud instance
+    /// that booted and was ended), as the Job aggregate records it.
+    CancelledBilledBeforeStart(meridian_events::vocabulary::BilledInterval),
 }
 
 /// HPC prices: per core-hour, GiB-hour and GPU-hour.
