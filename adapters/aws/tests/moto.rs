@@ -19,6 +19,19 @@ use meridian_datamover::testkit::Moto;
 /// An image moto knows (its stock Amazon Linux AMI).
 const AMI: &str = "ami-12c6146b";
 
+/// A site on moto with the default lifecycle, and the runs' reports it reads.
+fn on_moto(moto: &Moto) -> (CloudSite<Ec2>, MemoryReports) {
+    let reports = MemoryReports::default();
+    let site = site(
+        moto.url(),
+        AMI,
+        &[],
+        LifecycleConfig::default(),
+        reports.clone(),
+    );
+    (site, reports)
+}
+
 /// The run's report once it has ended.
 async fn ended(
     site: &CloudSite<Ec2>,
@@ -117,14 +130,7 @@ async fn a_launch_carries_tags_user_data_and_spot_and_is_found_again_not_launche
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_terminates_and_bills_launch_to_terminate() {
     let moto = Moto::start();
-    let reports = MemoryReports::default();
-    let site = site(
-        moto.url(),
-        AMI,
-        &[],
-        LifecycleConfig::default(),
-        reports.clone(),
-    );
+    let (site, reports) = on_moto(&moto);
     let job = job("c7i.4xlarge", Duration::from_secs(3600), false, false);
     let id = site.submit(&job).await.unwrap();
     reports.started(job.job_id, Utc::now());
@@ -171,14 +177,7 @@ async fn a_run_past_its_walltime_and_grace_is_terminated_as_a_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exit_reported_terminates_the_instance_and_ends_the_run_with_its_code_and_output() {
     let moto = Moto::start();
-    let reports = MemoryReports::default();
-    let site = site(
-        moto.url(),
-        AMI,
-        &[],
-        LifecycleConfig::default(),
-        reports.clone(),
-    );
+    let (site, reports) = on_moto(&moto);
     let ok = job("c7i.4xlarge", Duration::from_secs(600), false, false);
     let bad = job("c7i.4xlarge", Duration::from_secs(600), false, false);
     let ok_id = site.submit(&ok).await.unwrap();

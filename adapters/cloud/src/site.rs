@@ -75,7 +75,12 @@ pub fn judge(
     };
     match instance.state {
         InstanceState::Terminated => {
-            let ended_at = instance.ended_at.unwrap_or(now);
+            // Providers give the end to the second; the start is the API's clock, and
+            // may fall later within that second. A run never ends before it started.
+            let ended_at = instance
+                .ended_at
+                .unwrap_or(now)
+                .max(started.unwrap_or(launched));
             let state = match (exit, ended_by) {
                 (Some((0, at)), _) => JobState::Succeeded {
                     started_at: started.unwrap_or(launched),
@@ -312,7 +317,8 @@ impl<P: CloudProvider> CloudSite<P> {
                 instance.ended_at.unwrap_or(now)
             } else {
                 now
-            },
+            }
+            .max(from),
         });
         Ok(JobReport {
             backend_id: id.clone(),
@@ -756,6 +762,27 @@ mod tests {
         };
         assert_eq!(failure, FailureReason::Preempted);
         assert!(failure.is_site_fault());
+    }
+
+    #[test]
+    fn an_end_the_provider_gives_to_the_second_is_never_before_the_start() {
+        let mut reclaimed = instance(InstanceState::Terminated);
+        reclaimed.ended_at = Some(at(4));
+        reclaimed.reclaimed = true;
+        let started = at(4) + chrono::Duration::milliseconds(681);
+        let mut report = report(None, None);
+        report.started_at = Some(started);
+        let j = judged(&reclaimed, Some(&report), None, 5);
+        let JobState::Failed {
+            started_at,
+            ended_at,
+            ..
+        } = j.state
+        else {
+            panic!("{:?}", j.state)
+        };
+        assert_eq!(started_at, Some(started));
+        assert_eq!(ended_at, started);
     }
 
     #[test]

@@ -456,7 +456,8 @@ struct Run<'a> {
 
 impl<'a> Run<'a> {
     fn of(event: &'a JobEvent) -> Option<Run<'a>> {
-        match event {
+        let (workflow_id, site, rate, started_at, ended_at, allocated, usage, outcome) = match event
+        {
             JobEvent::Finished {
                 workflow_id,
                 site,
@@ -466,18 +467,16 @@ impl<'a> Run<'a> {
                 allocated,
                 usage,
                 ..
-            } => {
-                let (from, to) = usage.charged(Some(*started_at), *ended_at)?;
-                Some(Run {
-                    workflow_id: *workflow_id,
-                    site,
-                    rate,
-                    started_at: from,
-                    ended_at: to,
-                    allocated,
-                    outcome: "finished".into(),
-                })
-            }
+            } => (
+                workflow_id,
+                site,
+                rate,
+                Some(*started_at),
+                ended_at,
+                allocated,
+                usage,
+                "finished".to_string(),
+            ),
             JobEvent::Failed {
                 workflow_id,
                 site,
@@ -488,20 +487,16 @@ impl<'a> Run<'a> {
                 reason,
                 usage,
                 ..
-            } => {
-                // A run that never started is charged only for what its site bills
-                // (a cloud instance's life).
-                let (from, to) = usage.charged(*started_at, *ended_at)?;
-                Some(Run {
-                    workflow_id: *workflow_id,
-                    site,
-                    rate,
-                    started_at: from,
-                    ended_at: to,
-                    allocated,
-                    outcome: format!("failed: {reason}"),
-                })
-            }
+            } => (
+                workflow_id,
+                site,
+                rate,
+                *started_at,
+                ended_at,
+                allocated,
+                usage,
+                format!("failed: {reason}"),
+            ),
             JobEvent::Cancelled {
                 workflow_id,
                 site,
@@ -511,20 +506,30 @@ impl<'a> Run<'a> {
                 allocated: Some(allocated),
                 usage,
                 ..
-            } => {
-                let (from, to) = usage.charged(*started_at, *ended_at)?;
-                Some(Run {
-                    workflow_id: *workflow_id,
-                    site,
-                    rate,
-                    started_at: from,
-                    ended_at: to,
-                    allocated,
-                    outcome: "cancelled".into(),
-                })
-            }
-            _ => None,
-        }
+            } => (
+                workflow_id,
+                site,
+                rate,
+                *started_at,
+                ended_at,
+                allocated,
+                usage,
+                "cancelled".to_string(),
+            ),
+            _ => return None,
+        };
+        // A run that never started is charged only for what its site bills (a cloud
+        // instance's life); one its site does not bill is not charged at all.
+        let (from, to) = usage.charged(started_at, *ended_at)?;
+        Some(Run {
+            workflow_id: *workflow_id,
+            site,
+            rate,
+            started_at: from,
+            ended_at: to,
+            allocated,
+            outcome,
+        })
     }
 }
 

@@ -26,7 +26,15 @@ use rust_decimal::Decimal;
 const ACCESS_KEY: &str = "AKIAMERIDIANE2E00001";
 const SECRET_KEY: &str = "meridian-e2e-secret-key-never-in-the-log";
 
-fn catalog(endpoint_price: &str) -> String {
+/// A catalogue with one AWS site, `aws-test`, offering `compute` (YAML flow lines) and
+/// `shapes`.
+fn aws_catalog(compute: &[&str], shapes: &[&str]) -> String {
+    let list = |indent: &str, lines: &[&str]| {
+        lines
+            .iter()
+            .map(|l| format!("{indent}- {l}\n"))
+            .collect::<String>()
+    };
     format!(
         r#"
 sites:
@@ -39,10 +47,20 @@ sites:
       effective_from: 2026-01-01T00:00:00Z
       source: "test list prices"
       compute:
-        - {{offer: c7i.4xlarge, per_instance_hour: "{endpoint_price}"}}
-    shapes:
-      - {{name: c7i.4xlarge, offer: c7i.4xlarge, cpus: 16, memory: 32GiB}}
-"#
+{}    shapes:
+{}"#,
+        list("        ", compute),
+        list("      ", shapes)
+    )
+}
+
+/// The one-shape catalogue most tests use: c7i.4xlarge at `price` an hour.
+fn catalog(price: &str) -> String {
+    aws_catalog(
+        &[&format!(
+            r#"{{offer: c7i.4xlarge, per_instance_hour: "{price}"}}"#
+        )],
+        &["{name: c7i.4xlarge, offer: c7i.4xlarge, cpus: 16, memory: 32GiB}"],
     )
 }
 
@@ -71,9 +89,11 @@ fn adapter_config(
 }
 
 /// `meridian up` with the AWS site, its credentials in the environment only.
+/// `meridian up` with the AWS site `aws-test`, once that site's runner is connected:
+/// work submitted earlier would be placed elsewhere (`not connected`).
 fn up_aws(dir: &Path, catalog_text: &str, config: &Path) -> (String, Proc) {
     let catalog = write(dir, "catalog.yaml", catalog_text);
-    up_with_adapter_env(
+    let (server, proc) = up_with_adapter_env(
         dir,
         free_port(),
         catalog.to_str().unwrap(),
@@ -83,7 +103,26 @@ fn up_aws(dir: &Path, catalog_text: &str, config: &Path) -> (String, Proc) {
             ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
             ("AWS_EC2_METADATA_DISABLED", "true"),
         ],
-    )
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = cli_json(&server, &["site", "list"]);
+        let connected = listed["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|site| site["name"] == "aws-test" && site["connected"] == true);
+        if connected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "aws-test never connected: {listed:#}\n{}",
+            proc.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (server, proc)
 }
 
 fn ec2(endpoint: &str) -> Ec2 {
@@ -378,15 +417,11 @@ fn contract_a_site_refusing_in_every_zone_sends_the_work_elsewhere_and_explain_s
     let id = submit(&server, &file);
     let status = wait_state(&server, &id, &["finished", "failed"]);
     assert_eq!(status["state"], "finished", "{status:#}\n{}", proc.output());
-    let events = cli_json(&server, &["events", &id]);
-    let sites: Vec<&str> = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["payload"]["type"] == "job.dispatched.v1")
-        .map(|e| e["payload"]["site"].as_str().unwrap())
-        .collect();
-    assert_eq!(sites, vec!["aws-test", "local"], "{events:#}");
+    assert_eq!(
+        dispatched_sites(&server, &id),
+        ["aws-test", "local"],
+        "placed on the AWS site first, then elsewhere"
+    );
     let explain = cli(&server, &["explain", &id]);
     let text = String::from_utf8_lossy(&explain.stdout).to_string();
     assert!(
@@ -402,21 +437,10 @@ fn site_refresh_reads_the_shapes_from_describe_instance_types_and_placement_sees
     let moto = Moto::start();
     let dir = tempfile::tempdir().unwrap();
     // The catalogue has p4d.24xlarge wrong: too little memory and no GPUs.
-    let catalog_text = r#"
-sites:
-  - name: aws-test
-    kind: aws
-    region: us-east-1
-    jurisdiction: us
-    prices:
-      currency: USD
-      effective_from: 2026-01-01T00:00:00Z
-      source: "test list prices"
-      compute:
-        - {offer: p4d.24xlarge, per_instance_hour: "32.7726"}
-    shapes:
-      - {name: p4d.24xlarge, offer: p4d.24xlarge, cpus: 96, memory: 1TiB}
-"#;
+    let catalog_text = aws_catalog(
+        &[r#"{offer: p4d.24xlarge, per_instance_hour: "32.7726"}"#],
+        &["{name: p4d.24xlarge, offer: p4d.24xlarge, cpus: 96, memory: 1TiB}"],
+    );
     let config = write(
         dir.path(),
         "aws.yaml",
@@ -425,7 +449,7 @@ sites:
             moto.url()
         ),
     );
-    let (server, proc) = up_aws(dir.path(), catalog_text, &config);
+    let (server, proc) = up_aws(dir.path(), &catalog_text, &config);
     let gpu_job = write(
         dir.path(),
         "a100.yaml",
@@ -490,23 +514,14 @@ fn contract_a_reclaimed_spot_instance_sends_the_work_elsewhere_and_its_life_is_b
         true,
     );
     // Spot is cheaper still, and the workflow allows it.
-    let catalog_text = r#"
-sites:
-  - name: aws-test
-    kind: aws
-    region: us-east-1
-    jurisdiction: us
-    prices:
-      currency: USD
-      effective_from: 2026-01-01T00:00:00Z
-      source: "test list prices"
-      compute:
-        - {offer: c7i.4xlarge, per_instance_hour: "0.002"}
-        - {offer: c7i.4xlarge-spot, per_instance_hour: "0.001"}
-    shapes:
-      - {name: c7i.4xlarge, offer: c7i.4xlarge, spot_offer: c7i.4xlarge-spot, cpus: 16, memory: 32GiB}
-"#;
-    let (server, proc) = up_aws(dir.path(), catalog_text, &config);
+    let catalog_text = aws_catalog(
+        &[
+            r#"{offer: c7i.4xlarge, per_instance_hour: "0.002"}"#,
+            r#"{offer: c7i.4xlarge-spot, per_instance_hour: "0.001"}"#,
+        ],
+        &["{name: c7i.4xlarge, offer: c7i.4xlarge, spot_offer: c7i.4xlarge-spot, cpus: 16, memory: 32GiB}"],
+    );
+    let (server, proc) = up_aws(dir.path(), &catalog_text, &config);
     let file = write(
         dir.path(),
         "spot.yaml",
@@ -551,7 +566,13 @@ sites:
         .unwrap();
     assert!(started.status.success(), "{started:?}");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while cli_json(&server, &["status", &id])["state"] != "running" {
+    loop {
+        let out = cli(&server, &["status", &id, "--output", "json"]);
+        assert!(out.status.success(), "{out:?}\n{}", proc.output());
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if status["state"] == "running" {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
             "never running: {}",
@@ -562,17 +583,25 @@ sites:
 
     // AWS takes it back.
     standin.reclaim(&instance.id);
-    let status = wait_state(&server, &id, &["finished", "failed"]);
+    let status = loop {
+        let out = cli(&server, &["status", &id, "--output", "json"]);
+        assert!(out.status.success(), "{out:?}\n{}", proc.output());
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if status["state"] == "finished" || status["state"] == "failed" {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(60),
+            "{status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(status["state"], "finished", "{status:#}\n{}", proc.output());
-    let events = cli_json(&server, &["events", &id]);
-    let sites: Vec<&str> = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["payload"]["type"] == "job.dispatched.v1")
-        .map(|e| e["payload"]["site"].as_str().unwrap())
-        .collect();
-    assert_eq!(sites, vec!["aws-test", "local"], "{events:#}");
+    assert_eq!(
+        dispatched_sites(&server, &id),
+        ["aws-test", "local"],
+        "placed on the AWS site first, then elsewhere"
+    );
     let explain = String::from_utf8_lossy(&cli(&server, &["explain", &id]).stdout).to_string();
     assert!(
         explain.contains("job work at aws-test: preempted by the site"),

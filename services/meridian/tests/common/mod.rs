@@ -626,6 +626,18 @@ pub fn dispatches(server: &str, id: &str, name: &str) -> usize {
         .count()
 }
 
+/// The sites workflow `id`'s runs were dispatched to, in order, from its events.
+pub fn dispatched_sites(server: &str, id: &str) -> Vec<String> {
+    let events = cli_json(server, &["events", id]);
+    events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["payload"]["type"] == "job.dispatched.v1")
+        .map(|e| e["payload"]["site"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// A workflow with a job and a service: the service starts after the job, answers on
 /// its port, shows its address in `meridian status`, stops on cancel, and its bill
 /// charges the time it ran.
