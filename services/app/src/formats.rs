@@ -243,6 +243,17 @@ pub mod schema {
         )
     }
 
+    /// A run's output stream as its route names it (`PUT /v1/runs/{job}/output/{stream}`).
+    pub struct OutputStream;
+
+    impl utoipa::PartialSchema for OutputStream {
+        fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+            one_of(&["stdout", "stderr"], "`stdout` or `stderr`").into()
+        }
+    }
+
+    impl utoipa::ToSchema for OutputStream {}
+
     pub fn grants() -> Array {
         ArrayBuilder::new()
             .items(one_of(&["submit", "cancel"], "A write action"))

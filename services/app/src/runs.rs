@@ -48,15 +48,17 @@ fn tail(text: &str, cap: usize) -> &str {
 }
 
 impl App {
-    /// Keeps what run `job` reports of itself. Only `job`'s run credential may: any
-    /// other credential (an API token, a workflow credential, another run's) is refused.
+    /// Keeps what run `job` reports of itself (`body`: a [`RunReportBody`] as JSON).
+    /// Only `job`'s run credential may: any other credential (an API token, a workflow
+    /// credential, another run's) is refused before the body is read.
     pub async fn report_run(
         &self,
         credentials: &Credentials,
         job: Uuid,
-        report: RunReportBody,
+        body: &[u8],
     ) -> Result<(), AppError> {
         self.check_run_credential(credentials, job).await?;
+        let report: RunReportBody = crate::formats::json_body(body, "run report")?;
         let store = self.store();
         let id = job.to_string();
         let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
@@ -69,16 +71,26 @@ impl App {
         .map_err(|e| AppError::from_store("keeping the run's report", e))
     }
 
-    /// Keeps run `job`'s output on `stream` (its last [`OUTPUT_CAP_BYTES`]), replacing
-    /// what it sent before; bytes that are not UTF-8 are kept as U+FFFD.
+    /// Keeps run `job`'s output on `stream` (`stdout` or `stderr`; its last
+    /// [`OUTPUT_CAP_BYTES`]), replacing what it sent before; bytes that are not UTF-8
+    /// are kept as U+FFFD. Only `job`'s run credential may, as for [`App::report_run`].
     pub async fn report_run_output(
         &self,
         credentials: &Credentials,
         job: Uuid,
-        stream: Stream,
+        stream: &str,
         bytes: &[u8],
     ) -> Result<(), AppError> {
         self.check_run_credential(credentials, job).await?;
+        let stream = match stream {
+            "stdout" => Stream::Stdout,
+            "stderr" => Stream::Stderr,
+            other => {
+                return Err(AppError::BadRequest(format!(
+                    "stream: expected stdout or stderr; got {other:?}"
+                )))
+            }
+        };
         let text = String::from_utf8_lossy(bytes);
         run_reports::output(
             self.store(),

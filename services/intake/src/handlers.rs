@@ -731,9 +731,7 @@ pub(crate) async fn report_run(
     let job = run_id(&text)?;
     let headers = request.headers().clone();
     let bytes = read_body(&headers, request.into_body(), MAX_RUN_REPORT_BODY).await?;
-    let report: meridian_app::runs::RunReportBody =
-        meridian_app::formats::json_body(&bytes, "run report")?;
-    intake.app.report_run(&who, job, report).await?;
+    intake.app.report_run(&who, job, &bytes).await?;
     Ok(Json(meridian_app::runs::RunReportKept { job }))
 }
 
@@ -754,7 +752,7 @@ fn run_id(path: &str) -> Result<Uuid, ApiError> {
     operation_id = "report_run_output",
     params(
         ("job" = Uuid, Path, description = "The run's job id (MERIDIAN_JOB_ID on its machine)"),
-        ("stream" = String, Path, description = "`stdout` or `stderr`"),
+        ("stream" = inline(meridian_app::formats::schema::OutputStream), Path, description = "`stdout` or `stderr`"),
     ),
     request_body(content = String, content_type = "text/plain", description = "The stream's last 1 MiB"),
     responses(
@@ -769,25 +767,15 @@ pub(crate) async fn report_run_output(
     path: Result<Path<(String, String)>, PathRejection>,
     request: Request,
 ) -> Result<Json<meridian_app::runs::RunReportKept>, ApiError> {
-    use meridian_app::runs::Stream;
     let who = credentials(&request)?;
     let Path((job, stream)) =
         path.map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))?;
     let job = run_id(&job)?;
-    let stream = match stream.as_str() {
-        "stdout" => Stream::Stdout,
-        "stderr" => Stream::Stderr,
-        other => {
-            return Err(ApiError::BadRequest(format!(
-                "stream: expected stdout or stderr; got {other:?}"
-            )))
-        }
-    };
     let headers = request.headers().clone();
     let bytes = read_body(&headers, request.into_body(), MAX_RUN_OUTPUT_BODY).await?;
     intake
         .app
-        .report_run_output(&who, job, stream, &bytes)
+        .report_run_output(&who, job, &stream, &bytes)
         .await?;
     Ok(Json(meridian_app::runs::RunReportKept { job }))
 }

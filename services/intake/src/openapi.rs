@@ -102,7 +102,7 @@ use crate::handlers;
         meridian_app::audit::AuditList,
         meridian_app::audit::Outcome,
     )),
-    modifiers(&Authentication),
+    modifiers(&Authentication, &ClosedVariants),
     security(("bearer" = [])),
     tags(
         (name = "workflows", description = "Submit, watch and cancel workflows"),
@@ -174,6 +174,34 @@ impl utoipa::Modify for Authentication {
                     "403".into(),
                     error("The caller's role may not do this").into(),
                 );
+            }
+        }
+    }
+}
+
+/// Tagged enums that refuse unknown fields (`#[serde(tag = …, deny_unknown_fields)]`):
+/// utoipa closes structs that do so but not an enum's variants, so a client reading the
+/// document would think extra fields are taken. Each variant is closed here.
+struct ClosedVariants;
+
+const CLOSED_TAGGED_ENUMS: [&str; 2] = ["RunReportBody", "TermsDocument"];
+
+impl utoipa::Modify for ClosedVariants {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{AdditionalProperties, Schema};
+        use utoipa::openapi::RefOr;
+        let Some(components) = doc.components.as_mut() else {
+            return;
+        };
+        for name in CLOSED_TAGGED_ENUMS {
+            let Some(RefOr::T(Schema::OneOf(one_of))) = components.schemas.get_mut(name) else {
+                panic!("{name} is no longer a oneOf: update CLOSED_TAGGED_ENUMS");
+            };
+            for variant in &mut one_of.items {
+                if let RefOr::T(Schema::Object(object)) = variant {
+                    object.additional_properties =
+                        Some(Box::new(AdditionalProperties::FreeForm(false)));
+                }
             }
         }
     }

@@ -926,6 +926,20 @@ async fn a_run_reports_itself_with_its_own_run_credential_and_nothing_else_may()
         )
         .await;
     assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
+    // Who calls is checked before what they send: a bad body or stream without the
+    // run's credential is refused as such, and tells nothing of the route's rules.
+    let res = b
+        .call(report(json!({"event": "started", "": 1}), &b.admin_token))
+        .await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
+    let res = b
+        .call(
+            Req::new(Method::PUT, &format!("/v1/runs/{job}/output/0"))
+                .body("x")
+                .anonymous(),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
 
     // Bad input names what is wrong and keeps nothing.
     for (body, expected) in [
