@@ -61,6 +61,13 @@ pub fn parse(doc: &str) -> Result<Workflow, SpecErrors> {
     validate::workflow(&value)
 }
 
+/// Reads a YAML or JSON document into a value under the limits [`parse`] keeps (size,
+/// nesting, aliases), without checking it against the v1 shape: for readers of other
+/// formats written in YAML (a Fuzzfile).
+pub fn read_document(doc: &str) -> Result<serde_json::Value, FieldError> {
+    read::document(doc)
+}
+
 /// Validates a document that is already a JSON value (for example an HTTP request body).
 ///
 /// The same rules as [`parse`], without the text-level limits; the walk only descends as far

@@ -366,6 +366,7 @@ pub async fn submit(
 ) -> anyhow::Result<i32> {
     let document =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let document = crate::import_cli::submitted(document, file)?;
     // Check locally first: the same errors, without a round trip.
     if let Err(errors) = meridian_spec::parse(&document) {
         for e in &errors.errors {

@@ -12,6 +12,7 @@ mod accounting_cli;
 mod adapters;
 mod catalog_cli;
 mod client;
+mod import_cli;
 mod profile;
 mod run;
 mod sites;
@@ -94,6 +95,9 @@ enum Command {
     #[command(subcommand)]
     Server(run::Server),
     /// Submit a workflow; with --wait, follow it to the end and exit non-zero unless it finished.
+    ///
+    /// FILE is a workflow (YAML or JSON), or an sbatch script or a Fuzzfile, which is
+    /// imported first as `meridian import` would (and says so).
     Submit {
         file: PathBuf,
         #[arg(long)]
@@ -194,6 +198,9 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
         output: Output,
     },
+    /// Turn an sbatch script or a Fuzzfile into a workflow, and print it.
+    #[command(subcommand)]
+    Import(import_cli::ImportCommand),
     /// Check workflow documents (YAML or JSON, `version: v1`) without submitting them.
     ///
     /// Prints every error with its field path. Exits 0 when every file is valid, 1 when
@@ -257,6 +264,7 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Command::Validate { files, output } => validate::validate(&files, output),
+        Command::Import(which) => import_cli::run(which),
         Command::Schema { kind } => {
             match kind {
                 SchemaKind::Workflow => println!(
@@ -380,6 +388,7 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
         | Command::Server(_)
         | Command::Admin(_)
         | Command::Validate { .. }
+        | Command::Import(_)
         | Command::Schema { .. }
         | Command::Quote { .. }
         | Command::Site { .. } => {

@@ -51,6 +51,11 @@ fn embedded_failing_job_fails_its_dependents_and_still_bills_what_ran() {
 }
 
 #[test]
+fn an_sbatch_array_script_submitted_as_it_is_runs_its_tasks_within_its_cap() {
+    let up = up();
+    sbatch_array(&up.server, up.dir.path());
+}
+#[test]
 fn embedded_service_starts_after_its_job_answers_and_stops_on_cancel() {
     let up = up();
     service_runs_until_cancelled(&up.server, up.dir.path());

@@ -220,6 +220,57 @@ jobs:
 }
 
 #[test]
+fn an_sbatch_script_submitted_as_it_is_reaches_slurm_with_its_limits() {
+    ensure_slurm();
+    let up = start(tempfile::tempdir().unwrap(), free_port());
+    let status = sbatch_array(&up.server, up.dir.path());
+    assert_eq!(status["site"], "hpc", "{status:#}");
+    // What Slurm was asked for, from its accounting: the script's walltime, memory and
+    // array cap, for every task.
+    // slurmdbd records a task a moment after it ends.
+    let workflow = format!("MERIDIAN_WORKFLOW_ID={}", status["id"].as_str().unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let tasks = loop {
+        let out = std::process::Command::new("sacct")
+            .args([
+                "-P",
+                "-n",
+                "-X",
+                "--format=JobID,Timelimit,ReqMem,SubmitLine",
+            ])
+            .args(["--starttime=now-1hour"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let tasks: Vec<Vec<String>> = text
+            .lines()
+            .map(|l| l.split('|').map(String::from).collect::<Vec<_>>())
+            .filter(|f| f.len() == 4 && f[3].contains(&workflow))
+            .collect();
+        if tasks.len() == 6 {
+            break tasks;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sacct: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    for task in tasks {
+        assert_eq!(
+            (task[1].as_str(), task[2].as_str()),
+            ("00:05:00", "300M"),
+            "{task:?}"
+        );
+        assert!(
+            task[3].contains("%2"),
+            "the array's cap reached sbatch: {task:?}"
+        );
+    }
+}
+
+#[test]
 fn a_restart_mid_run_submits_nothing_twice_to_slurm() {
     ensure_slurm();
     let mut up = start(tempfile::tempdir().unwrap(), free_port());

@@ -692,3 +692,62 @@ pub fn service_runs_until_cancelled(server: &str, dir: &Path) {
     let bill = bill(server, &id, 2);
     check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
 }
+
+/// A typical sbatch array script: 6 tasks, at most 2 at once, 5 minutes, 300 MiB.
+pub const SBATCH_ARRAY: &str = "#!/bin/bash\n\
+#SBATCH --job-name=sweep\n\
+#SBATCH --array=1-6%2\n\
+#SBATCH --time=5:00\n\
+#SBATCH --mem=300M\n\
+#SBATCH --cpus-per-task=1\n\
+#SBATCH --output=sweep-%A_%a.out\n\
+\n\
+echo \"task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT in $SLURM_JOB_NAME\"\n";
+
+/// Submits [`SBATCH_ARRAY`] as it is (`meridian submit sweep.sh --wait`): it says it
+/// imported the script, finishes with the script's six tasks within its cap, and each
+/// task read its own `SLURM_ARRAY_TASK_ID`. Returns the status.
+pub fn sbatch_array(server: &str, dir: &Path) -> Value {
+    let file = write(dir, "sweep.sh", SBATCH_ARRAY);
+    let out = cli(
+        server,
+        &[
+            "submit",
+            file.to_str().unwrap(),
+            "--wait",
+            "--output",
+            "json",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("sweep.sh: an sbatch script, imported")
+            && stderr.contains("sweep.sh:7: --output=sweep-%A_%a.out: ignored"),
+        "{stderr}"
+    );
+    let status: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("submit --wait gave no status: {stderr}"));
+    assert_eq!(status["state"], "finished", "{status:#}");
+    assert_eq!(status["tasks"]["succeeded"], 6, "{status:#}");
+    let id = status["id"].as_str().unwrap();
+    let runs = runs(server, id);
+    for (name, start, _, _) in &runs {
+        let overlapping = runs
+            .iter()
+            .filter(|r| r.1 <= *start && *start < r.2)
+            .count();
+        assert!(
+            overlapping <= 2,
+            "{name} started with {overlapping} tasks running (cap 2)"
+        );
+    }
+    let logs = cli(server, &["logs", id, "sweep"]);
+    let text = String::from_utf8_lossy(&logs.stdout);
+    for i in 1..=6 {
+        assert!(
+            text.contains(&format!("task {i} of 6 in sweep")),
+            "task {i}'s output: {text}"
+        );
+    }
+    status
+}

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+echo "no directives: Meridian's defaults apply"
