@@ -251,6 +251,12 @@ fn read(r: &mut Reader, value: &Value, file: &str) -> Option<Workflow> {
                         ),
                     );
                 }
+                if let Some((other, _)) = names.iter().find(|(_, s)| **s == spec) {
+                    r.error(
+                        &join(section, name),
+                        format!("{name:?} and {other:?} are both {spec:?} as workflow names: rename one"),
+                    );
+                }
                 names.insert(name.clone(), spec);
             }
         }
@@ -320,6 +326,12 @@ fn volumes(r: &mut Reader, value: &Value) -> BTreeMap<String, Volume> {
             continue;
         };
         r.unknown(v, &field, &["reference", "name", "ingress", "egress"]);
+        if v.contains_key("name") {
+            r.ignored(
+                &join(&field, "name"),
+                "the volume's key names it, as in Fuzzball",
+            );
+        }
         if spec_name(name, false) != *name {
             r.error(
                 &field,
@@ -531,7 +543,11 @@ fn step(
     r.unknown(own, field, known);
     let mut step = defaults.clone();
     for (k, v) in own {
-        step.insert(k.clone(), v.clone());
+        let merged = match (step.get(k), v) {
+            (Some(default), own) => merged(k, default, own),
+            (None, own) => own.clone(),
+        };
+        step.insert(k.clone(), merged);
     }
     if own.contains_key("name") {
         r.ignored(
@@ -570,7 +586,7 @@ fn step(
         }
     };
 
-    let mut command = command(r, &step, field)?;
+    let mut command = command(r, &step, field);
     let mut env = BTreeMap::new();
     if let Some(list) = step.get("env") {
         match list.as_array() {
@@ -656,7 +672,7 @@ fn step(
         return Some(Step::Service(Service {
             requires,
             image: image?,
-            command,
+            command: command?,
             env,
             cwd,
             mounts,
@@ -696,19 +712,21 @@ fn step(
         }
         // Tasks read their index as FB_TASK_ID: in the command's words, and in the
         // environment through a shell the image must have.
-        for word in &mut command {
-            *word = word
-                .replace("${FB_TASK_ID}", "${ARRAY_INDEX}")
-                .replace("$FB_TASK_ID", "${ARRAY_INDEX}");
+        if let Some(words) = command.as_mut() {
+            for word in words.iter_mut() {
+                *word = word
+                    .replace("${FB_TASK_ID}", "${ARRAY_INDEX}")
+                    .replace("$FB_TASK_ID", "${ARRAY_INDEX}");
+            }
+            let mut wrapped = vec![
+                "/bin/sh".to_string(),
+                "-c".to_string(),
+                "FB_TASK_ID=$ARRAY_INDEX; export FB_TASK_ID; exec \"$@\"".to_string(),
+                "fuzzball-task".to_string(),
+            ];
+            wrapped.append(words);
+            *words = wrapped;
         }
-        let mut wrapped = vec![
-            "/bin/sh".to_string(),
-            "-c".to_string(),
-            "FB_TASK_ID=$ARRAY_INDEX; export FB_TASK_ID; exec \"$@\"".to_string(),
-            "fuzzball-task".to_string(),
-        ];
-        wrapped.append(&mut command);
-        command = wrapped;
         r.note(
             &f,
             NoteKind::Warning,
@@ -756,13 +774,48 @@ fn step(
     Some(Step::Job(Job {
         requires,
         image: image?,
-        command,
+        command: command?,
         env,
         cwd,
         mounts,
         resources,
         array,
+        slurm: None,
     }))
+}
+
+/// A step's field over its default: mappings merge key by key, `env` lists by name; the
+/// step's own value wins.
+fn merged(key: &str, default: &Value, own: &Value) -> Value {
+    match (default, own) {
+        (Value::Object(d), Value::Object(o)) => {
+            let mut out = d.clone();
+            for (k, v) in o {
+                let value = match out.get(k) {
+                    Some(dv) => merged(k, dv, v),
+                    None => v.clone(),
+                };
+                out.insert(k.clone(), value);
+            }
+            Value::Object(out)
+        }
+        (Value::Array(d), Value::Array(o)) if key == "env" => {
+            let name = |v: &Value| {
+                v.as_str()
+                    .and_then(|s| s.split_once('='))
+                    .map(|(n, _)| n.to_string())
+            };
+            let own: Vec<Option<String>> = o.iter().map(name).collect();
+            let mut out: Vec<Value> = d
+                .iter()
+                .filter(|v| name(v).is_none_or(|n| !own.contains(&Some(n))))
+                .cloned()
+                .collect();
+            out.extend(o.iter().cloned());
+            Value::Array(out)
+        }
+        _ => own.clone(),
+    }
 }
 
 /// `command` (a list), or `script` (a shell script), and `args` after either.
@@ -778,6 +831,7 @@ fn command(r: &mut Reader, step: &Map<String, Value>, field: &str) -> Option<Vec
                 match w {
                     Value::String(s) => out.push(s.clone()),
                     Value::Number(n) => out.push(n.to_string()),
+                    Value::Bool(b) => out.push(b.to_string()),
                     _ => r.error(&format!("{field}.command[{i}]"), "expected text"),
                 }
             }
@@ -788,14 +842,28 @@ fn command(r: &mut Reader, step: &Map<String, Value>, field: &str) -> Option<Vec
             return None;
         }
         (None, Some(Value::String(script))) => match script.strip_prefix("#!") {
+            // Run by its own interpreter from a file, as Fuzzball does; `sh -c` passes
+            // `args` on as the file's arguments.
             Some(rest) => {
-                let (line, body) = rest.split_once('\n').unwrap_or((rest, ""));
-                let mut words: Vec<String> = line.split_whitespace().map(String::from).collect();
-                words.push("-c".into());
-                words.push(body.to_string());
-                words
+                let line = rest.split_once('\n').map_or(rest, |(line, _)| line);
+                let interpreter: Vec<String> = line.split_whitespace().map(String::from).collect();
+                if interpreter.is_empty() {
+                    r.error(&join(field, "script"), "no interpreter follows #!");
+                    return None;
+                }
+                vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    crate::sbatch::run_file(&interpreter, script, ""),
+                    "script".into(),
+                ]
             }
-            None => vec!["/bin/sh".into(), "-c".into(), script.clone()],
+            None => vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                script.clone(),
+                "script".into(),
+            ],
         },
         (None, Some(_)) => {
             r.error(&join(field, "script"), "expected the script's text");
@@ -809,10 +877,6 @@ fn command(r: &mut Reader, step: &Map<String, Value>, field: &str) -> Option<Vec
     if let Some(args) = step.get("args") {
         match args.as_array() {
             Some(args) => {
-                if step.contains_key("script") {
-                    // sh -c SCRIPT NAME ARGS…: the script sees them as $1…
-                    command.push("script".into());
-                }
                 command.extend(args.iter().map(|a| match a {
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
@@ -1097,8 +1161,11 @@ fn size(text: &str) -> Result<u64, String> {
         _ => return Err(expected()),
     };
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') || fraction.len() > 9 {
         return Err(expected());
+    }
+    if whole.len() > 20 {
+        return Err(format!("{text:?} is too large"));
     }
     let whole: u128 = if whole.is_empty() {
         0

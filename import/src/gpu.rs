@@ -79,7 +79,10 @@ pub(crate) fn gpu_type(raw: &str) -> Result<GpuType, String> {
     let mut memory = None;
     for word in &words[1..] {
         if let Some(gb) = word.strip_suffix("gb").and_then(|n| n.parse::<u64>().ok()) {
-            memory = Some(Size::from_bytes(gb << 30));
+            let bytes = gb
+                .checked_mul(1 << 30)
+                .ok_or_else(|| format!("{raw:?}: {gb} GB is more memory than any GPU has"))?;
+            memory = Some(Size::from_bytes(bytes));
         } else if !matches!(
             *word,
             "sxm" | "sxm2" | "sxm4" | "sxm5" | "pcie" | "nvl" | "nvlink" | "hbm3" | "hbm2e" | "oam"

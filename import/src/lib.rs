@@ -44,7 +44,7 @@ pub fn detect(text: &str) -> Option<Format> {
     if text.starts_with("#!") {
         return text
             .lines()
-            .any(|line| line.trim_start().starts_with("#SBATCH"))
+            .any(|line| line.starts_with("#SBATCH"))
             .then_some(Format::Sbatch);
     }
     fuzzfile::looks_like(text).then_some(Format::Fuzzfile)
@@ -137,8 +137,8 @@ fn validated(workflow: &Workflow) -> Result<Workflow, ImportErrors> {
                 .iter()
                 .map(|e| ImportError {
                     line: None,
-                    subject: String::new(),
-                    message: format!("the imported workflow does not validate: {e}"),
+                    subject: e.path.clone(),
+                    message: format!("the imported workflow does not validate: {}", e.message),
                 })
                 .collect(),
         )

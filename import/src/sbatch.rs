@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use meridian_spec::{
-    GpuVendor, Gpus, Image, Job, Placement, Resources, Size, SpecVersion, TaskArray, Walltime,
-    Workflow,
+    GpuVendor, Gpus, Image, Job, Placement, Resources, Size, SlurmOptions, SpecVersion, TaskArray,
+    Walltime, Workflow,
 };
 
 use crate::gpu::gpu_type;
@@ -157,13 +157,13 @@ pub const OPTIONS: &[SbatchOption] = &[
     opt("overcommit", Some('O'), Nothing, Ignored(TUNING)),
     opt("oversubscribe", Some('s'), Nothing, Ignored(NODE_CHOICE)),
     opt("parsable", None, Nothing, Ignored(SBATCH_OUTPUT)),
-    opt("partition", Some('p'), Value, Ignored(PLACEMENT)),
+    opt("partition", Some('p'), Value, Mapped),
     opt("power", None, Value, Ignored(TUNING)),
     opt("prefer", None, Value, Ignored("node features have no equivalent across sites; ask for GPUs by model with --gres or --gpus")),
     opt("priority", None, Value, Ignored("priority among a tenant's work is not settable per job")),
     opt("profile", None, Value, Ignored(TUNING)),
     opt("propagate", None, Optional, Ignored("resource limits of the submitting shell do not exist at a remote site")),
-    opt("qos", Some('q'), Value, Ignored(PLACEMENT)),
+    opt("qos", Some('q'), Value, Mapped),
     opt("quiet", Some('Q'), Nothing, Ignored(SBATCH_OUTPUT)),
     opt("reboot", None, Nothing, Ignored(NODE_CHOICE)),
     opt("requeue", None, Optional, Ignored("Meridian places work again after a site fault whatever the script says")),
@@ -245,6 +245,9 @@ fn directive(line: usize, rest: &str) -> Result<Vec<Given>, ImportError> {
                 Some((name, value)) => (name, Some(value.to_string())),
                 None => (long, None),
             };
+            if name.is_empty() {
+                return Err(error(&word, "expected an option name after --".into()));
+            }
             let option = long_option(name).map_err(|e| error(&word, e))?;
             let (value, written) = match (option.takes, inline) {
                 (Nothing, Some(_)) => {
@@ -393,13 +396,14 @@ fn split(text: &str) -> Result<Script<'_>, Vec<ImportError>> {
 struct Asked {
     job_name: Option<String>,
     array: Option<Indices>,
+    array_given: Option<Given>,
     time: Option<u64>,
     nodes: Option<u32>,
     ntasks: Option<u32>,
     ntasks_per_node: Option<u32>,
-    ntasks_per_gpu: Option<u32>,
+    ntasks_per_gpu: Option<(u32, Given)>,
     cpus_per_task: Option<u32>,
-    cpus_per_gpu: Option<u32>,
+    cpus_per_gpu: Option<(u32, Given)>,
     mincpus: Option<u32>,
     /// MiB.
     mem: Option<(u64, Given)>,
@@ -410,6 +414,8 @@ struct Asked {
     env: BTreeMap<String, String>,
     cwd: Option<String>,
     comment: Option<String>,
+    partition: Option<String>,
+    qos: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -506,7 +512,10 @@ fn apply(asked: &mut Asked, notes: &mut Vec<Note>, given: &Given) -> Result<(), 
     };
     match given.option.long {
         "job-name" => asked.job_name = Some(value.to_string()),
-        "array" => asked.array = Some(array(value)?),
+        "array" => {
+            asked.array = Some(array(value)?);
+            asked.array_given = Some(given.clone());
+        }
         "time" => asked.time = Some(time(value)?),
         "nodes" => {
             let (min, max) = value.split_once('-').unwrap_or((value, value));
@@ -530,9 +539,11 @@ fn apply(asked: &mut Asked, notes: &mut Vec<Note>, given: &Given) -> Result<(), 
         "ntasks-per-node" | "tasks-per-node" => {
             asked.ntasks_per_node = Some(count(value, "tasks per node")?)
         }
-        "ntasks-per-gpu" => asked.ntasks_per_gpu = Some(count(value, "tasks per GPU")?),
+        "ntasks-per-gpu" => {
+            asked.ntasks_per_gpu = Some((count(value, "tasks per GPU")?, given.clone()))
+        }
         "cpus-per-task" => asked.cpus_per_task = Some(count(value, "CPUs per task")?),
-        "cpus-per-gpu" => asked.cpus_per_gpu = Some(count(value, "CPUs per GPU")?),
+        "cpus-per-gpu" => asked.cpus_per_gpu = Some((count(value, "CPUs per GPU")?, given.clone())),
         "mincpus" => asked.mincpus = Some(count(value, "CPUs per node")?),
         "mem" => asked.mem = Some((megabytes(value)?, given.clone())),
         "mem-per-cpu" => asked.mem_per_cpu = Some((megabytes(value)?, given.clone())),
@@ -575,6 +586,26 @@ fn apply(asked: &mut Asked, notes: &mut Vec<Note>, given: &Given) -> Result<(), 
             asked.cwd = Some(value.to_string());
         }
         "comment" => asked.comment = Some(value.to_string()),
+        "partition" | "qos" => {
+            if value.contains(',') {
+                note(
+                    notes,
+                    NoteKind::Warning,
+                    "Slurm tries each listed in turn; the job asks for the first".into(),
+                );
+            }
+            let first = value.split(',').next().unwrap_or_default().to_string();
+            note(
+                notes,
+                NoteKind::Warning,
+                "kept for Slurm sites (jobs.NAME.slurm); placement does not choose by it and other sites ignore it".into(),
+            );
+            if given.option.long == "partition" {
+                asked.partition = Some(first);
+            } else {
+                asked.qos = Some(first);
+            }
+        }
         other => unreachable!("--{other} is marked mapped but has no mapping"),
     }
     Ok(())
@@ -587,6 +618,7 @@ fn time(value: &str) -> Result<u64, String> {
             "expected a time limit as minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS; got {value:?}"
         )
     };
+    let too_long = || format!("{value:?} is longer than Meridian counts");
     if matches!(
         value.to_ascii_lowercase().as_str(),
         "unlimited" | "infinite" | "-1"
@@ -611,16 +643,24 @@ fn time(value: &str) -> Result<u64, String> {
                 [h, m, s] => (number(h)?, number(m)?, number(s)?),
                 _ => return Err(expected()),
             };
-            days * 86_400 + h * 3_600 + m * 60 + s
+            days.checked_mul(86_400)
+                .and_then(|d| h.checked_mul(3_600).and_then(|h| d.checked_add(h)))
+                .and_then(|t| m.checked_mul(60).and_then(|m| t.checked_add(m)))
+                .and_then(|t| t.checked_add(s))
+                .ok_or_else(too_long)?
         }
         None => {
             let parts: Vec<&str> = value.split(':').collect();
-            match parts.as_slice() {
-                [m] => number(m)? * 60,
-                [m, s] => number(m)? * 60 + number(s)?,
-                [h, m, s] => number(h)? * 3_600 + number(m)? * 60 + number(s)?,
+            let (h, m, s) = match parts.as_slice() {
+                [m] => (0, number(m)?, 0),
+                [m, s] => (0, number(m)?, number(s)?),
+                [h, m, s] => (number(h)?, number(m)?, number(s)?),
                 _ => return Err(expected()),
-            }
+            };
+            h.checked_mul(3_600)
+                .and_then(|t| m.checked_mul(60).and_then(|m| t.checked_add(m)))
+                .and_then(|t| t.checked_add(s))
+                .ok_or_else(too_long)?
         }
     };
     if secs == 0 {
@@ -647,13 +687,16 @@ fn megabytes(value: &str) -> Result<u64, String> {
         .strip_suffix('B')
         .filter(|u| !u.is_empty())
         .unwrap_or(&unit);
-    let kib = match unit {
-        "K" => n,
-        "M" => n * 1024,
-        "G" => n * 1024 * 1024,
-        "T" => n * 1024 * 1024 * 1024,
+    let multiplier: u64 = match unit {
+        "K" => 1,
+        "M" => 1 << 10,
+        "G" => 1 << 20,
+        "T" => 1 << 30,
         _ => return Err(expected()),
     };
+    let kib = n
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{value:?} is more memory than Meridian counts"))?;
     if n == 0 {
         return Err(format!(
             "{value:?} asks Slurm for all of a node's memory; Meridian needs an amount to place the work"
@@ -693,8 +736,8 @@ fn array(value: &str) -> Result<Indices, String> {
         if last < first {
             return Err(format!("the range {range} ends before it starts"));
         }
-        let tasks = (last - first) / step + 1;
-        if indices.len() as u64 + u64::from(tasks) > u64::from(meridian_spec::MAX_ARRAY_TASKS) {
+        let tasks = u64::from(last - first) / u64::from(step) + 1;
+        if indices.len() as u64 + tasks > u64::from(meridian_spec::MAX_ARRAY_TASKS) {
             return Err(format!(
                 "more than {} tasks; Meridian's arrays hold at most that many",
                 meridian_spec::MAX_ARRAY_TASKS
@@ -846,41 +889,95 @@ fn build(
         .unwrap_or_else(|| file_stem(file).to_string());
     let workflow_name = spec_name(&name_source, true);
     let job_name = spec_name(&name_source, false);
+    if job_name != name_source {
+        note(
+            notes,
+            NoteKind::Warning,
+            "--job-name",
+            format!("{name_source:?} is named {job_name:?} in the workflow: names are letters, digits, - and _, at most 63"),
+        );
+    }
 
-    let nodes = asked.nodes.unwrap_or(1);
-    let tasks_per_node = match (asked.ntasks_per_node, asked.ntasks) {
-        (Some(n), _) => n,
-        (None, Some(n)) => n.div_ceil(nodes),
-        (None, None) => 1,
+    // Products of directives, each bounded: a count that does not fit is an error naming
+    // the directive that made it too large.
+    let times =
+        |a: u32, b: u32, given: Option<&Given>, what: &str| -> Result<u32, Vec<ImportError>> {
+            a.checked_mul(b).ok_or_else(|| {
+                vec![error(
+                    given,
+                    format!("{a} × {b} {what} is more than Meridian counts"),
+                )]
+            })
+        };
+
+    // GPUs asked for by one option, its last use standing as in sbatch.
+    let gpu_asks: Vec<&(GpuAsk, Given)> = {
+        let mut last: Vec<&(GpuAsk, Given)> = Vec::new();
+        for ask in &asked.gpus {
+            last.retain(|(_, g)| g.option.long != ask.1.option.long);
+            last.push(ask);
+        }
+        last
     };
-
-    // GPUs per node, and their type.
-    if asked.gpus.len() > 1 {
-        let (_, second) = &asked.gpus[1];
+    if gpu_asks.len() > 1 {
+        let second = &gpu_asks[1].1;
         return Err(vec![error(
             Some(second),
             format!(
                 "GPUs are asked for already ({}); give one of --gres, --gpus, --gpus-per-node, --gpus-per-task",
-                asked.gpus[0].1.written
+                gpu_asks[0].1.written
             ),
         )]);
     }
-    let gpus = match asked.gpus.first() {
+    let gpu_ask = gpu_asks.first().copied();
+
+    let nodes = match (asked.nodes, asked.ntasks, asked.ntasks_per_node) {
+        (Some(n), _, _) => n,
+        // As Slurm does: enough nodes for the tasks at the tasks per node asked for.
+        (None, Some(tasks), Some(per_node)) => tasks.div_ceil(per_node),
+        _ => 1,
+    };
+    let gpus_asked_per_node = match gpu_ask {
+        Some((GpuAsk::Node(n, _), _)) => Some(*n),
+        Some((GpuAsk::Job(n, _), given)) => {
+            if n % nodes != 0 {
+                return Err(vec![error(
+                    Some(given),
+                    format!(
+                        "{n} GPUs do not divide evenly over {nodes} nodes; Meridian asks for GPUs per node"
+                    ),
+                )]);
+            }
+            Some(n / nodes)
+        }
+        _ => None,
+    };
+    let tasks_per_node = match (asked.ntasks_per_node, asked.ntasks, &asked.ntasks_per_gpu) {
+        (Some(n), _, _) => n,
+        (None, Some(n), _) => n.div_ceil(nodes),
+        (None, None, Some((per_gpu, given))) => {
+            let Some(gpus) = gpus_asked_per_node else {
+                return Err(vec![error(
+                    Some(given),
+                    "needs GPUs per node (--gres, --gpus or --gpus-per-node)".into(),
+                )]);
+            };
+            times(*per_gpu, gpus, Some(given), "tasks")?
+        }
+        (None, None, None) => 1,
+    };
+    let tasks = match asked.ntasks {
+        Some(n) => n,
+        None => times(nodes, tasks_per_node, None, "tasks")?,
+    };
+
+    let gpus = match gpu_ask {
         None => None,
         Some((ask, given)) => {
             let (per_node, kind) = match ask {
-                GpuAsk::Node(n, kind) => (*n, kind),
-                GpuAsk::Task(n, kind) => (n * tasks_per_node, kind),
-                GpuAsk::Job(n, kind) => {
-                    if n % nodes != 0 {
-                        return Err(vec![error(
-                            Some(given),
-                            format!(
-                                "{n} GPUs do not divide evenly over {nodes} nodes; Meridian asks for GPUs per node"
-                            ),
-                        )]);
-                    }
-                    (n / nodes, kind)
+                GpuAsk::Task(n, kind) => (times(*n, tasks_per_node, Some(given), "GPUs")?, kind),
+                GpuAsk::Node(_, kind) | GpuAsk::Job(_, kind) => {
+                    (gpus_asked_per_node.expect("per node or per job"), kind)
                 }
             };
             let (vendor, model, memory) = match kind {
@@ -900,24 +997,23 @@ fn build(
     };
     let gpus_per_node = gpus.as_ref().map_or(0, |g| g.count);
 
-    let mut cpus = asked.cpus_per_task.unwrap_or(1) * tasks_per_node;
-    if let Some(per_gpu) = asked.cpus_per_gpu {
+    let mut cpus = times(
+        asked.cpus_per_task.unwrap_or(1),
+        tasks_per_node,
+        None,
+        "CPUs",
+    )?;
+    if let Some((per_gpu, given)) = &asked.cpus_per_gpu {
         if gpus_per_node == 0 {
             return Err(vec![error(
-                None,
-                "--cpus-per-gpu needs GPUs (--gres or --gpus)".into(),
+                Some(given),
+                "needs GPUs (--gres or --gpus)".into(),
             )]);
         }
-        cpus = cpus.max(per_gpu * gpus_per_node);
+        cpus = cpus.max(times(*per_gpu, gpus_per_node, Some(given), "CPUs")?);
     }
     if let Some(min) = asked.mincpus {
         cpus = cpus.max(min);
-    }
-    if asked.ntasks_per_gpu.is_some() && gpus_per_node == 0 {
-        return Err(vec![error(
-            None,
-            "--ntasks-per-gpu needs GPUs (--gres or --gpus)".into(),
-        )]);
     }
 
     let memory_asks: Vec<&(u64, Given)> = [&asked.mem, &asked.mem_per_cpu, &asked.mem_per_gpu]
@@ -933,10 +1029,15 @@ fn build(
             ),
         )]);
     }
-    let memory_mib = if let Some((mib, _)) = &asked.mem {
+    let memory_mib: Option<u64> = if let Some((mib, _)) = &asked.mem {
         Some(*mib)
-    } else if let Some((mib, _)) = &asked.mem_per_cpu {
-        Some(mib * u64::from(cpus))
+    } else if let Some((mib, given)) = &asked.mem_per_cpu {
+        Some(mib.checked_mul(u64::from(cpus)).ok_or_else(|| {
+            vec![error(
+                Some(given),
+                "times the CPUs is more memory than Meridian counts".into(),
+            )]
+        })?)
     } else if let Some((mib, given)) = &asked.mem_per_gpu {
         if gpus_per_node == 0 {
             return Err(vec![error(
@@ -944,9 +1045,23 @@ fn build(
                 "--mem-per-gpu needs GPUs (--gres or --gpus)".into(),
             )]);
         }
-        Some(mib * u64::from(gpus_per_node))
+        Some(mib.checked_mul(u64::from(gpus_per_node)).ok_or_else(|| {
+            vec![error(
+                Some(given),
+                "times the GPUs is more memory than Meridian counts".into(),
+            )]
+        })?)
     } else {
         None
+    };
+    let memory_bytes = match memory_mib {
+        Some(mib) => Some(mib.checked_mul(1 << 20).ok_or_else(|| {
+            vec![error(
+                None,
+                format!("{mib} MiB per node is more memory than Meridian counts"),
+            )]
+        })?),
+        None => None,
     };
     let defaults = Resources::default();
     if memory_mib.is_none() {
@@ -974,7 +1089,7 @@ fn build(
     let resources = Resources {
         nodes,
         cpus,
-        memory: memory_mib.map_or(defaults.memory, |mib| Size::from_bytes(mib << 20)),
+        memory: memory_bytes.map_or(defaults.memory, Size::from_bytes),
         walltime: asked.time.map_or(defaults.walltime, Walltime::from_secs),
         gpus,
     };
@@ -1025,7 +1140,13 @@ fn build(
             }
         })
         .flatten()
-        .filter(|n| !n.starts_with('-'))
+        .filter(|n| {
+            !n.starts_with('-')
+                && !matches!(
+                    n.as_str(),
+                    "purge" | "list" | "avail" | "spider" | "save" | "restore" | "show" | "help"
+                )
+        })
         .collect();
     if uses_srun {
         note(
@@ -1040,7 +1161,7 @@ fn build(
                 NoteKind::Warning,
                 "srun",
                 format!(
-                    "the job asks for {nodes} node(s) and {tasks_per_node} task(s) per node: outside Slurm an MPI program started by srun runs as one process"
+                    "the job asks for {nodes} node(s) and {tasks_per_node} task(s) per node: outside Slurm an MPI program started by srun runs as one process, and a Meridian Slurm site allocates one task per node with all its CPUs, so give srun -n and -c yourself"
                 ),
             );
         }
@@ -1061,20 +1182,37 @@ fn build(
         );
     }
 
-    let wrapper = wrapper(
-        script,
-        &asked,
-        &job_name,
+    let memory = match (&asked.mem, &asked.mem_per_cpu, &asked.mem_per_gpu) {
+        (Some((mib, _)), _, _) => Some(("SLURM_MEM_PER_NODE", *mib)),
+        (_, Some((mib, _)), _) => Some(("SLURM_MEM_PER_CPU", *mib)),
+        (_, _, Some((mib, _))) => Some(("SLURM_MEM_PER_GPU", *mib)),
+        _ => None,
+    };
+    let prelude = Prelude {
+        job_name: &job_name,
         nodes,
+        tasks,
         tasks_per_node,
+        cpus_per_task: asked.cpus_per_task,
         gpus_per_node,
-        memory_mib,
-        uses_srun,
-        !modules.is_empty(),
-    );
+        memory,
+        array: asked.array.as_ref(),
+        srun: uses_srun,
+        modules: !modules.is_empty(),
+    };
+    let wrapper =
+        wrapper(script, &prelude).map_err(|e| vec![error(asked.array_given.as_ref(), e)])?;
     let mut labels = BTreeMap::new();
     labels.insert("imported-from".to_string(), "sbatch".to_string());
     if let Some(comment) = &asked.comment {
+        if comment.chars().count() > 255 {
+            note(
+                notes,
+                NoteKind::Warning,
+                "--comment",
+                "cut to 255 characters, the most a label holds".into(),
+            );
+        }
         labels.insert("comment".to_string(), comment.chars().take(255).collect());
     }
     let job = Job {
@@ -1086,6 +1224,10 @@ fn build(
         mounts: BTreeMap::new(),
         resources,
         array,
+        slurm: (asked.partition.is_some() || asked.qos.is_some()).then(|| SlurmOptions {
+            partition: asked.partition.clone(),
+            qos: asked.qos.clone(),
+        }),
     };
     Ok(Workflow {
         version: SpecVersion::V1,
@@ -1121,20 +1263,48 @@ fn suggested_image(module: &str) -> Option<&'static str> {
     })
 }
 
-/// The shell that runs the script: Slurm's variables from Meridian's, `srun` and
-/// `module` where the site has none, then the script itself by its own interpreter.
-#[allow(clippy::too_many_arguments)]
-fn wrapper(
-    script: &Script<'_>,
-    asked: &Asked,
-    job_name: &str,
+/// What the prelude sets up before the script runs.
+struct Prelude<'a> {
+    job_name: &'a str,
     nodes: u32,
+    tasks: u32,
     tasks_per_node: u32,
+    cpus_per_task: Option<u32>,
     gpus_per_node: u32,
-    memory_mib: Option<u64>,
-    uses_srun: bool,
-    uses_modules: bool,
-) -> String {
+    /// The variable Slurm sets for the memory asked for, and its MiB.
+    memory: Option<(&'static str, u64)>,
+    array: Option<&'a Indices>,
+    srun: bool,
+    modules: bool,
+}
+
+/// Most runs of evenly spaced indices an array's prelude maps (Slurm's own default
+/// `MaxArraySize` is 1001 indices).
+const MAX_ARRAY_RUNS: usize = 1_000;
+
+/// The array's indices as runs of evenly spaced ones: (first index, step, how many).
+fn runs(indices: &[u32]) -> Vec<(u32, u32, u32)> {
+    let mut runs: Vec<(u32, u32, u32)> = Vec::new();
+    for &index in indices {
+        match runs.last_mut() {
+            Some((first, step, count)) if *count == 1 => {
+                *step = index - *first;
+                *count = 2;
+            }
+            Some((first, step, count))
+                if u64::from(*first) + u64::from(*step) * u64::from(*count) == u64::from(index) =>
+            {
+                *count += 1;
+            }
+            _ => runs.push((index, 1, 1)),
+        }
+    }
+    runs
+}
+
+/// The shell that runs the script: Slurm's variables from Meridian's, an `srun` where the
+/// site has none, then the script itself, by its own interpreter, from a temporary file.
+fn wrapper(script: &Script<'_>, p: &Prelude<'_>) -> Result<String, String> {
     let mut out = String::from(
         "# Written by meridian import: Slurm's variables from Meridian's where Slurm sets none.\n",
     );
@@ -1143,91 +1313,108 @@ fn wrapper(
     };
     default("SLURM_JOB_ID", "$MERIDIAN_JOB_ID");
     default("SLURM_JOBID", "$SLURM_JOB_ID");
-    default("SLURM_JOB_NAME", job_name);
+    default("SLURM_JOB_NAME", p.job_name);
     default("SLURM_SUBMIT_DIR", "$PWD");
-    default("SLURM_JOB_NUM_NODES", &nodes.to_string());
-    default("SLURM_NNODES", &nodes.to_string());
-    default("SLURM_NTASKS", &(nodes * tasks_per_node).to_string());
-    default("SLURM_NTASKS_PER_NODE", &tasks_per_node.to_string());
-    if let Some(c) = asked.cpus_per_task {
+    default("SLURM_JOB_NUM_NODES", &p.nodes.to_string());
+    default("SLURM_NNODES", &p.nodes.to_string());
+    default("SLURM_NTASKS", &p.tasks.to_string());
+    default("SLURM_NTASKS_PER_NODE", &p.tasks_per_node.to_string());
+    if let Some(c) = p.cpus_per_task {
         default("SLURM_CPUS_PER_TASK", &c.to_string());
     }
-    if let Some(mib) = memory_mib {
-        default("SLURM_MEM_PER_NODE", &mib.to_string());
+    if let Some((name, mib)) = p.memory {
+        default(name, &mib.to_string());
     }
-    if gpus_per_node > 0 {
-        default("SLURM_GPUS_ON_NODE", &gpus_per_node.to_string());
+    if p.gpus_per_node > 0 {
+        default("SLURM_GPUS_ON_NODE", &p.gpus_per_node.to_string());
     }
-    if let Some(a) = &asked.array {
-        // The array's own indices, whatever numbering the site gave the tasks.
-        let tasks = a.indices.len() as u32;
+    if let Some(a) = p.array {
+        // The script's own indices, whatever numbering the site gave the tasks: Meridian's
+        // tasks are the array's indices when they run without gaps, else 0..n-1.
+        let tasks = a.indices.len() as u64;
         let first = a.indices[0];
         let last = *a.indices.last().expect("an array has a task");
-        let step = if tasks > 1 {
-            (a.indices[1] - first) as u64
-        } else {
-            1
-        };
-        let regular = a.indices.windows(2).all(|w| u64::from(w[1] - w[0]) == step);
         default("SLURM_ARRAY_JOB_ID", "$SLURM_JOB_ID");
-        if last == first + tasks - 1 {
+        let runs = runs(&a.indices);
+        let step = if runs.len() == 1 { runs[0].1 } else { 1 };
+        if u64::from(last - first) + 1 == tasks {
             out.push_str("SLURM_ARRAY_TASK_ID=$ARRAY_INDEX\n");
-        } else if regular {
-            out.push_str(&format!(
-                "SLURM_ARRAY_TASK_ID=$(({first} + ARRAY_INDEX * {step}))\n"
+        } else if runs.len() > MAX_ARRAY_RUNS {
+            return Err(format!(
+                "{} runs of indices; Meridian maps at most {MAX_ARRAY_RUNS}: write the indices as ranges",
+                runs.len()
             ));
         } else {
-            out.push_str("case $ARRAY_INDEX in\n");
-            for (i, index) in a.indices.iter().enumerate() {
-                out.push_str(&format!("{i}) SLURM_ARRAY_TASK_ID={index} ;;\n"));
+            let mut offset: u64 = 0;
+            for (i, (first, step, count)) in runs.iter().enumerate() {
+                let keyword = if i == 0 { "if" } else { "elif" };
+                offset += u64::from(*count);
+                out.push_str(&format!(
+                    "{keyword} [ \"$ARRAY_INDEX\" -lt {offset} ]; then SLURM_ARRAY_TASK_ID=$(({first} + (ARRAY_INDEX - {}) * {step}))\n",
+                    offset - u64::from(*count)
+                ));
             }
-            out.push_str("esac\n");
+            out.push_str("fi\n");
         }
         out.push_str(&format!(
-            "SLURM_ARRAY_TASK_COUNT={tasks} SLURM_ARRAY_TASK_MIN={first} SLURM_ARRAY_TASK_MAX={last} SLURM_ARRAY_TASK_STEP={}\n\
+            "SLURM_ARRAY_TASK_COUNT={tasks} SLURM_ARRAY_TASK_MIN={first} SLURM_ARRAY_TASK_MAX={last} SLURM_ARRAY_TASK_STEP={step}\n\
              export SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT SLURM_ARRAY_TASK_MIN SLURM_ARRAY_TASK_MAX SLURM_ARRAY_TASK_STEP\n",
-            if regular { step } else { 1 }
         ));
     }
-    let needs_bin = uses_srun || uses_modules;
-    if needs_bin {
-        out.push_str("meridian_bin=$(mktemp -d) && PATH=\"$meridian_bin:$PATH\" && export PATH\n");
-    }
-    if uses_srun {
+    let mut cleanup = String::new();
+    if p.srun {
         out.push_str(SRUN_SHIM);
+        cleanup.push_str("rm -rf \"$meridian_bin\"; ");
     }
-    if uses_modules {
-        out.push_str(MODULE_SHIM);
-    }
+    // `module` is a function of the script's own shell, so it is set up there, on the
+    // interpreter line the temporary file does not need: the script keeps its line numbers.
+    let shell = script
+        .interpreter
+        .iter()
+        .rev()
+        .find(|w| !w.starts_with('-'))
+        .map(|w| w.rsplit('/').next().unwrap_or(w))
+        .is_some_and(|name| matches!(name, "sh" | "bash" | "dash" | "ksh" | "zsh" | "ash"));
+    let first_line = if p.modules && shell {
+        MODULE_SETUP.to_string()
+    } else {
+        format!("#!{}", script.interpreter.join(" "))
+    };
+    out.push_str(&run_file(
+        &script.interpreter,
+        &format!("{first_line}\n{}", script.body),
+        &cleanup,
+    ));
+    Ok(out)
+}
+
+/// Runs `body` by `interpreter` from a temporary file and exits with its status;
+/// `cleanup` (shell) runs first.
+pub(crate) fn run_file(interpreter: &[String], body: &str, cleanup: &str) -> String {
     let mut delimiter = "MERIDIAN_SCRIPT".to_string();
-    while script.body.lines().any(|l| l.trim() == delimiter) {
+    while body.lines().any(|l| l.trim() == delimiter) {
         delimiter.push('_');
     }
-    let interpreter: Vec<String> = script.interpreter.iter().map(|w| quote(w)).collect();
-    out.push_str(&format!(
+    let interpreter: Vec<String> = interpreter.iter().map(|w| quote(w)).collect();
+    format!(
         "meridian_script=$(mktemp) || exit 1\n\
          cat > \"$meridian_script\" <<'{delimiter}'\n\
          {}\n\
          {delimiter}\n\
-         {} \"$meridian_script\"\n\
+         {} \"$meridian_script\" \"$@\"\n\
          meridian_status=$?\n\
-         rm -f \"$meridian_script\"{}\n\
+         {cleanup}rm -f \"$meridian_script\"\n\
          exit $meridian_status\n",
-        script.body.trim_end_matches('\n'),
+        body.trim_end_matches('\n'),
         interpreter.join(" "),
-        if needs_bin {
-            "; rm -rf \"$meridian_bin\""
-        } else {
-            ""
-        },
-    ));
-    out
+    )
 }
 
 /// An `srun` for sites without Slurm: drops srun's options and runs the command once.
 /// Options without a value are listed; any other option takes the next word when it
 /// has no `=`.
 const SRUN_SHIM: &str = r#"if ! command -v srun >/dev/null 2>&1; then
+meridian_bin=$(mktemp -d) && PATH="$meridian_bin:$PATH" && export PATH
 cat > "$meridian_bin/srun" <<'MERIDIAN_SRUN'
 #!/bin/sh
 # meridian import: no Slurm here, so srun's options are dropped and the command runs once.
@@ -1235,29 +1422,22 @@ while [ $# -gt 0 ]; do
   case $1 in
     --) shift; break ;;
     --*=*|-[!-]?*) shift ;;
-    --exclusive|--overlap|--unbuffered|--label|--quiet|--verbose|--pty|--multi-prog|--no-kill|--kill-on-bad-exit|--disable-status|--no-allocate|--preserve-env|--whole|--exact|--overcommit|--oversubscribe|--spread-job|--use-min-nodes|--test-only|--wait-all-nodes|-u|-l|-Q|-v|-X|-E|-H|-k|-K|-O|-s|-Z) shift ;;
+    --exclusive|--overlap|--unbuffered|--label|--quiet|--verbose|--pty|--multi-prog|--no-kill|--kill-on-bad-exit|--disable-status|--no-allocate|--preserve-env|--whole|--exact|--overcommit|--oversubscribe|--spread-job|--use-min-nodes|--test-only|--wait-all-nodes|--propagate|--contiguous|--reboot|--immediate|--x11|--send-libs|--external-launcher|-u|-l|-Q|-v|-X|-E|-H|-k|-K|-O|-s|-Z|-I) shift ;;
     -*) shift; [ $# -gt 0 ] && shift ;;
     *) break ;;
   esac
 done
+[ $# -gt 0 ] || { echo "meridian import: srun was given no program to run" >&2; exit 2; }
 exec "$@"
 MERIDIAN_SRUN
 chmod +x "$meridian_bin/srun"
 fi
 "#;
 
-/// A `module` for sites without environment modules: says what it skipped.
-const MODULE_SHIM: &str = r#"if ! command -v module >/dev/null 2>&1; then
-for meridian_init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/sh; do
-  [ -r "$meridian_init" ] && . "$meridian_init" && break
-done
-fi
-if ! command -v module >/dev/null 2>&1; then
-printf '#!/bin/sh\necho "meridian import: no environment modules at this site; skipped: module $*" >&2\n' > "$meridian_bin/module"
-cp "$meridian_bin/module" "$meridian_bin/ml"
-chmod +x "$meridian_bin/module" "$meridian_bin/ml"
-fi
-"#;
+/// Line 1 of a shell script that loads modules: the site's environment modules when the
+/// shell has none yet, else a `module` (and `ml`) that says what it skipped. One line, so
+/// the script's own lines keep their numbers.
+const MODULE_SETUP: &str = r#"if ! command -v module >/dev/null 2>&1; then for meridian_init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/sh; do [ -r "$meridian_init" ] && . "$meridian_init" && break; done; fi; if ! command -v module >/dev/null 2>&1; then module() { echo "meridian import: no environment modules at this site; skipped: module $*" >&2; }; ml() { module "$@"; }; fi"#;
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,9 @@ use meridian_import::sbatch::{Takes, Treatment, OPTIONS};
 
 fn table() -> String {
     let mut out = String::from("| Option | Short | Import | Why |\n|---|---|---|---|\n");
-    for o in OPTIONS {
+    let mut options: Vec<_> = OPTIONS.iter().collect();
+    options.sort_by_key(|o| o.long);
+    for o in options {
         let long = match o.takes {
             Takes::Nothing => format!("`--{}`", o.long),
             Takes::Value => format!("`--{}=…`", o.long),
@@ -38,9 +40,13 @@ fn the_docs_list_every_sbatch_option_as_the_import_treats_it() {
         std::fs::write(path, updated).unwrap();
         return;
     }
-    assert_eq!(
-        &doc[start..stop],
-        wanted,
-        "docs/import.md's option table is stale: MERIDIAN_UPDATE_DOCS=1 cargo test -p meridian-import --test docs"
+    let differs = doc[start..stop]
+        .lines()
+        .zip(wanted.lines())
+        .find(|(have, want)| have != want);
+    assert!(
+        differs.is_none() && doc[start..stop].lines().count() == wanted.lines().count(),
+        "docs/import.md's option table is stale (first difference: {differs:?}): \
+         MERIDIAN_UPDATE_DOCS=1 cargo test -p meridian-import --test docs"
     );
 }

@@ -146,3 +146,39 @@ fn the_imported_script_runs_with_slurms_variables_and_without_slurm() {
         "{stderr}"
     );
 }
+
+#[test]
+fn numbers_too_large_are_errors_naming_the_directive() {
+    for (directive, expected) in [
+        ("-c 4000000000 -n 2", "more than Meridian counts"),
+        ("--time=99999999999999999-00", "longer than Meridian counts"),
+        (
+            "--mem=99999999999999999T",
+            "more memory than Meridian counts",
+        ),
+        ("--array=0-4294967295", "more than 1000000 tasks"),
+        (
+            "--gres=gpu:a100_99999999999999999gb:1",
+            "more memory than any GPU has",
+        ),
+    ] {
+        let got = errors(&format!("#!/bin/sh\n#SBATCH {directive}\ntrue\n"));
+        assert!(
+            got.iter().any(|e| e.contains(expected)),
+            "{directive}: {got:?}"
+        );
+    }
+    // A late --gres replaces an earlier one, as in sbatch.
+    let imported = import(
+        Format::Sbatch,
+        "#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --gres=gpu:h100:4\ntrue\n",
+        "job.sh",
+    )
+    .unwrap();
+    let gpus = imported.workflow.jobs["job"]
+        .resources
+        .gpus
+        .clone()
+        .unwrap();
+    assert_eq!((gpus.count, gpus.model.as_deref()), (4, Some("H100")));
+}

@@ -166,6 +166,24 @@ pub struct Job {
     pub resources: Resources,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<TaskArray>,
+    /// Options for a Slurm site: used when the job runs at one, ignored by every other
+    /// kind of site (placement does not choose by them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmOptions>,
+}
+
+/// What a job asks of a Slurm site beyond its resources.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmOptions {
+    /// The partition (`sbatch --partition`), instead of the site's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,63}$"))]
+    pub partition: Option<String>,
+    /// The quality of service (`sbatch --qos`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,63}$"))]
+    pub qos: Option<String>,
 }
 
 /// A long-running endpoint, such as an inference server.

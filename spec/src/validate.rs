@@ -33,7 +33,7 @@ const PLACEMENT_FIELDS: [&str; 7] = [
 ];
 const VOLUME_FIELDS: [&str; 3] = ["size", "ingress", "egress"];
 const DATA_STEP_FIELDS: [&str; 3] = ["source", "destination", "credentials"];
-const JOB_FIELDS: [&str; 8] = [
+const JOB_FIELDS: [&str; 9] = [
     "requires",
     "image",
     "command",
@@ -42,7 +42,9 @@ const JOB_FIELDS: [&str; 8] = [
     "mounts",
     "resources",
     "array",
+    "slurm",
 ];
+const SLURM_FIELDS: [&str; 2] = ["partition", "qos"];
 const SERVICE_FIELDS: [&str; 9] = [
     "requires",
     "image",
@@ -543,7 +545,8 @@ fn job(w: &mut Walker, path: &Path, value: &Value, names: &Names<'_>) -> Option<
     };
     let common = common(w, &f, names, index);
     let array = f.optional(w, "array", array);
-    let (c, array) = (common?, array?);
+    let slurm = f.optional(w, "slurm", slurm_options);
+    let (c, array, slurm) = (common?, array?, slurm?);
     Some(Job {
         requires: c.requires,
         image: c.image,
@@ -553,6 +556,26 @@ fn job(w: &mut Walker, path: &Path, value: &Value, names: &Names<'_>) -> Option<
         mounts: c.mounts,
         resources: c.resources,
         array,
+        slurm,
+    })
+}
+
+const SLURM_NAME: &str = "a Slurm name: 1 to 63 letters, digits, \".\", \"-\" or \"_\"";
+
+fn slurm_options(w: &mut Walker, path: &Path, value: &Value) -> Option<SlurmOptions> {
+    let f = w.mapping(path, value, &SLURM_FIELDS)?;
+    let name = |w: &mut Walker, p: &Path, v: &Value| {
+        let s = string(w, p, v)?;
+        match is_name(s, b".") {
+            true => Some(s.to_string()),
+            false => w.expected(p, SLURM_NAME, v),
+        }
+    };
+    let partition = f.optional(w, "partition", name);
+    let qos = f.optional(w, "qos", name);
+    Some(SlurmOptions {
+        partition: partition?,
+        qos: qos?,
     })
 }
 

@@ -172,7 +172,23 @@ fn unknown_field_lists_the_fields() {
     let doc = "version: v1\nname: t\njobs:\n  prep:\n    image: host\n    command: [a]\n    comand: [a]\n";
     assert_eq!(
         error(doc),
-        "jobs.prep.comand: unknown field; expected one of requires, image, command, env, cwd, mounts, resources, array"
+        "jobs.prep.comand: unknown field; expected one of requires, image, command, env, cwd, mounts, resources, array, slurm"
+    );
+}
+
+#[test]
+fn slurm_options_are_names_and_nothing_else() {
+    let job = |slurm: &str| {
+        format!("version: v1\nname: t\njobs:\n  x:\n    image: host\n    command: [a]\n    slurm: {slurm}\n")
+    };
+    assert!(meridian_spec::parse(&job("{partition: gpu-a100, qos: high}")).is_ok());
+    assert_eq!(
+        error(&job("{partition: \"gpu a100\"}")),
+        "jobs.x.slurm.partition: expected a Slurm name: 1 to 63 letters, digits, \".\", \"-\" or \"_\"; got \"gpu a100\""
+    );
+    assert_eq!(
+        error(&job("{queue: gpu}")),
+        "jobs.x.slurm.queue: unknown field; expected one of partition, qos"
     );
 }
 

@@ -228,6 +228,7 @@ mod tests {
             tenant: None,
             shape: None,
             report_to: None,
+            slurm: None,
         }
     }
 

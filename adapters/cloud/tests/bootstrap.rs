@@ -129,6 +129,7 @@ fn job() -> JobRequest {
         tenant: None,
         shape: None,
         report_to: None,
+        slurm: None,
     }
 }
 

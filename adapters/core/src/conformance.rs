@@ -113,6 +113,7 @@ impl ConformanceOptions {
             tenant: None,
             shape: None,
             report_to: None,
+            slurm: None,
         }
     }
 

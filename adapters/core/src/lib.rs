@@ -62,6 +62,20 @@ pub struct JobRequest {
     /// never serialized, since it holds a credential.
     #[serde(skip)]
     pub report_to: Option<ReportTo>,
+    /// What the workflow asks of a Slurm site (partition, QOS); other sites ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmOptions>,
+}
+
+/// A job's options for a Slurm site, from its workflow (`jobs.NAME.slurm`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmOptions {
+    /// `--partition`, instead of the site's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// `--qos`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
 }
 
 /// The shape placement chose for a run.

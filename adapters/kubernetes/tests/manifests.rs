@@ -54,6 +54,7 @@ fn request(name: &str, command: &[&str]) -> JobRequest {
         tenant: Some("genomics".into()),
         shape: None,
         report_to: None,
+        slurm: None,
     }
 }
 

@@ -354,6 +354,7 @@ mod tests {
             tenant: None,
             shape: None,
             report_to: None,
+            slurm: None,
         }
     }
 

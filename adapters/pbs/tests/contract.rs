@@ -139,6 +139,7 @@ fn request(name: &str) -> JobRequest {
         tenant: None,
         shape: None,
         report_to: None,
+        slurm: None,
     }
 }
 

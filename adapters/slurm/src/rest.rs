@@ -662,6 +662,9 @@ pub fn submit_body(plan: &Plan, v: &str) -> Value {
     if let Some(p) = &plan.partition {
         o.insert("partition".into(), json!(p));
     }
+    if let Some(q) = &plan.qos {
+        o.insert("qos".into(), json!(q));
+    }
     if let Some(a) = &plan.account {
         o.insert("account".into(), json!(a));
     }
@@ -772,6 +775,7 @@ mod tests {
             tenant: None,
             shape: None,
             report_to: None,
+            slurm: None,
         };
         let mut config = SlurmConfig::cli("/scratch/u");
         config.partition = Some("gpu".into());
@@ -790,8 +794,12 @@ mod tests {
         assert_eq!(job["nodes"], json!([1, 1]));
         assert_eq!(job["gres"], "gpu:1");
         assert_eq!(job["partition"], "gpu");
+        assert!(job.get("qos").is_none());
         assert_eq!(job["comment"], format!("meridian:{}", uuid::Uuid::nil()));
         assert!(job.get("script").is_none());
+        let mut plan = a_plan();
+        plan.qos = Some("high".into());
+        assert_eq!(submit_body(&plan, "v0.0.38")["job"]["qos"], "high");
     }
 
     #[test]

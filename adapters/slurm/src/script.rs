@@ -39,7 +39,10 @@ pub struct Plan {
     pub time_minutes: Option<u64>,
     /// `gpu[:type]:N` per node (`--gres`).
     pub gres: Option<String>,
+    /// The job's own (`jobs.NAME.slurm.partition`), else the site's.
     pub partition: Option<String>,
+    /// `--qos`, when the job asks for one.
+    pub qos: Option<String>,
     pub account: Option<String>,
     /// For an array: `--array`, the tasks' Slurm indices and cap (`1-5,9%2`).
     pub array: Option<String>,
@@ -219,7 +222,12 @@ fn plan_with(
         mem_mb,
         time_minutes,
         gres,
-        partition: config.partition.clone(),
+        partition: job
+            .slurm
+            .as_ref()
+            .and_then(|s| s.partition.clone())
+            .or_else(|| config.partition.clone()),
+        qos: job.slurm.as_ref().and_then(|s| s.qos.clone()),
         account: config.account.clone(),
         array: None,
     }
@@ -254,6 +262,9 @@ pub fn sbatch_args(plan: &Plan) -> Vec<String> {
     }
     if let Some(p) = &plan.partition {
         args.push(format!("--partition={p}"));
+    }
+    if let Some(q) = &plan.qos {
+        args.push(format!("--qos={q}"));
     }
     if let Some(a) = &plan.account {
         args.push(format!("--account={a}"));
@@ -305,6 +316,7 @@ mod tests {
             tenant: None,
             shape: None,
             report_to: None,
+            slurm: None,
         }
     }
 
@@ -336,6 +348,27 @@ mod tests {
                 "--account=phys".into(),
             ]
         );
+    }
+
+    #[test]
+    fn the_jobs_own_partition_and_qos_win_over_the_sites() {
+        let mut config = SlurmConfig::cli("/w");
+        config.partition = Some("cpu".into());
+        let mut j = job();
+        j.slurm = Some(meridian_adapter_core::SlurmOptions {
+            partition: Some("gpu".into()),
+            qos: Some("high".into()),
+        });
+        let args = sbatch_args(&plan(&j, &config).unwrap());
+        assert!(args.contains(&"--partition=gpu".to_string()), "{args:?}");
+        assert!(args.contains(&"--qos=high".to_string()), "{args:?}");
+        assert!(!args.contains(&"--partition=cpu".to_string()), "{args:?}");
+        j.slurm = Some(meridian_adapter_core::SlurmOptions {
+            partition: None,
+            qos: Some("low".into()),
+        });
+        let args = sbatch_args(&plan(&j, &config).unwrap());
+        assert!(args.contains(&"--partition=cpu".to_string()), "{args:?}");
     }
 
     #[test]

@@ -11,17 +11,21 @@ use meridian_import::{Format, Imported};
 
 #[derive(Subcommand)]
 pub enum ImportCommand {
-    /// Print the workflow an sbatch script becomes. Every #SBATCH directive is mapped,
-    /// or reported as ignored (with why) on standard error, or refused with its line;
-    /// docs/import.md has the table.
+    /// Print the workflow an sbatch script becomes.
+    ///
+    /// Every #SBATCH directive is mapped, or reported as ignored (with why) on standard
+    /// error, or refused with its line, and then nothing is printed; docs/import.md has
+    /// the table. `meridian submit SCRIPT` imports the same way before it submits.
     Sbatch {
         /// The script; `-` reads standard input.
         script: std::path::PathBuf,
         #[arg(long, short, value_enum, default_value_t = Printed::Yaml)]
         output: Printed,
     },
-    /// Print the workflow a CIQ Fuzzball Fuzzfile (version: v1) becomes; what has no
-    /// equivalent is reported on standard error.
+    /// Print the workflow a CIQ Fuzzball Fuzzfile (version: v1) becomes.
+    ///
+    /// What has no equivalent is reported on standard error, naming its field; what
+    /// cannot be imported is refused, and then nothing is printed.
     Fuzzfile {
         /// The Fuzzfile; `-` reads standard input.
         file: std::path::PathBuf,

@@ -225,8 +225,8 @@ fn an_sbatch_script_submitted_as_it_is_reaches_slurm_with_its_limits() {
     let up = start(tempfile::tempdir().unwrap(), free_port());
     let status = sbatch_array(&up.server, up.dir.path());
     assert_eq!(status["site"], "hpc", "{status:#}");
-    // What Slurm was asked for, from its accounting: the script's walltime, memory and
-    // array cap, for every task.
+    // What Slurm was asked for, from its accounting: the script's walltime, memory,
+    // partition, QOS and array cap, for every task.
     // slurmdbd records a task a moment after it ends.
     let workflow = format!("MERIDIAN_WORKFLOW_ID={}", status["id"].as_str().unwrap());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -236,7 +236,7 @@ fn an_sbatch_script_submitted_as_it_is_reaches_slurm_with_its_limits() {
                 "-P",
                 "-n",
                 "-X",
-                "--format=JobID,Timelimit,ReqMem,SubmitLine",
+                "--format=JobID,Timelimit,ReqMem,Partition,QOS,SubmitLine",
             ])
             .args(["--starttime=now-1hour"])
             .output()
@@ -245,7 +245,7 @@ fn an_sbatch_script_submitted_as_it_is_reaches_slurm_with_its_limits() {
         let tasks: Vec<Vec<String>> = text
             .lines()
             .map(|l| l.split('|').map(String::from).collect::<Vec<_>>())
-            .filter(|f| f.len() == 4 && f[3].contains(&workflow))
+            .filter(|f| f.len() == 6 && f[5].contains(&workflow))
             .collect();
         if tasks.len() == 6 {
             break tasks;
@@ -258,13 +258,10 @@ fn an_sbatch_script_submitted_as_it_is_reaches_slurm_with_its_limits() {
         std::thread::sleep(std::time::Duration::from_millis(500));
     };
     for task in tasks {
-        assert_eq!(
-            (task[1].as_str(), task[2].as_str()),
-            ("00:05:00", "300M"),
-            "{task:?}"
-        );
+        let asked: Vec<&str> = task[1..5].iter().map(String::as_str).collect();
+        assert_eq!(asked, ["00:05:00", "300M", "debug", "normal"], "{task:?}");
         assert!(
-            task[3].contains("%2"),
+            task[5].contains("%2"),
             "the array's cap reached sbatch: {task:?}"
         );
     }

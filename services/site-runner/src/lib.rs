@@ -604,6 +604,14 @@ impl SiteRunner {
         let Some(spec) = self.spec_of(dispatch.workflow_id).await? else {
             return Ok(None);
         };
+        let slurm = spec.jobs.get(&dispatch.task.job).and_then(|j| {
+            j.slurm
+                .as_ref()
+                .map(|s| meridian_adapter_core::SlurmOptions {
+                    partition: s.partition.clone(),
+                    qos: s.qos.clone(),
+                })
+        });
         let (image, command, env, cwd, mounts, service) =
             if let Some(j) = spec.jobs.get(&dispatch.task.job) {
                 (&j.image, &j.command, &j.env, &j.cwd, &j.mounts, None)
@@ -666,6 +674,7 @@ impl SiteRunner {
                 server: c.server.clone(),
                 credential: (c.run_credential)(id),
             }),
+            slurm,
         }))
     }
 

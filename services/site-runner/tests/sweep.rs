@@ -38,6 +38,7 @@ fn orphan(command: &[&str]) -> JobRequest {
         tenant: None,
         shape: None,
         report_to: None,
+        slurm: None,
     }
 }
 

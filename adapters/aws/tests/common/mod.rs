@@ -131,6 +131,7 @@ pub fn job(instance_type: &str, walltime: Duration, spot: bool, gpus: bool) -> J
             server: "http://127.0.0.1:9".into(),
             credential: format!("mer_run_{}_deadbeef", job_id.simple()),
         }),
+        slurm: None,
     }
 }
 

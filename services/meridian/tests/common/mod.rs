@@ -693,7 +693,8 @@ pub fn service_runs_until_cancelled(server: &str, dir: &Path) {
     check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
 }
 
-/// A typical sbatch array script: 6 tasks, at most 2 at once, 5 minutes, 300 MiB.
+/// A typical sbatch array script: 6 tasks, at most 2 at once, 5 minutes, 300 MiB, in
+/// partition `debug` with QOS `normal` (which a Slurm site takes and others ignore).
 pub const SBATCH_ARRAY: &str = "#!/bin/bash\n\
 #SBATCH --job-name=sweep\n\
 #SBATCH --array=1-6%2\n\
@@ -701,6 +702,7 @@ pub const SBATCH_ARRAY: &str = "#!/bin/bash\n\
 #SBATCH --mem=300M\n\
 #SBATCH --cpus-per-task=1\n\
 #SBATCH --output=sweep-%A_%a.out\n\
+#SBATCH --partition=debug --qos=normal\n\
 \n\
 echo \"task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT in $SLURM_JOB_NAME\"\n";
 
