@@ -487,6 +487,22 @@ fn uri(r: &mut Reader, value: Option<&Value>, field: &str) -> Option<(String, Op
     Some((uri, secret))
 }
 
+/// The fields jobs and services share.
+const STEP_FIELDS: [&str; 12] = [
+    "name",
+    "image",
+    "command",
+    "script",
+    "args",
+    "env",
+    "cwd",
+    "mounts",
+    "requires",
+    "depends-on",
+    "resource",
+    "multinode",
+];
+
 enum Step {
     Job(Job),
     Service(Service),
@@ -504,43 +520,13 @@ fn step(
     is_service: bool,
 ) -> Option<Step> {
     let own = r.mapping(value, field)?;
-    let known: &[&str] = if is_service {
-        &[
-            "name",
-            "image",
-            "command",
-            "script",
-            "args",
-            "env",
-            "cwd",
-            "mounts",
-            "requires",
-            "depends-on",
-            "resource",
-            "multinode",
-            "persist",
-            "network",
-            "readiness-probe",
-        ]
+    let own_fields: &[&str] = if is_service {
+        &["persist", "network", "readiness-probe"]
     } else {
-        &[
-            "name",
-            "image",
-            "command",
-            "script",
-            "args",
-            "env",
-            "cwd",
-            "mounts",
-            "requires",
-            "depends-on",
-            "resource",
-            "multinode",
-            "task-array",
-            "policy",
-        ]
+        &["task-array", "policy"]
     };
-    r.unknown(own, field, known);
+    let known: Vec<&str> = STEP_FIELDS.iter().chain(own_fields).copied().collect();
+    r.unknown(own, field, &known);
     let mut step = defaults.clone();
     for (k, v) in own {
         let merged = match (step.get(k), v) {

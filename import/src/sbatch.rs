@@ -229,6 +229,25 @@ fn long_option(name: &str) -> Result<&'static SbatchOption, String> {
     }
 }
 
+/// The value of `option`, written as `word` with nothing attached: the next word when
+/// the option needs one (and the two as written), else none.
+fn following(
+    option: &SbatchOption,
+    word: &str,
+    words: &mut impl Iterator<Item = String>,
+) -> Result<(Option<String>, String), String> {
+    match option.takes {
+        Nothing | Optional => Ok((None, word.to_string())),
+        Value => {
+            let value = words
+                .next()
+                .ok_or_else(|| format!("{word} needs a value"))?;
+            let written = format!("{word} {value}");
+            Ok((Some(value), written))
+        }
+    }
+}
+
 /// The options on one `#SBATCH` line.
 fn directive(line: usize, rest: &str) -> Result<Vec<Given>, ImportError> {
     let error = |subject: &str, message: String| ImportError {
@@ -253,14 +272,9 @@ fn directive(line: usize, rest: &str) -> Result<Vec<Given>, ImportError> {
                 (Nothing, Some(_)) => {
                     return Err(error(&word, format!("--{} takes no value", option.long)))
                 }
-                (Nothing, None) | (Optional, None) => (None, word.clone()),
                 (_, Some(value)) => (Some(value), word.clone()),
-                (Value, None) => {
-                    let value = words
-                        .next()
-                        .ok_or_else(|| error(&word, format!("--{} needs a value", option.long)))?;
-                    let written = format!("{word} {value}");
-                    (Some(value), written)
+                (_, None) => {
+                    following(option, &word, &mut words).map_err(|message| error(&word, message))?
                 }
             };
             given.push(Given {
@@ -276,22 +290,13 @@ fn directive(line: usize, rest: &str) -> Result<Vec<Given>, ImportError> {
                 .find(|o| o.short == Some(letter))
                 .ok_or_else(|| error(&word, format!("-{letter} is not an sbatch option")))?;
             let attached = &short[letter.len_utf8()..];
-            let (value, written) = match option.takes {
-                Nothing if attached.is_empty() => (None, word.clone()),
-                Nothing => {
+            let (value, written) = match (option.takes, attached.is_empty()) {
+                (Nothing, false) => {
                     return Err(error(&word, format!("-{letter} takes no value")));
                 }
-                Optional => (
-                    (!attached.is_empty()).then(|| attached.to_string()),
-                    word.clone(),
-                ),
-                Value if !attached.is_empty() => (Some(attached.to_string()), word.clone()),
-                Value => {
-                    let value = words
-                        .next()
-                        .ok_or_else(|| error(&word, format!("-{letter} needs a value")))?;
-                    let written = format!("{word} {value}");
-                    (Some(value), written)
+                (_, false) => (Some(attached.to_string()), word.clone()),
+                (_, true) => {
+                    following(option, &word, &mut words).map_err(|message| error(&word, message))?
                 }
             };
             given.push(Given {

@@ -412,27 +412,35 @@ pub fn dag_and_array(server: &str, dir: &Path) {
         sweep_end <= report_start,
         "report waits for the whole sweep"
     );
-    for (name, start, _, _) in of("sweep") {
-        let overlapping = of("sweep")
-            .filter(|r| r.1 <= *start && *start < r.2)
-            .count();
-        assert!(
-            overlapping <= 2,
-            "{name} started with {overlapping} sweep tasks running (cap 2)"
-        );
-    }
-
-    let logs = cli(server, &["logs", id, "sweep"]);
-    let text = String::from_utf8_lossy(&logs.stdout);
-    for i in 1..=6 {
-        assert!(
-            text.contains(&format!("cell {i}")),
-            "sweep[{i}]'s output: {text}"
-        );
-    }
+    within_cap(&runs, "sweep", 2);
+    printed(server, id, "sweep", (1..=6).map(|i| format!("cell {i}")));
 
     let bill = bill(server, id, 8);
     check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
+}
+
+/// No task of job `job` (by name prefix) started while `cap` others of it ran.
+pub fn within_cap(runs: &[(String, DateTime<Utc>, DateTime<Utc>, String)], job: &str, cap: usize) {
+    let of = || runs.iter().filter(|r| r.0.starts_with(job));
+    for (name, start, _, _) in of() {
+        let overlapping = of().filter(|r| r.1 <= *start && *start < r.2).count();
+        assert!(
+            overlapping <= cap,
+            "{name} started with {overlapping} {job} tasks running (cap {cap})"
+        );
+    }
+}
+
+/// `meridian logs ID JOB` holds each of `lines`.
+pub fn printed(server: &str, id: &str, job: &str, lines: impl Iterator<Item = String>) {
+    let logs = cli(server, &["logs", id, job]);
+    let text = String::from_utf8_lossy(&logs.stdout);
+    for line in lines {
+        assert!(
+            text.contains(&line),
+            "{job}'s output has no {line:?}: {text}"
+        );
+    }
 }
 
 pub const FAILING: &str = r#"
@@ -732,24 +740,12 @@ pub fn sbatch_array(server: &str, dir: &Path) -> Value {
     assert_eq!(status["state"], "finished", "{status:#}");
     assert_eq!(status["tasks"]["succeeded"], 6, "{status:#}");
     let id = status["id"].as_str().unwrap();
-    let runs = runs(server, id);
-    for (name, start, _, _) in &runs {
-        let overlapping = runs
-            .iter()
-            .filter(|r| r.1 <= *start && *start < r.2)
-            .count();
-        assert!(
-            overlapping <= 2,
-            "{name} started with {overlapping} tasks running (cap 2)"
-        );
-    }
-    let logs = cli(server, &["logs", id, "sweep"]);
-    let text = String::from_utf8_lossy(&logs.stdout);
-    for i in 1..=6 {
-        assert!(
-            text.contains(&format!("task {i} of 6 in sweep")),
-            "task {i}'s output: {text}"
-        );
-    }
+    within_cap(&runs(server, id), "sweep", 2);
+    printed(
+        server,
+        id,
+        "sweep",
+        (1..=6).map(|i| format!("task {i} of 6 in sweep")),
+    );
     status
 }
