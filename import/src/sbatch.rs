@@ -924,15 +924,32 @@ fn build(
         }
         last
     };
+    // Directives that contradict each other, all reported together.
+    let mut conflicts = Vec::new();
     if gpu_asks.len() > 1 {
-        let second = &gpu_asks[1].1;
-        return Err(vec![error(
-            Some(second),
+        conflicts.push(error(
+            Some(&gpu_asks[1].1),
             format!(
                 "GPUs are asked for already ({}); give one of --gres, --gpus, --gpus-per-node, --gpus-per-task",
                 gpu_asks[0].1.written
             ),
-        )]);
+        ));
+    }
+    let memory_asks: Vec<&(u64, Given)> = [&asked.mem, &asked.mem_per_cpu, &asked.mem_per_gpu]
+        .into_iter()
+        .flatten()
+        .collect();
+    if memory_asks.len() > 1 {
+        conflicts.push(error(
+            Some(&memory_asks[1].1),
+            format!(
+                "memory is asked for already ({}); give one of --mem, --mem-per-cpu, --mem-per-gpu",
+                memory_asks[0].1.written
+            ),
+        ));
+    }
+    if !conflicts.is_empty() {
+        return Err(conflicts);
     }
     let gpu_ask = gpu_asks.first().copied();
 
@@ -1021,19 +1038,6 @@ fn build(
         cpus = cpus.max(min);
     }
 
-    let memory_asks: Vec<&(u64, Given)> = [&asked.mem, &asked.mem_per_cpu, &asked.mem_per_gpu]
-        .into_iter()
-        .flatten()
-        .collect();
-    if memory_asks.len() > 1 {
-        return Err(vec![error(
-            Some(&memory_asks[1].1),
-            format!(
-                "memory is asked for already ({}); give one of --mem, --mem-per-cpu, --mem-per-gpu",
-                memory_asks[0].1.written
-            ),
-        )]);
-    }
     let memory_mib: Option<u64> = if let Some((mib, _)) = &asked.mem {
         Some(*mib)
     } else if let Some((mib, given)) = &asked.mem_per_cpu {

@@ -81,6 +81,19 @@ fn asking_for_gpus_or_memory_twice_is_refused() {
         got[0].starts_with("job.sh:3: --mem-per-cpu=1G: memory is asked for already"),
         "{got:?}"
     );
+    // Both contradictions at once.
+    let got = errors(
+        "#!/bin/sh\n#SBATCH --gres=gpu:2 --mem=1G\n#SBATCH --gpus=2\n#SBATCH --mem-per-gpu=4G\ntrue\n",
+    );
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        got[0].starts_with("job.sh:3: --gpus=2: GPUs are asked for already"),
+        "{got:?}"
+    );
+    assert!(
+        got[1].starts_with("job.sh:4: --mem-per-gpu=4G: memory is asked for already"),
+        "{got:?}"
+    );
     let got = errors("#!/bin/sh\n#SBATCH --nodes=2\n#SBATCH --gpus=3\ntrue\n");
     assert!(
         got[0].contains("3 GPUs do not divide evenly over 2 nodes"),
