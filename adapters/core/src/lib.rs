@@ -410,6 +410,10 @@ pub enum AdapterError {
     /// places the work again, with backoff.
     #[error("refused by the site for now: {0}")]
     Refused(String),
+    /// The site will run it, but not yet: what it needs (its GPUs) is held by other
+    /// jobs now. The runner says so in the run's status and submits it again later.
+    #[error("the site is busy: {0}")]
+    Busy(String),
     #[error("not supported by this site: {0}")]
     NotSupported(String),
     #[error("{0}")]

@@ -24,6 +24,9 @@ pub(crate) const SUBMIT_LOCK: &str = ".submit.lock";
 pub(crate) const STDOUT: &str = "stdout";
 pub(crate) const STDERR: &str = "stderr";
 pub(crate) const LAUNCH: &str = "launch.json";
+/// The GPUs the job was given (a JSON list of devices), written before it is claimed, so
+/// a restarted adapter gives them to no one else while it runs.
+pub(crate) const DEVICES: &str = "devices.json";
 pub(crate) const PID_IDENTITY: &str = "pid_identity";
 pub(crate) const PID: &str = "pid";
 pub(crate) const STARTED_AT: &str = "started_at";
@@ -102,6 +105,14 @@ impl JobDir {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The GPUs the job was given; none when it asked for none.
+    pub fn devices(&self) -> Vec<crate::gpu::Device> {
+        fs::read(self.file(DEVICES))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default()
     }
 
     pub fn file(&self, name: &str) -> PathBuf {

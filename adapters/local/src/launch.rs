@@ -74,6 +74,7 @@ pub(crate) fn plan(
     job: &JobRequest,
     dir: &Path,
     runtime: &ContainerRuntime,
+    devices: &[crate::gpu::Device],
 ) -> Result<Plan, String> {
     let command = job.task_command();
     let mut env: Vec<(String, String)> = job
@@ -81,8 +82,10 @@ pub(crate) fn plan(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    // Ours come last, so a job cannot pass itself off as another.
+    // Ours come last, so a job cannot pass itself off as another, nor see GPUs it was
+    // not given.
     env.extend(job.meridian_env());
+    env.extend(crate::gpu::visible(devices));
     if let Some(port) = job.service_port() {
         env.push(("MERIDIAN_SERVICE_PORT".into(), port.to_string()));
     }
@@ -108,6 +111,22 @@ pub(crate) fn plan(
             argv.extend(["--name".into(), container.clone()]);
             if let Some(service) = &job.service {
                 argv.extend(["--publish".into(), format!("{0}:{0}", service.port)]);
+            }
+            // Each GPU by its UUID through the Container Device Interface (NVIDIA's
+            // toolkit); AMD's through the kernel's devices, narrowed by ROCR_VISIBLE_DEVICES.
+            for d in devices {
+                match d.vendor.as_str() {
+                    "amd" => {}
+                    _ => argv.extend(["--device".into(), format!("nvidia.com/gpu={}", d.uuid)]),
+                }
+            }
+            if devices.iter().any(|d| d.vendor == "amd") {
+                argv.extend([
+                    "--device".into(),
+                    "/dev/kfd".into(),
+                    "--device".into(),
+                    "/dev/dri".into(),
+                ]);
             }
             for (_, host, path) in &volumes {
                 argv.extend(["--volume".into(), format!("{}:{path}", host.display())]);
@@ -147,6 +166,11 @@ pub(crate) fn plan(
         (_, apptainer) => {
             let verb = if command.is_empty() { "run" } else { "exec" };
             let mut argv = vec![apptainer, verb.into()];
+            match devices.first().map(|d| d.vendor.as_str()) {
+                Some("amd") => argv.push("--rocm".into()),
+                Some(_) => argv.push("--nv".into()),
+                None => {}
+            }
             for (_, host, path) in &volumes {
                 argv.extend(["--bind".into(), format!("{}:{path}", host.display())]);
             }
@@ -404,7 +428,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut j = job(Some("host"), &["sh", "-c", "echo ${ARRAY_INDEX}"]);
         j.cwd = None;
-        let plan = plan(&j, tmp.path(), &ContainerRuntime::None).unwrap();
+        let plan = plan(&j, tmp.path(), &ContainerRuntime::None, &[]).unwrap();
         assert!(plan.launch.on_host());
         assert!(
             plan.launch.argv[0].ends_with("/sh"),
@@ -427,7 +451,13 @@ mod tests {
         std::fs::set_permissions(&podman, std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut j = job(Some("docker://busybox:1.36"), &["echo", "${ARRAY_INDEX}"]);
         j.env.insert("B".into(), "two\nlines".into());
-        let plan = plan(&j, tmp.path(), &ContainerRuntime::Podman(podman.clone())).unwrap();
+        let plan = plan(
+            &j,
+            tmp.path(),
+            &ContainerRuntime::Podman(podman.clone()),
+            &[],
+        )
+        .unwrap();
         let argv = &plan.launch.argv;
         let name = format!("meridian-{}", j.job_id);
         assert_eq!(
@@ -463,10 +493,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let j = job(Some("docker://busybox"), &["true"]);
         assert_eq!(
-            plan(&j, tmp.path(), &ContainerRuntime::None).unwrap_err(),
+            plan(&j, tmp.path(), &ContainerRuntime::None, &[]).unwrap_err(),
             NO_CONTAINER_RUNTIME
         );
         let gone = ContainerRuntime::Apptainer(tmp.path().join("nope"));
-        assert!(plan(&j, tmp.path(), &gone).unwrap_err().contains("nope"));
+        assert!(plan(&j, tmp.path(), &gone, &[])
+            .unwrap_err()
+            .contains("nope"));
     }
 }

@@ -7,6 +7,7 @@
 //! The backend id of a job is its Meridian job id: stable, and the job directory's name.
 //! `docs/site-local.md` describes the state directory, restarts and the limits.
 
+pub mod gpu;
 mod jobdir;
 mod launch;
 mod process;
@@ -76,6 +77,11 @@ pub struct LocalConfig {
     /// config file).
     #[serde(with = "seconds")]
     pub kill_grace: Duration,
+    /// Find this machine's GPUs with `nvidia-smi` and `amd-smi` when the adapter starts
+    /// (unless `gpus` lists them).
+    pub discover_gpus: bool,
+    /// The GPUs the site hands out, each to one job at a time.
+    pub gpus: Vec<gpu::Device>,
 }
 
 impl LocalConfig {
@@ -89,6 +95,8 @@ impl LocalConfig {
             memory_bytes: mem_total().unwrap_or(0),
             container_runtime: ContainerRuntime::Detect,
             kill_grace: Duration::from_secs(5),
+            discover_gpus: true,
+            gpus: Vec::new(),
         }
     }
 }
@@ -107,6 +115,15 @@ fn mem_total() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// What a job not yet ended holds of the site.
+#[derive(Debug, Clone, Default)]
+struct Hold {
+    cpus: u32,
+    memory_bytes: u64,
+    /// The UUIDs of its GPUs.
+    gpus: Vec<String>,
+}
+
 /// The local site adapter. Creating one (with [`LocalAdapter::new`]) reconciles: every
 /// job under the root that has not ended gets a watcher again, which reports its end,
 /// frees its capacity, and kills it at its walltime. Dropping the adapter stops its
@@ -121,8 +138,8 @@ struct Inner {
     config: LocalConfig,
     jobs: PathBuf,
     staging: PathBuf,
-    /// Jobs not yet ended that this instance watches, with what they hold.
-    active: Mutex<HashMap<Uuid, (u32, u64)>>,
+    /// Jobs not yet ended that this instance watches (or is starting), with what they hold.
+    active: Mutex<HashMap<Uuid, Hold>>,
     shutdown: watch::Receiver<()>,
 }
 
@@ -144,6 +161,22 @@ impl LocalAdapter {
         fs::create_dir_all(&jobs)?;
         fs::create_dir_all(&staging)?;
         clear_debris(&staging);
+        if config.discover_gpus && config.gpus.is_empty() {
+            let found = gpu::discover();
+            for note in &found.notes {
+                tracing::info!(note, "GPU discovery");
+            }
+            config.gpus = found.devices;
+        }
+        for d in &config.gpus {
+            tracing::info!(
+                vendor = d.vendor,
+                model = d.model,
+                uuid = d.uuid,
+                memory_bytes = d.memory_bytes,
+                "local GPU"
+            );
+        }
         let (tx, rx) = watch::channel(());
         let inner = Arc::new(Inner {
             config,
@@ -192,8 +225,28 @@ impl LocalAdapter {
         let config = &self.inner.config;
         let r = &job.resources;
         let reject = |why: String| Err(AdapterError::Rejected(why));
-        if r.gpus.as_ref().is_some_and(|g| g.count > 0) {
-            return reject("the local site has no GPUs".into());
+        if let Some(g) = r.gpus.as_ref().filter(|g| g.count > 0) {
+            let devices = &config.gpus;
+            if gpu::pick(devices, &[], g.count, &g.vendor, g.model.as_deref()).is_none() {
+                let have: Vec<String> = devices
+                    .iter()
+                    .map(|d| format!("{} {}", d.vendor, d.model))
+                    .collect();
+                return reject(format!(
+                    "{} {} GPU(s){} requested; the local site has {}",
+                    g.count,
+                    g.vendor,
+                    g.model
+                        .as_deref()
+                        .map(|m| format!(" of model {m}"))
+                        .unwrap_or_default(),
+                    if have.is_empty() {
+                        "none".to_string()
+                    } else {
+                        have.join(", ")
+                    }
+                ));
+            }
         }
         if r.nodes > 1 {
             return reject(format!("the local site is one node; {} requested", r.nodes));
@@ -231,10 +284,53 @@ impl LocalAdapter {
         Ok(())
     }
 
+    /// Sets aside the GPUs `job` asks for, with its CPUs and memory, before its directory
+    /// is made: `Busy` when the devices it can use are all held by running jobs now.
+    fn reserve(&self, job: &JobRequest) -> Result<Vec<gpu::Device>, AdapterError> {
+        let r = &job.resources;
+        let mut active = self.inner.active.lock().expect("lock");
+        let devices = match r.gpus.as_ref().filter(|g| g.count > 0) {
+            None => Vec::new(),
+            Some(g) => {
+                let taken: Vec<String> = active.values().flat_map(|h| h.gpus.clone()).collect();
+                let picked = gpu::pick(
+                    &self.inner.config.gpus,
+                    &taken,
+                    g.count,
+                    &g.vendor,
+                    g.model.as_deref(),
+                )
+                .ok_or_else(|| {
+                    AdapterError::Busy(format!(
+                        "the local site's GPUs that fit ({} {}{}) are in use by other jobs",
+                        g.count,
+                        g.vendor,
+                        g.model
+                            .as_deref()
+                            .map(|m| format!(" {m}"))
+                            .unwrap_or_default()
+                    ))
+                })?;
+                picked.into_iter().cloned().collect()
+            }
+        };
+        active.entry(job.job_id).or_insert_with(|| Hold {
+            cpus: r.cpus,
+            memory_bytes: r.memory_bytes,
+            gpus: devices.iter().map(|d| d.uuid.clone()).collect(),
+        });
+        Ok(devices)
+    }
+
     /// Claims the job directory: builds it in staging and renames it into place, so a job
     /// directory is never half-made and exactly one of racing submits wins. Returns the
     /// submit lock, held until the job is started; `None` when the job already existed.
-    fn claim(&self, job: &JobRequest, dir: &JobDir) -> Result<Option<fs::File>, AdapterError> {
+    fn claim(
+        &self,
+        job: &JobRequest,
+        dir: &JobDir,
+        devices: &[gpu::Device],
+    ) -> Result<Option<fs::File>, AdapterError> {
         let staging = self
             .inner
             .staging
@@ -247,6 +343,13 @@ impl LocalAdapter {
                 jobdir::REQUEST,
                 &serde_json::to_vec_pretty(job).expect("request serializes"),
             )?;
+            if !devices.is_empty() {
+                jobdir::write_atomic(
+                    &staging,
+                    jobdir::DEVICES,
+                    &serde_json::to_vec_pretty(devices).expect("devices serialize"),
+                )?;
+            }
             let lock = OpenOptions::new()
                 .create(true)
                 .truncate(false)
@@ -323,7 +426,16 @@ impl Inner {
 
     /// Starts a watcher for a job that has not ended; `child` when this instance started it.
     fn watch(self: &Arc<Self>, job_id: Uuid, request: &JobRequest, child: Option<Child>) {
-        let hold = (request.resources.cpus, request.resources.memory_bytes);
+        let hold = Hold {
+            cpus: request.resources.cpus,
+            memory_bytes: request.resources.memory_bytes,
+            gpus: self
+                .dir(job_id)
+                .devices()
+                .into_iter()
+                .map(|d| d.uuid)
+                .collect(),
+        };
         self.active.lock().expect("lock").insert(job_id, hold);
         let inner = self.clone();
         tokio::spawn(async move { inner.watcher(job_id, child).await });
@@ -419,8 +531,13 @@ impl Inner {
 
     /// Starts the claimed job. `Ok(None)` when it was refused or cancelled before it ran;
     /// `Err` when the site failed to start it.
-    async fn start(&self, job: &JobRequest, dir: &JobDir) -> std::io::Result<Option<Child>> {
-        let plan = match launch::plan(job, dir.path(), &self.config.container_runtime) {
+    async fn start(
+        &self,
+        job: &JobRequest,
+        dir: &JobDir,
+        devices: &[gpu::Device],
+    ) -> std::io::Result<Option<Child>> {
+        let plan = match launch::plan(job, dir.path(), &self.config.container_runtime, devices) {
             Ok(plan) => plan,
             Err(why) => {
                 tracing::info!(job = %job.job_id, why, "job refused");
@@ -516,16 +633,28 @@ impl SiteAdapter for LocalAdapter {
             return Ok(id);
         }
         self.validate(job)?;
-        let Some(lock) = self.claim(job, &dir)? else {
-            return Ok(id);
+        let devices = self.reserve(job)?;
+        let release = || {
+            self.inner.active.lock().expect("lock").remove(&job.job_id);
         };
-        match self.inner.start(job, &dir).await {
+        let lock = match self.claim(job, &dir, &devices) {
+            Ok(Some(lock)) => lock,
+            Ok(None) => return Ok(id),
+            Err(e) => {
+                release();
+                return Err(e);
+            }
+        };
+        match self.inner.start(job, &dir, &devices).await {
             Ok(child) => {
                 if child.is_some() {
                     self.inner.watch(job.job_id, job, child);
+                } else {
+                    release();
                 }
             }
             Err(e) => {
+                release();
                 tracing::error!(job = %job.job_id, error = %e, "could not start the job");
                 dir.note_stderr(&format!("could not start: {e}"));
                 if let Err(e) = dir
@@ -630,12 +759,17 @@ impl SiteAdapter for LocalAdapter {
     /// watches asked for. The local site has no queue: `pending` is 0.
     async fn capacity(&self) -> Result<Capacity, AdapterError> {
         let config = &self.inner.config;
-        let (held_cpus, held_memory, running) = {
+        let (held_cpus, held_memory, held_gpus, running) = {
             let active = self.inner.active.lock().expect("lock");
             active
                 .values()
-                .fold((0u32, 0u64, 0usize), |(c, m, n), (cpus, mem)| {
-                    (c.saturating_add(*cpus), m.saturating_add(*mem), n + 1)
+                .fold((0u32, 0u64, 0usize, 0usize), |(c, m, g, n), hold| {
+                    (
+                        c.saturating_add(hold.cpus),
+                        m.saturating_add(hold.memory_bytes),
+                        g + hold.gpus.len(),
+                        n + 1,
+                    )
                 })
         };
         let writable = fs::metadata(&self.inner.jobs)
@@ -647,7 +781,8 @@ impl SiteAdapter for LocalAdapter {
             free_cpus: config.cpus.saturating_sub(held_cpus),
             total_memory_bytes: config.memory_bytes,
             free_memory_bytes: config.memory_bytes.saturating_sub(held_memory),
-            free_gpus: 0,
+            free_gpus: u32::try_from(config.gpus.len().saturating_sub(held_gpus))
+                .unwrap_or(u32::MAX),
             idle_nodes: u32::from(running == 0),
             pending: 0,
             message: (!writable).then(|| {

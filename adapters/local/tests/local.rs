@@ -39,6 +39,8 @@ impl Site {
     fn config(&self) -> LocalConfig {
         let mut config = LocalConfig::new(self.tmp.path().join("site"));
         config.container_runtime = ContainerRuntime::None;
+        // This machine's GPUs, if any, are no part of these tests.
+        config.discover_gpus = false;
         config
     }
 
@@ -342,7 +344,7 @@ async fn requests_the_site_cannot_hold_are_rejected_and_leave_nothing() {
     let adapter = site.open_with(config);
     type Change = fn(&mut JobRequest);
     let cases: Vec<(&str, Change)> = vec![
-        ("the local site has no GPUs", |j| {
+        ("1 any GPU(s) requested; the local site has none", |j| {
             j.resources.gpus = Some(Gpus {
                 count: 1,
                 vendor: "any".into(),
@@ -800,4 +802,79 @@ async fn mounted_volumes_are_directories_shared_by_the_workflow_s_jobs() {
         .join(writer.workflow_id.to_string())
         .join("my-data");
     assert!(dir.join("f").is_file(), "{}", dir.display());
+}
+
+#[tokio::test]
+async fn a_gpu_goes_to_one_job_at_a_time_and_stays_taken_across_a_restart() {
+    let site = Site::new();
+    let mut config = site.config();
+    config.gpus = vec![meridian_adapter_local::gpu::Device {
+        vendor: "nvidia".into(),
+        model: "H100".into(),
+        index: 0,
+        uuid: "GPU-0b6ae4e2-1f0b-2c5e-8d1c-3b3d9f6c1a01".into(),
+        memory_bytes: 80 << 30,
+    }];
+    let gpu_job = |command: &[&str]| {
+        let mut job = site.job(command);
+        job.resources.gpus = Some(Gpus {
+            count: 1,
+            vendor: "nvidia".into(),
+            model: Some("H100".into()),
+        });
+        job
+    };
+    let adapter = site.open_with(config.clone());
+    let marker = site.tmp.path().join("release");
+    let script = site.script(
+        "hold.sh",
+        &format!(
+            "echo \"saw $CUDA_VISIBLE_DEVICES\"\nwhile [ ! -e {} ]; do sleep 0.05; done\n",
+            marker.display()
+        ),
+    );
+    let first = gpu_job(&[script.to_str().unwrap()]);
+    let id = adapter.submit(&first).await.expect("the GPU is free");
+    wait_running(&adapter, &id, &site.options).await;
+    assert_eq!(adapter.capacity().await.unwrap().free_gpus, 0);
+
+    // Taken: the second waits, and says why; nothing of it is made.
+    let second = gpu_job(&["sh", "-c", "echo \"saw $CUDA_VISIBLE_DEVICES\""]);
+    match adapter.submit(&second).await {
+        Err(AdapterError::Busy(why)) => assert!(why.contains("in use"), "{why}"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    assert_eq!(adapter.find(second.job_id).await.unwrap(), None);
+
+    // A new adapter on the same directory (Meridian restarted) knows the GPU is taken.
+    drop(adapter);
+    let adapter = site.open_with(config);
+    assert_eq!(adapter.capacity().await.unwrap().free_gpus, 0);
+    assert!(matches!(
+        adapter.submit(&second).await,
+        Err(AdapterError::Busy(_))
+    ));
+
+    // Once the first ends, the second gets the device, and only it.
+    std::fs::write(&marker, "").unwrap();
+    let report = wait_final(&adapter, &id, &site.options).await;
+    assert!(
+        matches!(report.state, JobState::Succeeded { .. }),
+        "{report:?}"
+    );
+    assert_eq!(
+        stdout(&adapter, &id).await,
+        "saw GPU-0b6ae4e2-1f0b-2c5e-8d1c-3b3d9f6c1a01\n"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while adapter.capacity().await.unwrap().free_gpus != 1 {
+        assert!(Instant::now() < deadline, "the GPU was never freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (second_id, state) = run(&adapter, &site, &second).await;
+    assert!(matches!(state, JobState::Succeeded { .. }), "{state:?}");
+    assert_eq!(
+        stdout(&adapter, &second_id).await,
+        "saw GPU-0b6ae4e2-1f0b-2c5e-8d1c-3b3d9f6c1a01\n"
+    );
 }

@@ -292,7 +292,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
     let (cpus, memory) = (config.cpus, config.memory_bytes);
     let adapter = Arc::new(LocalAdapter::new(config).context("starting the local site")?);
-    ensure_local_site(&*log, "local", cpus, memory, &args.prices).await?;
+    let gpus = adapter.config().gpus.clone();
+    ensure_local_site(&*log, "local", cpus, memory, &gpus, &args.prices).await?;
     if let Some(file) = &args.catalog {
         crate::catalog_cli::apply(&*log, file).await?;
     }
@@ -344,8 +345,16 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     tasks.router(log.clone());
     tasks.accounting(log.clone(), store.clone());
     tasks.site("local", adapter, log, store, Some(call_back));
+    let gpus_text = match gpus.len() {
+        0 => String::new(),
+        n => {
+            let mut models: Vec<&str> = gpus.iter().map(|d| d.model.as_str()).collect();
+            models.dedup();
+            format!(" and {n} GPU(s) ({})", models.join(", "))
+        }
+    };
     eprintln!(
-        "Meridian is up: API on {server}, data in {}, local site with {cpus} CPUs. Ctrl-C stops it.",
+        "Meridian is up: API on {server}, data in {}, local site with {cpus} CPUs{gpus_text}. Ctrl-C stops it.",
         args.data_dir.display()
     );
     match profile_note {
@@ -744,7 +753,8 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
             let (log, store) = (log.log().await?, db.store().await?);
             let (cpus, memory) = (config.cpus, config.memory_bytes);
             let adapter = Arc::new(LocalAdapter::new(config)?);
-            ensure_local_site(&*log, &site, cpus, memory, &prices).await?;
+            let gpus = adapter.config().gpus.clone();
+            ensure_local_site(&*log, &site, cpus, memory, &gpus, &prices).await?;
             let roots = adapter.volume_root().map(|r| (site.clone(), r));
             tasks.datamover(
                 log.clone(),

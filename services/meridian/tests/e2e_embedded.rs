@@ -1625,3 +1625,128 @@ fn a_kill_mid_ingress_resumes_under_the_same_transfer() {
         "the file's bytes, once"
     );
 }
+
+/// A stand-in `nvidia-smi` on `PATH` that reports two H100s, as the real one prints them.
+fn two_gpus(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let tool = bin.join("nvidia-smi");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\n\
+         case \"$*\" in\n\
+         *--query-gpu=index,uuid,name,memory.total*)\n\
+         echo '0, GPU-0b6ae4e2-1f0b-2c5e-8d1c-3b3d9f6c1a01, NVIDIA H100 80GB HBM3, 81559'\n\
+         echo '1, GPU-7d1c9a55-63b2-4f0e-a1e4-2f0c8b9e4d02, NVIDIA H100 80GB HBM3, 81559' ;;\n\
+         *) exit 2 ;;\n\
+         esac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn local_gpus_are_found_given_whole_to_one_job_at_a_time_and_billed_by_the_hour() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = two_gpus(dir.path());
+    let port = free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let proc = Proc::spawn(
+        "up",
+        dir.path(),
+        &[
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &listen,
+            "--local-cpus",
+            "4",
+        ],
+        &[("PATH", &path)],
+    );
+    wait_ready(&server, &[&proc]);
+
+    // The site says what it has: a shape with both H100s.
+    let sites = cli_json(&server, &["site", "list"]);
+    let text = sites.to_string();
+    assert!(text.contains("local-h100"), "{sites:#}\n{}", proc.output());
+
+    let job = |name: &str| {
+        format!(
+            "  {name}:\n    image: host\n    command: [sh, -c, 'echo \"{name} got $CUDA_VISIBLE_DEVICES\"; sleep 3']\n    resources: {{cpus: 1, memory: 64MiB, walltime: 1m, gpus: {{count: 1, vendor: nvidia, model: H100}}}}\n"
+        )
+    };
+    let file = write(
+        dir.path(),
+        "gpus.yaml",
+        &format!(
+            "version: v1\nname: three-on-two\njobs:\n{}{}{}",
+            job("a"),
+            job("b"),
+            job("c")
+        ),
+    );
+    let id = submit(&server, &file);
+    // Nothing waits silently: the third job says it waits for a GPU.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let status = cli_json(&server, &["status", &id]);
+        if status.to_string().contains("GPUs that fit") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no job said it waits for a GPU: {status:#}\n{}",
+            proc.output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let status = wait_state(&server, &id, &["finished", "failed"]);
+    assert_eq!(status["state"], "finished", "{status:#}\n{}", proc.output());
+
+    // Each job saw one device, and two running at once never shared one.
+    let runs = runs(&server, &id);
+    within_cap(&runs, "", 2);
+    let logs = String::from_utf8_lossy(&cli(&server, &["logs", &id]).stdout).to_string();
+    let device = |name: &str| {
+        let line = logs
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} got ")))
+            .unwrap_or_else(|| panic!("{name} printed nothing: {logs}"));
+        line.split_once(" got ").unwrap().1.to_string()
+    };
+    for (i, a) in runs.iter().enumerate() {
+        let da = device(&a.0);
+        assert!(da.starts_with("GPU-") && !da.contains(','), "{da}");
+        for b in &runs[i + 1..] {
+            let overlap = a.1 < b.2 && b.1 < a.2;
+            assert!(
+                !overlap || device(&b.0) != da,
+                "{} and {} shared {da}",
+                a.0,
+                b.0
+            );
+        }
+    }
+
+    // GPU-hours at the local site's default price, beside cores and memory.
+    let bill = bill(&server, &id, 3);
+    let billed = billed_runs(&bill);
+    assert!(
+        billed
+            .values()
+            .flatten()
+            .filter(|l| l["meter"] == "gpu_hours")
+            .count()
+            == 3,
+        "GPU-hours not billed for each run: {bill:#}"
+    );
+}

@@ -1008,6 +1008,16 @@ impl SiteRunner {
                 self.fail_unsubmitted(id, FailureReason::SiteRefused { message })
                     .await
             }
+            // Nothing waits silently: why the site cannot start it yet shows in the
+            // run's status until it can.
+            AdapterError::Busy(message) => {
+                let reason = format!("waiting for the site: {message}");
+                if self.jobs[&id].job.state.waiting() != Some(reason.as_str()) {
+                    self.command(id, JobCommand::RecordWaiting { reason })
+                        .await?;
+                }
+                Ok(())
+            }
             e => {
                 tracing::warn!(job = %id, error = %e, "submit failed; will retry");
                 Ok(())
