@@ -63,11 +63,18 @@ fn mi300xs_from_amd_smi() {
 }
 
 #[test]
+fn newer_amd_smi_puts_the_list_under_gpu_data() {
+    let devices = parse_amd_smi(&read("amd-smi-mi300x-gpu-data.json")).unwrap();
+    assert_eq!(
+        summary(&devices),
+        [(0, "amd", "MI300X", 196592), (1, "amd", "MI300X", 196592)]
+    );
+    assert_eq!(devices[1].uuid, "GPU-8a1d07e4b9c23f56");
+}
+
+#[test]
 fn what_is_not_the_tools_output_is_an_error_not_a_device() {
     assert!(parse_amd_smi("not json").is_err());
-    assert!(parse_nvidia_smi(
-        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
-    )
-    .is_err());
+    assert!(parse_nvidia_smi(&read("nvidia-smi-no-driver.txt")).is_err());
     assert_eq!(parse_nvidia_smi("").unwrap(), Vec::new());
 }

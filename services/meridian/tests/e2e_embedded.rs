@@ -17,6 +17,11 @@ fn up_in(dir: tempfile::TempDir, port: u16) -> Up {
 
 /// `meridian up` with a local site of 2 CPUs, and `extra` arguments.
 fn up_with(dir: tempfile::TempDir, port: u16, extra: &[&str]) -> Up {
+    up_with_env(dir, port, extra, &[])
+}
+
+/// [`up_with`], with `env` set for Meridian.
+fn up_with_env(dir: tempfile::TempDir, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Up {
     let server = format!("http://127.0.0.1:{port}");
     let listen = format!("127.0.0.1:{port}");
     let mut args = vec![
@@ -29,7 +34,7 @@ fn up_with(dir: tempfile::TempDir, port: u16, extra: &[&str]) -> Up {
         "2",
     ];
     args.extend_from_slice(extra);
-    let proc = Proc::spawn("up", dir.path(), &args, &[]);
+    let proc = Proc::spawn("up", dir.path(), &args, env);
     wait_ready(&server, &[&proc]);
     Up { server, dir, proc }
 }
@@ -1655,24 +1660,7 @@ fn two_gpus(dir: &std::path::Path) -> String {
 fn local_gpus_are_found_given_whole_to_one_job_at_a_time_and_billed_by_the_hour() {
     let dir = tempfile::tempdir().unwrap();
     let path = two_gpus(dir.path());
-    let port = free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
-        "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--local-cpus",
-            "4",
-        ],
-        &[("PATH", &path)],
-    );
-    wait_ready(&server, &[&proc]);
+    let Up { server, dir, proc } = up_with_env(dir, free_port(), &[], &[("PATH", &path)]);
 
     // The site says what it has: a shape with both H100s.
     let sites = cli_json(&server, &["site", "list"]);
