@@ -69,6 +69,13 @@ impl Reader {
         self.note(field, NoteKind::Ignored, why);
     }
 
+    /// Notes `key` of `map` (at `field`) as ignored, for `why`, when it is there.
+    fn ignore_key(&mut self, map: &Map<String, Value>, field: &str, key: &str, why: &str) {
+        if map.contains_key(key) {
+            self.ignored(&join(field, key), why);
+        }
+    }
+
     /// The mapping at `field`, or an error naming it.
     fn mapping<'v>(&mut self, value: &'v Value, field: &str) -> Option<&'v Map<String, Value>> {
         match value {
@@ -326,12 +333,12 @@ fn volumes(r: &mut Reader, value: &Value) -> BTreeMap<String, Volume> {
             continue;
         };
         r.unknown(v, &field, &["reference", "name", "ingress", "egress"]);
-        if v.contains_key("name") {
-            r.ignored(
-                &join(&field, "name"),
-                "the volume's key names it, as in Fuzzball",
-            );
-        }
+        r.ignore_key(
+            v,
+            &field,
+            "name",
+            "the volume's key names it, as in Fuzzball",
+        );
         if spec_name(name, false) != *name {
             r.error(
                 &field,
@@ -395,12 +402,12 @@ fn steps(r: &mut Reader, value: Option<&Value>, field: &str, into_volume: bool) 
             continue;
         };
         r.unknown(map, &field, &["source", "destination", "policy"]);
-        if map.contains_key("policy") {
-            r.ignored(
-                &join(&field, "policy"),
-                "the data mover retries a copy itself and has no per-copy timeout",
-            );
-        }
+        r.ignore_key(
+            map,
+            &field,
+            "policy",
+            "the data mover retries a copy itself and has no per-copy timeout",
+        );
         let source = uri(r, map.get("source"), &join(&field, "source"));
         let destination = uri(r, map.get("destination"), &join(&field, "destination"));
         let (Some(source), Some(destination)) = (source, destination) else {
@@ -535,22 +542,22 @@ fn step(
         };
         step.insert(k.clone(), merged);
     }
-    if own.contains_key("name") {
-        r.ignored(
-            &join(field, "name"),
-            "the step's key names it, as in Fuzzball",
-        );
-    }
+    r.ignore_key(
+        own,
+        field,
+        "name",
+        "the step's key names it, as in Fuzzball",
+    );
 
     let image = match step.get("image") {
         Some(Value::Object(image)) => {
             r.unknown(image, &join(field, "image"), &["uri", "secret"]);
-            if image.contains_key("secret") {
-                r.ignored(
-                    &join(field, "image.secret"),
-                    "registry credentials are each site's own: give the site a pull secret",
-                );
-            }
+            r.ignore_key(
+                image,
+                &join(field, "image"),
+                "secret",
+                "registry credentials are each site's own: give the site a pull secret",
+            );
             let uri = r.text(
                 image.get("uri").unwrap_or(&Value::Null),
                 &join(field, "image.uri"),
@@ -632,29 +639,29 @@ fn step(
                     format!("Fuzzball starts the command with its {i} launcher; Meridian runs the command as written on the job's nodes, so start it with mpirun yourself"),
                 );
             }
-            if m.contains_key("procs-per-node") {
-                r.ignored(
-                    &join(&f, "procs-per-node"),
-                    "processes per node are the launcher's, as written in the command",
-                );
-            }
+            r.ignore_key(
+                m,
+                &f,
+                "procs-per-node",
+                "processes per node are the launcher's, as written in the command",
+            );
         }
     }
 
     if is_service {
         let port = service_port(r, &step, field);
-        if step.contains_key("persist") {
-            r.ignored(
-                &join(field, "persist"),
-                "a service runs until its workflow ends",
-            );
-        }
-        if step.contains_key("readiness-probe") {
-            r.ignored(
-                &join(field, "readiness-probe"),
-                "a service is ready when its port answers TCP",
-            );
-        }
+        r.ignore_key(
+            &step,
+            field,
+            "persist",
+            "a service runs until its workflow ends",
+        );
+        r.ignore_key(
+            &step,
+            field,
+            "readiness-probe",
+            "a service is ready when its port answers TCP",
+        );
         return Some(Step::Service(Service {
             requires,
             image: image?,
@@ -734,12 +741,7 @@ fn step(
                 ),
                 None => {}
             }
-            if p.contains_key("retry") {
-                r.ignored(
-                    &join(&f, "retry"),
-                    "Meridian places work again after a site fault; a task that fails by its own exit code is not retried",
-                );
-            }
+            r.ignore_key(p, &f, "retry", "Meridian places work again after a site fault; a task that fails by its own exit code is not retried");
         }
     }
     if step
@@ -899,12 +901,12 @@ fn requires(
         ),
     };
     if let Some(list) = step.get("depends-on") {
-        if step.contains_key("requires") {
-            r.ignored(
-                &join(field, "requires"),
-                "depends-on is given, and Fuzzball reads only that",
-            );
-        }
+        r.ignore_key(
+            step,
+            field,
+            "requires",
+            "depends-on is given, and Fuzzball reads only that",
+        );
         match list.as_array() {
             Some(items) => {
                 for (i, item) in items.iter().enumerate() {
@@ -997,9 +999,7 @@ fn resources(r: &mut Reader, value: Option<&Value>, field: &str) -> Resources {
                 resources.cpus = n;
             }
             for key in ["affinity", "threads", "sockets"] {
-                if cpu.contains_key(key) {
-                    r.ignored(&join(&f, key), "CPU placement within a node is the site's");
-                }
+                r.ignore_key(cpu, &f, key, "CPU placement within a node is the site's");
             }
         }
     }
@@ -1057,18 +1057,18 @@ fn resources(r: &mut Reader, value: Option<&Value>, field: &str) -> Resources {
             }
         }
     }
-    if map.contains_key("exclusive") {
-        r.ignored(
-            &join(field, "exclusive"),
-            "Meridian asks for the CPUs, memory and GPUs the step names",
-        );
-    }
-    if map.contains_key("annotations") {
-        r.ignored(
-            &join(field, "annotations"),
-            "node annotations are a cluster's own; a GPU model goes in the workflow's gpus.model",
-        );
-    }
+    r.ignore_key(
+        map,
+        field,
+        "exclusive",
+        "Meridian asks for the CPUs, memory and GPUs the step names",
+    );
+    r.ignore_key(
+        map,
+        field,
+        "annotations",
+        "node annotations are a cluster's own; a GPU model goes in the workflow's gpus.model",
+    );
     resources
 }
 
@@ -1104,15 +1104,8 @@ fn service_port(r: &mut Reader, step: &Map<String, Value>, field: &str) -> Optio
         r.error(&join(&f, "ports"), "expected at least one {name, port}");
         return None;
     }
-    if network.contains_key("endpoints") {
-        r.ignored(
-            &join(&f, "endpoints"),
-            "Meridian gives each service one address (meridian status shows it); endpoint names, types and scopes are Fuzzball's",
-        );
-    }
-    if network.contains_key("host") {
-        r.ignored(&join(&f, "host"), "a service's network is the site's");
-    }
+    r.ignore_key(network, &f, "endpoints", "Meridian gives each service one address (meridian status shows it); endpoint names, types and scopes are Fuzzball's");
+    r.ignore_key(network, &f, "host", "a service's network is the site's");
     if ports.len() > 1 {
         r.note(
             &join(&f, "ports"),

@@ -14,8 +14,9 @@ use meridian_spec::{
 };
 
 use crate::gpu::gpu_type;
-use crate::shell::{quote, words};
+use crate::shell::words;
 use crate::{file_stem, spec_name, validated, ImportError, ImportErrors, Imported, Note, NoteKind};
+use meridian_adapter_core::batch::shell_quote;
 
 /// What an option takes after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,7 +260,8 @@ fn directive(line: usize, rest: &str) -> Result<Vec<Given>, ImportError> {
     let mut given = Vec::new();
     let mut words = words.into_iter();
     while let Some(word) = words.next() {
-        if let Some(long) = word.strip_prefix("--") {
+        // The option, how it is named in messages, and a value written onto it.
+        let (option, named, attached) = if let Some(long) = word.strip_prefix("--") {
             let (name, inline) = match long.split_once('=') {
                 Some((name, value)) => (name, Some(value.to_string())),
                 None => (long, None),
@@ -268,21 +270,7 @@ fn directive(line: usize, rest: &str) -> Result<Vec<Given>, ImportError> {
                 return Err(error(&word, "expected an option name after --".into()));
             }
             let option = long_option(name).map_err(|e| error(&word, e))?;
-            let (value, written) = match (option.takes, inline) {
-                (Nothing, Some(_)) => {
-                    return Err(error(&word, format!("--{} takes no value", option.long)))
-                }
-                (_, Some(value)) => (Some(value), word.clone()),
-                (_, None) => {
-                    following(option, &word, &mut words).map_err(|message| error(&word, message))?
-                }
-            };
-            given.push(Given {
-                line,
-                written,
-                option,
-                value,
-            });
+            (option, format!("--{}", option.long), inline)
         } else if let Some(short) = word.strip_prefix('-').filter(|s| !s.is_empty()) {
             let letter = short.chars().next().expect("not empty");
             let option = OPTIONS
@@ -290,27 +278,30 @@ fn directive(line: usize, rest: &str) -> Result<Vec<Given>, ImportError> {
                 .find(|o| o.short == Some(letter))
                 .ok_or_else(|| error(&word, format!("-{letter} is not an sbatch option")))?;
             let attached = &short[letter.len_utf8()..];
-            let (value, written) = match (option.takes, attached.is_empty()) {
-                (Nothing, false) => {
-                    return Err(error(&word, format!("-{letter} takes no value")));
-                }
-                (_, false) => (Some(attached.to_string()), word.clone()),
-                (_, true) => {
-                    following(option, &word, &mut words).map_err(|message| error(&word, message))?
-                }
-            };
-            given.push(Given {
-                line,
-                written,
+            (
                 option,
-                value,
-            });
+                format!("-{letter}"),
+                (!attached.is_empty()).then(|| attached.to_string()),
+            )
         } else {
             return Err(error(
                 &word,
                 "expected an option such as --time=1:00:00 after #SBATCH".into(),
             ));
-        }
+        };
+        let (value, written) = match (option.takes, attached) {
+            (Nothing, Some(_)) => return Err(error(&word, format!("{named} takes no value"))),
+            (_, Some(value)) => (Some(value), word.clone()),
+            (_, None) => {
+                following(option, &word, &mut words).map_err(|message| error(&word, message))?
+            }
+        };
+        given.push(Given {
+            line,
+            written,
+            option,
+            value,
+        });
     }
     Ok(given)
 }
@@ -1404,7 +1395,7 @@ pub(crate) fn run_file(interpreter: &[String], body: &str, cleanup: &str) -> Str
     while body.lines().any(|l| l.trim() == delimiter) {
         delimiter.push('_');
     }
-    let interpreter: Vec<String> = interpreter.iter().map(|w| quote(w)).collect();
+    let interpreter: Vec<String> = interpreter.iter().map(|w| shell_quote(w)).collect();
     format!(
         "meridian_script=$(mktemp) || exit 1\n\
          cat > \"$meridian_script\" <<'{delimiter}'\n\

@@ -1,5 +1,5 @@
 //! The little of the POSIX shell's word rules an import needs: splitting a directive
-//! line into words, and quoting a value back into a script.
+//! line into words (quoting a word back is `meridian_adapter_core::batch::shell_quote`).
 
 /// Splits `line` into words as `sh` would without expansions: blanks separate words,
 /// single quotes keep everything, double quotes keep all but `\"` and `\\`, a backslash
@@ -65,22 +65,10 @@ pub(crate) fn words(line: &str) -> Result<Vec<String>, String> {
     Ok(words)
 }
 
-/// `value` as one shell word: bare when it is only safe characters, else in single quotes.
-pub(crate) fn quote(value: &str) -> String {
-    let safe = !value.is_empty()
-        && value
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c));
-    if safe {
-        value.to_string()
-    } else {
-        format!("'{}'", value.replace('\'', r"'\''"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use meridian_adapter_core::batch::shell_quote;
 
     #[test]
     fn words_follow_the_shell() {
@@ -98,7 +86,10 @@ mod tests {
     #[test]
     fn quoting_round_trips_through_words() {
         for value in ["plain", "with space", "it's", "$HOME", ""] {
-            assert_eq!(words(&quote(value)).unwrap_or_default().join(""), value);
+            assert_eq!(
+                words(&shell_quote(value)).unwrap_or_default().join(""),
+                value
+            );
         }
     }
 }

@@ -198,9 +198,7 @@ fn volume_dir_name(volume: &str) -> String {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
-    use std::time::Duration;
 
-    use meridian_adapter_core::Resources;
     use uuid::Uuid;
 
     use super::*;
@@ -209,26 +207,10 @@ mod tests {
         JobRequest {
             job_id: Uuid::nil(),
             workflow_id: Uuid::max(),
-            name: "train".into(),
-            array_index: None,
             image: image.map(String::from),
-            command: vec!["echo".into(), "it's here".into()],
             env: BTreeMap::from([("GREETING".into(), "a b".into())]),
-            cwd: None,
-            resources: Resources {
-                nodes: 1,
-                cpus: 1,
-                memory_bytes: 1 << 30,
-                walltime: Duration::from_secs(60),
-                gpus: None,
-            },
-            service: None,
             mounts: BTreeMap::from([("data".into(), "/data".into())]),
-            volume_sizes: BTreeMap::new(),
-            tenant: None,
-            shape: None,
-            report_to: None,
-            slurm: None,
+            ..JobRequest::new("train", &["echo", "it's here"])
         }
     }
 

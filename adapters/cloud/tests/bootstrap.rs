@@ -13,11 +13,9 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use meridian_adapter_cloud::bootstrap::{script, BootstrapSettings};
-use meridian_adapter_core::{JobRequest, ReportTo, Resources};
-use uuid::Uuid;
+use meridian_adapter_core::{JobRequest, ReportTo};
 
 /// One request the stand-in API received.
 #[derive(Debug, Clone)]
@@ -104,32 +102,17 @@ exec "$@"
 
 fn job() -> JobRequest {
     JobRequest {
-        job_id: Uuid::now_v7(),
-        workflow_id: Uuid::now_v7(),
-        name: "train".into(),
-        array_index: None,
         image: Some("docker://pytorch/pytorch:2.5".into()),
-        command: vec![
-            "sh".into(),
-            "-c".into(),
-            "echo \"it's $GREETING in $MERIDIAN_VOLUME_DATA\"; echo oops >&2; exit 3".into(),
-        ],
         env: BTreeMap::from([("GREETING".into(), "a b".into())]),
-        cwd: None,
-        resources: Resources {
-            nodes: 1,
-            cpus: 1,
-            memory_bytes: 1 << 30,
-            walltime: Duration::from_secs(60),
-            gpus: None,
-        },
-        service: None,
         mounts: BTreeMap::from([("data".into(), "/data".into())]),
-        volume_sizes: BTreeMap::new(),
-        tenant: None,
-        shape: None,
-        report_to: None,
-        slurm: None,
+        ..JobRequest::new(
+            "train",
+            &[
+                "sh",
+                "-c",
+                "echo \"it's $GREETING in $MERIDIAN_VOLUME_DATA\"; echo oops >&2; exit 3",
+            ],
+        )
     }
 }
 

@@ -10,7 +10,6 @@
 //! Every wait polls with a deadline from the options; no check asserts that something
 //! happens *quickly*, only that it happens within a generous bound.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -98,22 +97,9 @@ impl ConformanceOptions {
     /// A test job running `command`, with fresh job and workflow ids.
     pub fn job(&self, name: &str, command: &[&str]) -> JobRequest {
         JobRequest {
-            job_id: Uuid::now_v7(),
-            workflow_id: Uuid::now_v7(),
-            name: name.into(),
-            array_index: None,
             image: self.image.clone(),
-            command: command.iter().map(|s| s.to_string()).collect(),
-            env: BTreeMap::new(),
-            cwd: None,
             resources: self.resources.clone(),
-            service: None,
-            mounts: Default::default(),
-            volume_sizes: Default::default(),
-            tenant: None,
-            shape: None,
-            report_to: None,
-            slurm: None,
+            ..JobRequest::new(name, command)
         }
     }
 

@@ -169,6 +169,35 @@ pub struct ServiceRequest {
 pub const DEFAULT_MAX_RESTARTS: u32 = 3;
 
 impl JobRequest {
+    /// Job `name` running `command` on the host with new ids, one node, one CPU, 1 GiB
+    /// and a minute, and nothing else: what callers then change field by field.
+    pub fn new(name: &str, command: &[&str]) -> JobRequest {
+        JobRequest {
+            job_id: Uuid::now_v7(),
+            workflow_id: Uuid::now_v7(),
+            name: name.into(),
+            array_index: None,
+            image: None,
+            command: command.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::new(),
+            cwd: None,
+            resources: Resources {
+                nodes: 1,
+                cpus: 1,
+                memory_bytes: 1 << 30,
+                walltime: Duration::from_secs(60),
+                gpus: None,
+            },
+            service: None,
+            mounts: BTreeMap::new(),
+            volume_sizes: BTreeMap::new(),
+            tenant: None,
+            shape: None,
+            report_to: None,
+            slurm: None,
+        }
+    }
+
     /// The container image to run in, or `None` to run on the host (`host` or empty).
     pub fn container_image(&self) -> Option<&str> {
         self.image

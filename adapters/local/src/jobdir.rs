@@ -108,11 +108,12 @@ impl JobDir {
     }
 
     /// The GPUs the job was given; none when it asked for none.
-    pub fn devices(&self) -> Vec<crate::gpu::Device> {
-        fs::read(self.file(DEVICES))
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default()
+    pub fn devices(&self) -> io::Result<Vec<crate::gpu::Device>> {
+        match fs::read(self.file(DEVICES)) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(io::Error::other),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
 
     pub fn file(&self, name: &str) -> PathBuf {

@@ -429,12 +429,14 @@ impl Inner {
         let hold = Hold {
             cpus: request.resources.cpus,
             memory_bytes: request.resources.memory_bytes,
-            gpus: self
-                .dir(job_id)
-                .devices()
-                .into_iter()
-                .map(|d| d.uuid)
-                .collect(),
+            gpus: match self.dir(job_id).devices() {
+                Ok(devices) => devices.into_iter().map(|d| d.uuid).collect(),
+                // Its GPUs may then go to another job while it runs: said loudly.
+                Err(e) => {
+                    tracing::error!(job = %job_id, error = %e, "cannot read the GPUs the job holds; they count as free");
+                    Vec::new()
+                }
+            },
         };
         self.active.lock().expect("lock").insert(job_id, hold);
         let inner = self.clone();

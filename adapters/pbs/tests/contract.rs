@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use meridian_adapter_core::{
-    AdapterError, BackendJobId, FailureReason, JobRequest, JobState, Resources, SiteAdapter,
+    AdapterError, BackendJobId, FailureReason, JobRequest, JobState, SiteAdapter,
 };
 use meridian_adapter_pbs::{array_args, depend_arg, PbsAdapter, PbsConfig, PbsId};
 use uuid::Uuid;
@@ -117,30 +117,12 @@ fn t(h: u32, m: u32, s: u32) -> chrono::DateTime<Utc> {
 }
 
 fn request(name: &str) -> JobRequest {
-    JobRequest {
-        job_id: Uuid::now_v7(),
-        workflow_id: Uuid::now_v7(),
-        name: name.into(),
-        array_index: None,
-        image: None,
-        command: vec!["sh".into(), "-c".into(), "echo \"$GREETING\"".into()],
-        env: BTreeMap::from([("GREETING".into(), "hello, world".into())]),
-        cwd: None,
-        resources: Resources {
-            nodes: 1,
-            cpus: 4,
-            memory_bytes: 16 << 30,
-            walltime: Duration::from_secs(3600),
-            gpus: None,
-        },
-        service: None,
-        mounts: Default::default(),
-        volume_sizes: Default::default(),
-        tenant: None,
-        shape: None,
-        report_to: None,
-        slurm: None,
-    }
+    let mut job = JobRequest::new(name, &["sh", "-c", "echo \"$GREETING\""]);
+    job.env = BTreeMap::from([("GREETING".into(), "hello, world".into())]);
+    job.resources.cpus = 4;
+    job.resources.memory_bytes = 16 << 30;
+    job.resources.walltime = Duration::from_secs(3600);
+    job
 }
 
 #[tokio::test]

@@ -179,12 +179,11 @@ impl utoipa::Modify for Authentication {
     }
 }
 
-/// Tagged enums that refuse unknown fields (`#[serde(tag = …, deny_unknown_fields)]`):
-/// utoipa closes structs that do so but not an enum's variants, so a client reading the
-/// document would think extra fields are taken. Each variant is closed here.
+/// Tagged enums (a `oneOf` of inline objects): the API's all refuse unknown fields
+/// (`#[serde(tag = …, deny_unknown_fields)]`), and utoipa closes structs that do so but
+/// not an enum's variants, so each variant is closed here. Schemathesis holds the
+/// document to the server: an enum that took extra fields would fail it.
 struct ClosedVariants;
-
-const CLOSED_TAGGED_ENUMS: [&str; 2] = ["RunReportBody", "TermsDocument"];
 
 impl utoipa::Modify for ClosedVariants {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
@@ -193,10 +192,17 @@ impl utoipa::Modify for ClosedVariants {
         let Some(components) = doc.components.as_mut() else {
             return;
         };
-        for name in CLOSED_TAGGED_ENUMS {
-            let Some(RefOr::T(Schema::OneOf(one_of))) = components.schemas.get_mut(name) else {
-                panic!("{name} is no longer a oneOf: update CLOSED_TAGGED_ENUMS");
+        for schema in components.schemas.values_mut() {
+            let RefOr::T(Schema::OneOf(one_of)) = schema else {
+                continue;
             };
+            let tagged = one_of
+                .items
+                .iter()
+                .all(|v| matches!(v, RefOr::T(Schema::Object(_))));
+            if !tagged {
+                continue;
+            }
             for variant in &mut one_of.items {
                 if let RefOr::T(Schema::Object(object)) = variant {
                     object.additional_properties =

@@ -83,35 +83,44 @@ pub async fn ensure_local_site(
     let catalog = Catalog::load(log)
         .await
         .context("reading the site catalogue")?;
+    let shapes = local_shapes(cpus, memory_bytes, gpus);
     let site_id = match catalog.find(name) {
-        Some(site) => {
-            if site.kind != SiteKind::Local || site.shapes == local_shapes(cpus, memory_bytes, gpus)
-            {
-                return Ok(());
-            }
-            site.id
+        // Shapes a catalogue file gave the site are the operator's: left alone.
+        Some(site)
+            if site.kind != SiteKind::Local
+                || site.shapes == shapes
+                || !site.shapes.iter().all(is_local_shape) =>
+        {
+            return Ok(())
         }
+        Some(site) => site.id,
         None => {
             let id = Uuid::now_v7();
             register_local_site(log, id, name, cpus, memory_bytes, gpus, prices).await?;
+            if shapes.is_empty() {
+                return Ok(());
+            }
             id
         }
     };
-    let shapes = local_shapes(cpus, memory_bytes, gpus);
-    if !shapes.is_empty() {
-        let ctx = EventContext::new_chain("system");
-        execute::<Site, _>(log, site_id, &ctx, |_| SiteCommand::DeclareShapes {
-            shapes: shapes.clone(),
-        })
-        .await
-        .with_context(|| format!("declaring the GPUs of site {name}"))?;
-        tracing::info!(
-            site = name,
-            gpus = gpus.len(),
-            "declared the local site's GPUs"
-        );
-    }
+    // The machine's GPUs changed since the shapes were declared (none left: no shapes).
+    let ctx = EventContext::new_chain("system");
+    execute::<Site, _>(log, site_id, &ctx, |_| SiteCommand::DeclareShapes {
+        shapes: shapes.clone(),
+    })
+    .await
+    .with_context(|| format!("declaring the GPUs of site {name}"))?;
+    tracing::info!(
+        site = name,
+        gpus = gpus.len(),
+        "declared the local site's GPUs"
+    );
     Ok(())
+}
+
+/// Whether `shape` is one [`local_shapes`] makes.
+fn is_local_shape(shape: &Shape) -> bool {
+    shape.offer == "local" && (shape.name == "local" || shape.name.starts_with("local-"))
 }
 
 /// The local site's shapes: none without GPUs; else `local` (no GPU) and `local-<model>`

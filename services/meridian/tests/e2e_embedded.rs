@@ -1737,4 +1737,17 @@ fn local_gpus_are_found_given_whole_to_one_job_at_a_time_and_billed_by_the_hour(
             == 3,
         "GPU-hours not billed for each run: {bill:#}"
     );
+
+    // Started again where the tool finds nothing: the GPUs are no longer offered.
+    let mut proc = proc;
+    proc.kill();
+    // On the same port: the client profile the first start wrote points there.
+    let port = server.rsplit(':').next().unwrap().parse().unwrap();
+    let again = up_with_env(dir, port, &[], &[]);
+    let sites = cli_json(&again.server, &["site", "list"]);
+    assert!(
+        !sites.to_string().contains("local-h100"),
+        "{sites:#}\n{}",
+        again.proc.output()
+    );
 }

@@ -280,16 +280,7 @@ fn line_at_rate(bill: &Value, meter: &str, rate: &str) -> i64 {
 fn a_failing_job_fails_with_its_exit_code_and_a_cancel_deletes_the_job() {
     let up = up();
     let file = write(up.dir.path(), "failing.yaml", &on_k8s(FAILING));
-    let out = cli(
-        &up.server,
-        &[
-            "submit",
-            file.to_str().unwrap(),
-            "--wait",
-            "--output",
-            "json",
-        ],
-    );
+    let out = submit_waiting(&up.server, &file);
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["state"], "failed", "{status:#}");
     let bad = jobs_of(&status)

@@ -112,16 +112,7 @@ jobs:
     resources: {cpus: 1, memory: 100MiB, walltime: 2m}
 "#,
     );
-    let out = cli(
-        &up.server,
-        &[
-            "submit",
-            file.to_str().unwrap(),
-            "--wait",
-            "--output",
-            "json",
-        ],
-    );
+    let out = submit_waiting(&up.server, &file);
     let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
         panic!(
             "{}\n{}",

@@ -1,10 +1,9 @@
 //! The leak sweep: what a site runs that no live job needs is stopped.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meridian_adapter_core::{JobRequest, JobState, Resources, SiteAdapter};
+use meridian_adapter_core::{JobRequest, JobState, SiteAdapter};
 use meridian_adapter_local::{ContainerRuntime, LocalAdapter, LocalConfig};
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::sqlite::SqliteLog;
@@ -16,30 +15,10 @@ mod common;
 use uuid::Uuid;
 
 fn orphan(command: &[&str]) -> JobRequest {
-    JobRequest {
-        job_id: Uuid::now_v7(),
-        workflow_id: Uuid::now_v7(),
-        name: "orphan".into(),
-        array_index: None,
-        image: None,
-        command: command.iter().map(|s| s.to_string()).collect(),
-        env: BTreeMap::new(),
-        cwd: None,
-        resources: Resources {
-            nodes: 1,
-            cpus: 1,
-            memory_bytes: 1 << 20,
-            walltime: Duration::from_secs(600),
-            gpus: None,
-        },
-        service: None,
-        mounts: BTreeMap::new(),
-        volume_sizes: Default::default(),
-        tenant: None,
-        shape: None,
-        report_to: None,
-        slurm: None,
-    }
+    let mut job = JobRequest::new("orphan", command);
+    job.resources.memory_bytes = 1 << 20;
+    job.resources.walltime = Duration::from_secs(600);
+    job
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -208,7 +208,19 @@ pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
 
 /// Submits `file` and waits for the end with the CLI's `--wait`; returns the status.
 pub fn submit_wait(server: &str, file: &Path) -> Value {
-    let out = cli(
+    let out = submit_waiting(server, file);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "submit --wait gave no status: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// `meridian submit FILE --wait --output json`, as it came out.
+pub fn submit_waiting(server: &str, file: &Path) -> Output {
+    cli(
         server,
         &[
             "submit",
@@ -217,14 +229,7 @@ pub fn submit_wait(server: &str, file: &Path) -> Value {
             "--output",
             "json",
         ],
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-        panic!(
-            "submit --wait gave no status: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    )
 }
 
 pub fn submit(server: &str, file: &Path) -> String {
@@ -466,16 +471,7 @@ jobs:
 /// A failing job fails its dependents and the workflow; what ran is still billed.
 pub fn failing_job(server: &str, dir: &Path) {
     let file = write(dir, "failing.yaml", FAILING);
-    let out = cli(
-        server,
-        &[
-            "submit",
-            file.to_str().unwrap(),
-            "--wait",
-            "--output",
-            "json",
-        ],
-    );
+    let out = submit_waiting(server, &file);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -719,16 +715,7 @@ echo \"task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT in $SLURM_JOB_NAME\"
 /// task read its own `SLURM_ARRAY_TASK_ID`. Returns the status.
 pub fn sbatch_array(server: &str, dir: &Path) -> Value {
     let file = write(dir, "sweep.sh", SBATCH_ARRAY);
-    let out = cli(
-        server,
-        &[
-            "submit",
-            file.to_str().unwrap(),
-            "--wait",
-            "--output",
-            "json",
-        ],
-    );
+    let out = submit_waiting(server, &file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("sweep.sh: an sbatch script, imported")
