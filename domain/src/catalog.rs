@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use meridian_eventlog::{EventLog, LogError};
-use meridian_events::vocabulary::site::{Capacity, Dataset, Shape};
+use meridian_events::vocabulary::site::{Capacity, Dataset, Device, Shape};
 use meridian_events::vocabulary::{Endpoint, Location, TransferEvent};
 use meridian_events::JobEvent;
 use meridian_events::{AggregateKind, Envelope, Event, PriceSheet, SiteEvent, SiteKind};
@@ -44,9 +44,16 @@ pub struct SiteEntry {
     /// Set for one decision only: why this site may not be chosen now.
     pub excluded: Option<String>,
     /// Runs that ended, and how many of them the site failed (node failure, preemption,
-    /// lost): the reliability score is (ok + 1) / (runs + 2).
+    /// lost); with the devices its health check cordoned, they make the reliability
+    /// score: (ok + 1) / (runs + device faults + 2).
     pub runs: u64,
     pub faults: u64,
+    /// Devices its health check found at fault (each cordon counted once).
+    pub device_faults: u64,
+    /// The GPUs its adapter last reported (the local site).
+    pub devices: Vec<Device>,
+    /// Devices that get no new work, by id: why, and who said so.
+    pub cordoned: BTreeMap<String, DeviceCordon>,
     /// Declared shapes; a site without any is judged by its labels.
     pub shapes: Vec<Shape>,
     /// Data sets it declared it holds at origin.
@@ -59,6 +66,16 @@ pub struct SiteEntry {
     pub arrays: Option<u32>,
     /// The last refresh of its shapes from the provider, asked for or done.
     pub shapes_refresh: Option<ShapesRefresh>,
+}
+
+/// Why a device of a site gets no new work.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceCordon {
+    pub model: String,
+    pub reason: String,
+    /// `health check`, or the admin who cordoned it.
+    pub by: String,
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A refresh of a site's shapes from its provider (`meridian site refresh`).
@@ -78,7 +95,18 @@ impl SiteEntry {
 
     /// The share of runs it did not fail, smoothed so that a new site starts at 0.5.
     pub fn reliability(&self) -> f64 {
-        (self.runs.saturating_sub(self.faults) + 1) as f64 / (self.runs + 2) as f64
+        (self.runs.saturating_sub(self.faults) + 1) as f64
+            / (self.runs + self.device_faults + 2) as f64
+    }
+
+    /// How many of its `model` GPUs are cordoned.
+    pub fn cordoned_of(&self, model: &str) -> u32 {
+        let n = self
+            .cordoned
+            .values()
+            .filter(|c| c.model.eq_ignore_ascii_case(model))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
     }
 
     /// Whether an adapter serves the site at `at`.
@@ -332,6 +360,9 @@ impl Catalog {
                 excluded: None,
                 runs: 0,
                 faults: 0,
+                device_faults: 0,
+                devices: Vec::new(),
+                cordoned: BTreeMap::new(),
                 shapes: Vec::new(),
                 datasets: Vec::new(),
                 connection: None,
@@ -398,6 +429,29 @@ impl Catalog {
                 });
                 refresh.refreshed_at = Some(*refreshed_at);
                 refresh.outcome = Some(outcome.clone());
+            }
+            SiteEvent::DevicesReported { devices } => site.devices = devices.clone(),
+            SiteEvent::DeviceCordoned {
+                device,
+                model,
+                reason,
+                by,
+                fault,
+                cordoned_at,
+            } => {
+                site.device_faults += u64::from(*fault);
+                site.cordoned.insert(
+                    device.clone(),
+                    DeviceCordon {
+                        model: model.clone(),
+                        reason: reason.clone(),
+                        by: by.clone(),
+                        at: *cordoned_at,
+                    },
+                );
+            }
+            SiteEvent::DeviceUncordoned { device, .. } => {
+                site.cordoned.remove(device);
             }
             SiteEvent::Drained { .. } => site.drained = true,
             SiteEvent::Undrained { .. } => site.drained = false,

@@ -98,6 +98,41 @@ fn workloads(spec: &Workflow) -> Vec<(String, &Resources, u32)> {
     jobs.chain(services).collect()
 }
 
+/// How many of the workflow's GPU jobs would find too few free GPUs of their model at
+/// `site`, by its last capacity report. Only sites that count free GPUs by model (typed
+/// GRES, the local site's devices) say; at others it is 0: a cloud launches what it is
+/// asked for, and a count without models says nothing of the one wanted.
+fn gpu_shortfall(site: &SiteEntry, work: &[(String, &Resources, u32)]) -> usize {
+    let Some(by_model) = site
+        .capacity
+        .as_ref()
+        .map(|c| &c.free_gpus_by_model)
+        .filter(|m| !m.is_empty())
+    else {
+        return 0;
+    };
+    work.iter()
+        .filter(|(_, r, _)| {
+            let Some(g) = &r.gpus else {
+                return false;
+            };
+            let wanted = |model: &str| {
+                g.model.as_ref().is_none_or(|m| {
+                    model
+                        .to_ascii_lowercase()
+                        .starts_with(&m.to_ascii_lowercase())
+                })
+            };
+            let free: u32 = by_model
+                .iter()
+                .filter(|(model, _)| wanted(model))
+                .map(|(_, n)| *n)
+                .sum();
+            free < g.count.saturating_mul(r.nodes)
+        })
+        .count()
+}
+
 /// The allocation a task of `resources` asks for, summed over its nodes.
 pub fn allocation(resources: &Resources) -> Allocation {
     Allocation {
@@ -155,7 +190,9 @@ fn misfit(site: &SiteEntry, job: &str, resources: &Resources) -> Option<String> 
 }
 
 /// Why `shape` cannot run a task of `resources`, if it cannot.
-fn shape_misfit(shape: &Shape, resources: &Resources) -> Option<String> {
+/// `cordoned`: how many of the shape's GPUs its site has cordoned (the local site's
+/// faulty devices), which no job gets.
+fn shape_misfit(shape: &Shape, resources: &Resources, cordoned: u32) -> Option<String> {
     if resources.cpus > shape.cpus {
         return Some(format!(
             "{} has {} CPUs, needs {}",
@@ -224,6 +261,12 @@ fn shape_misfit(shape: &Shape, resources: &Resources) -> Option<String> {
             shape.name, have.count, want.count
         ));
     }
+    if want.count > have.count.saturating_sub(cordoned) {
+        return Some(format!(
+            "{} has {} GPUs, {cordoned} of them cordoned, needs {}",
+            shape.name, have.count, want.count
+        ));
+    }
     if let Some(memory) = want.memory {
         if memory.bytes() > have.memory_bytes {
             return Some(format!(
@@ -250,7 +293,11 @@ fn cheapest_shape(
     let mut best: Option<(ComputeRate, Decimal)> = None;
     let mut misfits = Vec::new();
     for shape in &site.shapes {
-        if let Some(why) = shape_misfit(shape, resources) {
+        let cordoned = shape
+            .gpus
+            .as_ref()
+            .map_or(0, |g| site.cordoned_of(&g.model));
+        if let Some(why) = shape_misfit(shape, resources, cordoned) {
             misfits.push(why);
             continue;
         }
@@ -651,21 +698,25 @@ fn decide_among(
 
     // Sites priced in different currencies are not compared by amount alone (there are
     // no exchange rates yet): currency orders first. `prefer: cheapest` then takes the
-    // lowest estimate, ties going to the more reliable site, then the shorter queue;
-    // `prefer: fastest` takes the shortest queue, then reliability, then the estimate.
-    // The site's name breaks what is left, so decisions repeat.
+    // lowest estimate, ties going to the more reliable site, then the one with the free
+    // GPUs of the models wanted, then the shorter queue; `prefer: fastest` takes the site
+    // with those GPUs free, then the shortest queue, then reliability, then the
+    // estimate. The site's name breaks what is left, so decisions repeat.
     let queue = |s: &SiteEntry| s.capacity.as_ref().map_or(0, |c| c.pending_jobs);
     let unreliability = |s: &SiteEntry| ((1.0 - s.reliability()) * 1e6) as u64;
+    let short = |s: &SiteEntry| gpu_shortfall(s, &work);
     priced.sort_by(|a, b| {
         let currency = a.0.currency.to_string().cmp(&b.0.currency.to_string());
         let by_cost = a.0.amount.cmp(&b.0.amount);
-        let by_speed = queue(a.1)
-            .cmp(&queue(b.1))
+        let by_speed = short(a.1)
+            .cmp(&short(b.1))
+            .then(queue(a.1).cmp(&queue(b.1)))
             .then(unreliability(a.1).cmp(&unreliability(b.1)));
         let order = match spec.placement.prefer {
             meridian_spec::Preference::Cheapest => by_cost.then(
                 unreliability(a.1)
                     .cmp(&unreliability(b.1))
+                    .then(short(a.1).cmp(&short(b.1)))
                     .then(queue(a.1).cmp(&queue(b.1))),
             ),
             meridian_spec::Preference::Fastest => by_speed.then(by_cost),

@@ -443,3 +443,116 @@ fn a_walltime_over_every_shapes_limit_is_a_reason() {
         "{rejections:?}"
     );
 }
+
+/// Folds `events` into the site `name` of `catalog`, after the three `shaped` gave it.
+fn observe_site(catalog: &mut Catalog, name: &str, events: Vec<SiteEvent>) {
+    let id = AggregateRef::new(AggregateKind::Site, catalog.sites[name].id);
+    let at = Utc.with_ymd_and_hms(2026, 1, 2, 0, 0, 0).unwrap();
+    let events = events.into_iter().map(Event::Site).collect();
+    for e in Envelope::sequence_after(id, 3, &EventContext::new_chain("t"), at, events) {
+        catalog.observe(&e);
+    }
+}
+
+#[test]
+fn between_equal_sites_the_one_with_the_wanted_gpus_free_wins() {
+    use meridian_events::vocabulary::site::Capacity;
+    let mut catalog = shaped(&[
+        (
+            "a",
+            &[
+                ("small", 0, "", 24, "1.00"),
+                ("h100x8", 8, "H100", 24, "98.32"),
+            ],
+        ),
+        (
+            "b",
+            &[
+                ("small", 0, "", 24, "1.00"),
+                ("h100x8", 8, "H100", 24, "98.32"),
+            ],
+        ),
+    ]);
+    let report = |h100: u32| SiteEvent::HealthReported {
+        healthy: true,
+        capacity: Capacity {
+            free_gpus: 8,
+            free_gpus_by_model: BTreeMap::from([("H100".to_string(), h100)]),
+            ..Capacity::default()
+        },
+        message: None,
+        observed_at: Utc.with_ymd_and_hms(2026, 1, 2, 0, 0, 0).unwrap(),
+    };
+    // Without reports the name breaks the tie.
+    let Decision::Placed(p) = decide(&train("nvidia"), &catalog, now()) else {
+        panic!()
+    };
+    assert_eq!(p.site, "a");
+    observe_site(&mut catalog, "a", vec![report(2)]);
+    observe_site(&mut catalog, "b", vec![report(8)]);
+    let Decision::Placed(p) = decide(&train("nvidia"), &catalog, now()) else {
+        panic!()
+    };
+    assert_eq!(p.site, "b", "b has the 8 H100s free, a only 2");
+}
+
+#[test]
+fn a_cordoned_device_takes_its_gpus_out_of_the_shape_and_lowers_reliability() {
+    use meridian_events::vocabulary::site::Device;
+    use meridian_events::vocabulary::AcceleratorVendor;
+    let mut catalog = shaped(&[(
+        "box",
+        &[
+            ("small", 0, "", 24, "1.00"),
+            ("h100x8", 8, "H100", 24, "98.32"),
+        ],
+    )]);
+    let before = catalog.sites["box"].reliability();
+    let devices = (0..8)
+        .map(|i| Device {
+            id: format!("GPU-{i}"),
+            vendor: AcceleratorVendor::Nvidia,
+            model: "H100".into(),
+            memory_bytes: 80 << 30,
+        })
+        .collect();
+    observe_site(
+        &mut catalog,
+        "box",
+        vec![
+            SiteEvent::DevicesReported { devices },
+            SiteEvent::DeviceCordoned {
+                device: "GPU-3".into(),
+                model: "H100".into(),
+                reason: "2 uncorrectable ECC errors".into(),
+                by: "health check".into(),
+                fault: true,
+                cordoned_at: now(),
+            },
+        ],
+    );
+    assert!(catalog.sites["box"].reliability() < before);
+    let Decision::Rejected { rejections } = decide(&train("nvidia"), &catalog, now()) else {
+        panic!("8 GPUs cannot run where one of 8 is cordoned");
+    };
+    assert!(
+        rejections[0]
+            .reason
+            .contains("h100x8 has 8 GPUs, 1 of them cordoned, needs 8"),
+        "{rejections:?}"
+    );
+    // Given back: the job fits again.
+    observe_site(
+        &mut catalog,
+        "box",
+        vec![SiteEvent::DeviceUncordoned {
+            device: "GPU-3".into(),
+            by: "admin".into(),
+            uncordoned_at: now(),
+        }],
+    );
+    assert!(matches!(
+        decide(&train("nvidia"), &catalog, now()),
+        Decision::Placed(_)
+    ));
+}

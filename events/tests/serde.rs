@@ -25,7 +25,7 @@ use meridian_events::{
 use serde_json::json;
 
 /// The tag of every variant. Adding a variant means adding it here; renaming one fails.
-const TAGS: [&str; 50] = [
+const TAGS: [&str; 53] = [
     "workflow.submitted.v1",
     "workflow.placement_decided.v1",
     "workflow.placement_rejected.v1",
@@ -60,6 +60,9 @@ const TAGS: [&str; 50] = [
     "site.health_reported.v1",
     "site.shapes_declared.v1",
     "site.datasets_declared.v1",
+    "site.devices_reported.v1",
+    "site.device_cordoned.v1",
+    "site.device_uncordoned.v1",
     "site.drained.v1",
     "site.undrained.v1",
     "site.heartbeat.v1",
@@ -383,7 +386,8 @@ fn every_event() -> Vec<Event> {
             capacity: Capacity {
                 idle_nodes: 0,
                 free_cpus: 0,
-                free_gpus: 0,
+                free_gpus: 6,
+                free_gpus_by_model: BTreeMap::from([("A100".to_string(), 4)]),
                 pending_jobs: 900,
             },
             message: Some("slurmctld not responding".into()),
@@ -414,6 +418,30 @@ fn every_event() -> Vec<Event> {
                 digest: "sha256:9f86d081884c7d65".into(),
                 bytes: 4_200_000_000,
             }],
+        }
+        .into(),
+        SiteEvent::DevicesReported {
+            devices: vec![meridian_events::vocabulary::site::Device {
+                id: "GPU-5b1c".into(),
+                vendor: meridian_events::vocabulary::AcceleratorVendor::Nvidia,
+                model: "H100".into(),
+                memory_bytes: 80 << 30,
+            }],
+        }
+        .into(),
+        SiteEvent::DeviceCordoned {
+            device: "GPU-5b1c".into(),
+            model: "H100".into(),
+            reason: "2 uncorrectable ECC errors".into(),
+            by: "health check".into(),
+            fault: true,
+            cordoned_at: at(4, 1),
+        }
+        .into(),
+        SiteEvent::DeviceUncordoned {
+            device: "GPU-5b1c".into(),
+            by: "admin".into(),
+            uncordoned_at: at(4, 2),
         }
         .into(),
         SiteEvent::Drained {

@@ -149,6 +149,7 @@ fn health_drain_undrain() {
         idle_nodes: 3,
         free_cpus: 288,
         free_gpus: 24,
+        free_gpus_by_model: BTreeMap::from([("H100".to_string(), 16)]),
         pending_jobs: 17,
     };
     let site = given::<Site>([registered()])
@@ -210,6 +211,96 @@ fn health_drain_undrain() {
             at(3, 0),
         )
         .then_err(|e| *e == SiteError::NotRegistered);
+}
+
+#[test]
+fn devices_are_reported_when_they_change_and_cordoned_one_by_one() {
+    use meridian_events::vocabulary::site::Device;
+    use meridian_events::vocabulary::AcceleratorVendor;
+    let device = |id: &str| Device {
+        id: id.into(),
+        vendor: AcceleratorVendor::Nvidia,
+        model: "H100".into(),
+        memory_bytes: 80 << 30,
+    };
+    let reported = SiteEvent::DevicesReported {
+        devices: vec![device("GPU-a"), device("GPU-b")],
+    };
+    given::<Site>([registered()])
+        .when(
+            SiteCommand::ReportDevices {
+                devices: vec![device("GPU-a"), device("GPU-b")],
+            },
+            at(1, 0),
+        )
+        .then(vec![reported.clone()]);
+    // The same devices again: nothing to record.
+    given::<Site>([registered(), reported.clone()])
+        .when(
+            SiteCommand::ReportDevices {
+                devices: vec![device("GPU-a"), device("GPU-b")],
+            },
+            at(1, 1),
+        )
+        .then(vec![]);
+    let cordon = |device: &str, reason: &str| SiteCommand::CordonDevice {
+        device: device.into(),
+        reason: reason.into(),
+        by: "health check".into(),
+        fault: true,
+    };
+    let cordoned = SiteEvent::DeviceCordoned {
+        device: "GPU-b".into(),
+        model: "H100".into(),
+        reason: "3 uncorrectable ECC errors".into(),
+        by: "health check".into(),
+        fault: true,
+        cordoned_at: at(2, 0),
+    };
+    let site = given::<Site>([registered(), reported.clone()])
+        .when(cordon("GPU-b", "3 uncorrectable ECC errors"), at(2, 0))
+        .then(vec![cordoned.clone()]);
+    assert_eq!(
+        site.cordoned()["GPU-b"].reason,
+        "3 uncorrectable ECC errors"
+    );
+    // A device the site never reported, a second cordon, no reason: refused.
+    given::<Site>([registered(), reported.clone()])
+        .when(cordon("GPU-z", "x"), at(2, 0))
+        .then_err(|e| {
+            matches!(e, SiteError::UnknownDevice { device, known }
+                if device == "GPU-z" && known == "GPU-a, GPU-b")
+        });
+    given::<Site>([registered(), reported.clone(), cordoned.clone()])
+        .when(cordon("GPU-b", "again"), at(2, 1))
+        .then_err(|e| matches!(e, SiteError::AlreadyCordoned { .. }));
+    given::<Site>([registered(), reported.clone()])
+        .when(cordon("GPU-a", " "), at(2, 1))
+        .then_err(|e| *e == SiteError::NoReason);
+    // An admin gives it back; only a cordoned device can be.
+    let site = given::<Site>([registered(), reported.clone(), cordoned])
+        .when(
+            SiteCommand::UncordonDevice {
+                device: "GPU-b".into(),
+                by: "admin".into(),
+            },
+            at(3, 0),
+        )
+        .then(vec![SiteEvent::DeviceUncordoned {
+            device: "GPU-b".into(),
+            by: "admin".into(),
+            uncordoned_at: at(3, 0),
+        }]);
+    assert!(site.cordoned().is_empty());
+    given::<Site>([registered(), reported])
+        .when(
+            SiteCommand::UncordonDevice {
+                device: "GPU-a".into(),
+                by: "admin".into(),
+            },
+            at(3, 0),
+        )
+        .then_err(|e| matches!(e, SiteError::NotCordoned { .. }));
 }
 
 #[test]

@@ -20,6 +20,7 @@ pub use meridian_events::FailureReason;
 
 pub mod batch;
 pub mod conformance;
+pub mod gpu;
 pub mod registry;
 pub mod submit_lock;
 
@@ -390,6 +391,11 @@ pub struct Capacity {
     pub total_memory_bytes: u64,
     pub free_memory_bytes: u64,
     pub free_gpus: u32,
+    /// Free GPUs by the catalogue's model name (`H100`), where the site tells models
+    /// apart (typed GRES at Slurm, a `gpu_model` resource at PBS, the local site's
+    /// devices); GPUs of no known model count only in `free_gpus`.
+    #[serde(default)]
+    pub free_gpus_by_model: BTreeMap<String, u32>,
     pub idle_nodes: u32,
     /// Jobs waiting at the site.
     pub pending: u32,
@@ -521,6 +527,20 @@ pub trait SiteAdapter: Send + Sync {
     /// starts (the adapter's configuration says).
     fn refresh_shapes_at_start(&self) -> bool {
         false
+    }
+
+    /// The GPUs of the site's machine, each with its health, read now (the local site);
+    /// the runner cordons those at fault. Sites that do not watch devices one by one
+    /// answer none (the default).
+    async fn devices(&self) -> Result<Vec<gpu::DeviceStatus>, AdapterError> {
+        Ok(Vec::new())
+    }
+
+    /// The devices (by [`gpu::DeviceStatus::id`]) that get no new work, as the log's
+    /// cordons say; the runner tells the adapter after each look. The default ignores
+    /// them (the site has no devices of its own to hand out).
+    fn cordon(&self, devices: &std::collections::BTreeSet<String>) {
+        let _ = devices;
     }
 
     /// The Meridian jobs this site still runs (or queues), by the job id each is tagged

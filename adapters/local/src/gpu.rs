@@ -2,10 +2,13 @@
 //! named as the catalogue names models, and handed out whole to one job at a time.
 //!
 //! No tool on `PATH`, or a tool that finds no device (no driver), means no GPUs: that is
-//! said once in the log and is not an error.
+//! said once in the log and is not an error. The same tools read each device's health
+//! signals; the site runner cordons a device at fault.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
+use meridian_adapter_core::gpu::catalogue_model;
 use serde::{Deserialize, Serialize};
 
 /// One device of this machine.
@@ -21,29 +24,6 @@ pub struct Device {
     /// Its UUID (`GPU-…` for NVIDIA), how a job is given it.
     pub uuid: String,
     pub memory_bytes: u64,
-}
-
-/// Models as the catalogue names them, matched against a product name word by word,
-/// longest first where one begins another (`H100` before `H10`, `L40S` before `L40`).
-const MODELS: [&str; 24] = [
-    "GH200", "H200", "H100", "B200", "B100", "A100", "A6000", "A40", "A30", "A10G", "A10", "L40S",
-    "L40", "L4", "V100", "T4", "MI325X", "MI300X", "MI300A", "MI250X", "MI250", "MI210", "MI100",
-    "MI50",
-];
-
-/// The catalogue's model in a product name (`NVIDIA H100 80GB HBM3` → `H100`,
-/// `AMD Instinct MI300X` → `MI300X`, `Tesla V100-SXM2-32GB` → `V100`, `A100-SXM4-80GB` →
-/// `A100`); the product name itself when none is in it.
-pub fn model_of(product: &str) -> String {
-    let words: Vec<String> = product
-        .split([' ', '-', '_'])
-        .filter(|w| !w.is_empty())
-        .map(|w| w.to_ascii_uppercase())
-        .collect();
-    MODELS
-        .iter()
-        .find(|m| words.iter().any(|w| w == *m))
-        .map_or_else(|| product.trim().to_string(), |m| m.to_string())
 }
 
 /// The arguments of the `nvidia-smi` query [`parse_nvidia_smi`] reads.
@@ -80,7 +60,7 @@ pub fn parse_nvidia_smi(text: &str) -> Result<Vec<Device>, String> {
         }
         devices.push(Device {
             vendor: "nvidia".into(),
-            model: model_of(name),
+            model: catalogue_model(name),
             index,
             uuid: uuid.to_string(),
             memory_bytes: mib.saturating_mul(1 << 20),
@@ -154,7 +134,7 @@ pub fn parse_amd_smi(text: &str) -> Result<Vec<Device>, String> {
                 .ok_or_else(|| format!("gpu {}: no asic_serial to tell it apart", g.gpu))?;
             Ok(Device {
                 vendor: "amd".into(),
-                model: model_of(&g.asic.market_name),
+                model: catalogue_model(&g.asic.market_name),
                 index: g.gpu,
                 uuid: format!(
                     "GPU-{}",
@@ -164,6 +144,60 @@ pub fn parse_amd_smi(text: &str) -> Result<Vec<Device>, String> {
             })
         })
         .collect()
+}
+
+/// The arguments of the `rocm-smi` query [`parse_rocm_smi`] reads (older ROCm, where
+/// `amd-smi` is not installed).
+pub const ROCM_SMI_QUERY: [&str; 5] = [
+    "--showproductname",
+    "--showuniqueid",
+    "--showmeminfo",
+    "vram",
+    "--json",
+];
+
+/// Devices from `rocm-smi --showproductname --showuniqueid --showmeminfo vram --json`:
+/// `{"card0": {"Card Series": "AMD Instinct MI250X", "Unique ID": "0x…", "VRAM Total
+/// Memory (B)": "68702699520", …}, …}`. Key case differs between ROCm releases (`Card
+/// series`), so keys are matched ignoring it. The unique ID, prefixed `GPU-`, is the
+/// device's UUID, as with `amd-smi`.
+pub fn parse_rocm_smi(text: &str) -> Result<Vec<Device>, String> {
+    let cards: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| format!("not rocm-smi's JSON: {e}"))?;
+    let mut devices = Vec::new();
+    for (card, fields) in cards.iter().filter(|(k, _)| k.starts_with("card")) {
+        let index: u32 = card["card".len()..]
+            .parse()
+            .map_err(|_| format!("{card}: not a card number"))?;
+        let field = |name: &str| {
+            fields.as_object().and_then(|o| {
+                o.iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                    .and_then(|(_, v)| v.as_str().map(str::trim))
+                    .filter(|v| !v.is_empty() && *v != "N/A")
+            })
+        };
+        let product = field("Card Series")
+            .or_else(|| field("Card Model"))
+            .ok_or_else(|| format!("{card}: no Card Series to name it"))?;
+        let unique =
+            field("Unique ID").ok_or_else(|| format!("{card}: no Unique ID to tell it apart"))?;
+        let memory = field("VRAM Total Memory (B)")
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| format!("{card}: no VRAM Total Memory (B)"))?;
+        devices.push(Device {
+            vendor: "amd".into(),
+            model: catalogue_model(product),
+            index,
+            uuid: format!(
+                "GPU-{}",
+                unique.trim_start_matches("0x").to_ascii_lowercase()
+            ),
+            memory_bytes: memory,
+        });
+    }
+    devices.sort_by_key(|d| d.index);
+    Ok(devices)
 }
 
 /// What discovery found, and what to say of it.
@@ -184,7 +218,12 @@ pub fn discover() -> Discovery {
             parse_nvidia_smi as fn(&str) -> Result<Vec<Device>, String>,
         ),
         ("amd-smi", &AMD_SMI_QUERY[..], parse_amd_smi),
+        ("rocm-smi", &ROCM_SMI_QUERY[..], parse_rocm_smi),
     ] {
+        // rocm-smi only where amd-smi, its successor, is missing: the same devices.
+        if tool == "rocm-smi" && !found.notes.iter().any(|n| n == "amd-smi is not on PATH") {
+            continue;
+        }
         match Command::new(tool).args(args).output() {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 found.notes.push(format!("{tool} is not on PATH"));
@@ -201,6 +240,131 @@ pub fn discover() -> Discovery {
         }
     }
     found
+}
+
+/// The arguments of the `nvidia-smi` health query [`parse_nvidia_health`] reads: fields
+/// every driver since R418 answers (`[N/A]` where a device has no such signal).
+pub const NVIDIA_SMI_HEALTH: [&str; 2] = [
+    "--query-gpu=uuid,ecc.errors.uncorrected.volatile.total,retired_pages.pending,clocks_throttle_reasons.hw_thermal_slowdown",
+    "--format=csv,noheader,nounits",
+];
+
+/// Faults by device UUID from [`NVIDIA_SMI_HEALTH`]'s output: uncorrectable ECC errors
+/// since the driver loaded, memory pages waiting to be retired (the device needs a
+/// reset), and hardware thermal slowdown (over its slowdown temperature). A device whose
+/// signals are fine, or that has none (`[N/A]`, `[Not Supported]`), is not in it.
+pub fn parse_nvidia_health(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut faults = BTreeMap::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let [uuid, ecc, pending, thermal] = fields.as_slice() else {
+            return Err(format!(
+                "line {}: expected uuid, ECC errors, pending retirement, thermal slowdown; got {line:?}",
+                n + 1
+            ));
+        };
+        let mut wrong = Vec::new();
+        if let Ok(errors) = ecc.parse::<u64>() {
+            if errors > 0 {
+                wrong.push(format!("{errors} uncorrectable ECC error(s)"));
+            }
+        }
+        if pending.eq_ignore_ascii_case("yes") {
+            wrong.push("memory pages waiting to be retired (a reset is due)".to_string());
+        }
+        if thermal.eq_ignore_ascii_case("active") {
+            wrong.push("hardware thermal slowdown (over its slowdown temperature)".to_string());
+        }
+        if !wrong.is_empty() {
+            faults.insert(uuid.to_string(), wrong.join("; "));
+        }
+    }
+    Ok(faults)
+}
+
+/// The arguments of the `amd-smi` health query [`parse_amd_health`] reads.
+pub const AMD_SMI_HEALTH: [&str; 3] = ["metric", "--ecc", "--json"];
+
+/// Faults by device UUID from `amd-smi metric --ecc --json` (the list, or under
+/// `gpu_data`): uncorrectable ECC errors, for the `devices` its `gpu` indexes name.
+pub fn parse_amd_health(
+    text: &str,
+    devices: &[Device],
+) -> Result<BTreeMap<String, String>, String> {
+    #[derive(Deserialize)]
+    struct Gpu {
+        gpu: u32,
+        #[serde(default)]
+        ecc: Option<serde_json::Value>,
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Output {
+        List(Vec<Gpu>),
+        Wrapped { gpu_data: Vec<Gpu> },
+    }
+    let gpus = match serde_json::from_str(text).map_err(|e| format!("not amd-smi's JSON: {e}"))? {
+        Output::List(gpus) | Output::Wrapped { gpu_data: gpus } => gpus,
+    };
+    let mut faults = BTreeMap::new();
+    for g in gpus {
+        let errors = g
+            .ecc
+            .as_ref()
+            .map(|e| &e["total_uncorrectable_count"])
+            .and_then(|v| {
+                v.as_u64()
+                    .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            })
+            .unwrap_or(0);
+        let device = devices
+            .iter()
+            .find(|d| d.vendor == "amd" && d.index == g.gpu);
+        if let (true, Some(d)) = (errors > 0, device) {
+            faults.insert(
+                d.uuid.clone(),
+                format!("{errors} uncorrectable ECC error(s)"),
+            );
+        }
+    }
+    Ok(faults)
+}
+
+/// Reads the health signals of `devices` with their vendors' tools: faults by UUID, and
+/// what could not be read (for the log).
+pub fn health(devices: &[Device]) -> (BTreeMap<String, String>, Vec<String>) {
+    let mut faults = BTreeMap::new();
+    let mut notes = Vec::new();
+    let has = |vendor: &str| devices.iter().any(|d| d.vendor == vendor);
+    let run = |tool: &str, args: &[&str]| match Command::new(tool).args(args).output() {
+        Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).to_string()),
+        Ok(out) => Err(format!(
+            "{tool} could not read health: {}",
+            String::from_utf8_lossy(&out.stdout).trim()
+        )),
+        Err(e) => Err(format!("{tool} could not run: {e}")),
+    };
+    if has("nvidia") {
+        match run("nvidia-smi", &NVIDIA_SMI_HEALTH)
+            .and_then(|text| parse_nvidia_health(&text).map_err(|e| format!("nvidia-smi: {e}")))
+        {
+            Ok(found) => faults.extend(found),
+            Err(e) => notes.push(e),
+        }
+    }
+    if has("amd") {
+        match run("amd-smi", &AMD_SMI_HEALTH)
+            .and_then(|text| parse_amd_health(&text, devices).map_err(|e| format!("amd-smi: {e}")))
+        {
+            Ok(found) => faults.extend(found),
+            Err(e) => notes.push(e),
+        }
+    }
+    (faults, notes)
 }
 
 /// The environment that gives a job exactly `devices` (all of one vendor).
@@ -257,30 +421,6 @@ pub fn pick<'d>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn product_names_become_catalogue_models() {
-        for (product, model) in [
-            ("NVIDIA H100 80GB HBM3", "H100"),
-            ("NVIDIA H100 PCIe", "H100"),
-            ("NVIDIA H200", "H200"),
-            ("NVIDIA A100-SXM4-80GB", "A100"),
-            ("NVIDIA A100 80GB PCIe", "A100"),
-            ("NVIDIA L40S", "L40S"),
-            ("NVIDIA L4", "L4"),
-            ("Tesla V100-SXM2-32GB", "V100"),
-            ("Tesla T4", "T4"),
-            ("AMD Instinct MI300X", "MI300X"),
-            ("AMD Instinct MI250X", "MI250X"),
-            ("AMD Instinct MI210", "MI210"),
-            (
-                "NVIDIA RTX 6000 Ada Generation",
-                "NVIDIA RTX 6000 Ada Generation",
-            ),
-        ] {
-            assert_eq!(model_of(product), model, "{product}");
-        }
-    }
 
     #[test]
     fn a_bad_line_says_which() {

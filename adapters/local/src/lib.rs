@@ -13,15 +13,16 @@ mod launch;
 mod process;
 
 use meridian_adapter_core::seconds;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use chrono::{SecondsFormat, Utc};
+use meridian_adapter_core::gpu::DeviceStatus;
 use meridian_adapter_core::{
     AdapterError, BackendJobId, Capacity, JobReport, JobRequest, JobState, Logs, SiteAdapter,
 };
@@ -140,6 +141,16 @@ struct Inner {
     staging: PathBuf,
     /// Jobs not yet ended that this instance watches (or is starting), with what they hold.
     active: Mutex<HashMap<Uuid, Hold>>,
+    /// The GPUs found so far: those at start, and any a later look found. A device no
+    /// longer found stays, reported at fault, so it is cordoned rather than forgotten.
+    gpus: RwLock<Vec<gpu::Device>>,
+    /// Devices (UUIDs) that get no new work: the log's cordons, as the runner says.
+    cordoned: RwLock<BTreeSet<String>>,
+    /// Whether the GPUs were found by the tools (looked for again at each health check),
+    /// not listed in the config.
+    rediscover: bool,
+    /// What the health check could not read, said once each.
+    health_notes: Mutex<BTreeSet<String>>,
     shutdown: watch::Receiver<()>,
 }
 
@@ -161,7 +172,8 @@ impl LocalAdapter {
         fs::create_dir_all(&jobs)?;
         fs::create_dir_all(&staging)?;
         clear_debris(&staging);
-        if config.discover_gpus && config.gpus.is_empty() {
+        let rediscover = config.discover_gpus && config.gpus.is_empty();
+        if rediscover {
             let found = gpu::discover();
             for note in &found.notes {
                 tracing::info!(note, "GPU discovery");
@@ -179,6 +191,10 @@ impl LocalAdapter {
         }
         let (tx, rx) = watch::channel(());
         let inner = Arc::new(Inner {
+            gpus: RwLock::new(config.gpus.clone()),
+            cordoned: RwLock::new(BTreeSet::new()),
+            rediscover,
+            health_notes: Mutex::new(BTreeSet::new()),
             config,
             jobs,
             staging,
@@ -226,20 +242,40 @@ impl LocalAdapter {
         let r = &job.resources;
         let reject = |why: String| Err(AdapterError::Rejected(why));
         if let Some(g) = r.gpus.as_ref().filter(|g| g.count > 0) {
-            let devices = &config.gpus;
-            if gpu::pick(devices, &[], g.count, &g.vendor, g.model.as_deref()).is_none() {
+            let devices = self.inner.gpus.read().expect("lock").clone();
+            let cordoned: Vec<String> = self
+                .inner
+                .cordoned
+                .read()
+                .expect("lock")
+                .iter()
+                .cloned()
+                .collect();
+            let wanted = format!(
+                "{} {} GPU(s){}",
+                g.count,
+                g.vendor,
+                g.model
+                    .as_deref()
+                    .map(|m| format!(" of model {m}"))
+                    .unwrap_or_default()
+            );
+            let fits = gpu::pick(&devices, &[], g.count, &g.vendor, g.model.as_deref()).is_some();
+            if fits
+                && gpu::pick(&devices, &cordoned, g.count, &g.vendor, g.model.as_deref()).is_none()
+            {
+                return reject(format!(
+                    "{wanted} requested; the local site's that fit are cordoned ({})",
+                    cordoned.join(", ")
+                ));
+            }
+            if !fits {
                 let have: Vec<String> = devices
                     .iter()
                     .map(|d| format!("{} {}", d.vendor, d.model))
                     .collect();
                 return reject(format!(
-                    "{} {} GPU(s){} requested; the local site has {}",
-                    g.count,
-                    g.vendor,
-                    g.model
-                        .as_deref()
-                        .map(|m| format!(" of model {m}"))
-                        .unwrap_or_default(),
+                    "{wanted} requested; the local site has {}",
                     if have.is_empty() {
                         "none".to_string()
                     } else {
@@ -292,25 +328,22 @@ impl LocalAdapter {
         let devices = match r.gpus.as_ref().filter(|g| g.count > 0) {
             None => Vec::new(),
             Some(g) => {
-                let taken: Vec<String> = active.values().flat_map(|h| h.gpus.clone()).collect();
-                let picked = gpu::pick(
-                    &self.inner.config.gpus,
-                    &taken,
-                    g.count,
-                    &g.vendor,
-                    g.model.as_deref(),
-                )
-                .ok_or_else(|| {
-                    AdapterError::Busy(format!(
-                        "the local site's GPUs that fit ({} {}{}) are in use by other jobs",
-                        g.count,
-                        g.vendor,
-                        g.model
-                            .as_deref()
-                            .map(|m| format!(" {m}"))
-                            .unwrap_or_default()
-                    ))
-                })?;
+                // Held by running jobs, or cordoned: no new work.
+                let mut taken: Vec<String> = active.values().flat_map(|h| h.gpus.clone()).collect();
+                taken.extend(self.inner.cordoned.read().expect("lock").iter().cloned());
+                let devices = self.inner.gpus.read().expect("lock");
+                let picked = gpu::pick(&devices, &taken, g.count, &g.vendor, g.model.as_deref())
+                    .ok_or_else(|| {
+                        AdapterError::Busy(format!(
+                            "the local site's GPUs that fit ({} {}{}) are in use by other jobs",
+                            g.count,
+                            g.vendor,
+                            g.model
+                                .as_deref()
+                                .map(|m| format!(" {m}"))
+                                .unwrap_or_default()
+                        ))
+                    })?;
                 picked.into_iter().cloned().collect()
             }
         };
@@ -410,6 +443,57 @@ fn unavailable(job_id: Uuid, e: std::io::Error) -> AdapterError {
 }
 
 impl Inner {
+    /// The devices with their health: found again when the tools found them at start
+    /// (a new one joins; one no longer found is at fault), then each one's signals read.
+    fn look_at_devices(&self) -> Vec<DeviceStatus> {
+        let mut missing = BTreeSet::new();
+        if self.rediscover {
+            let found = gpu::discover();
+            let mut gpus = self.gpus.write().expect("lock");
+            for d in &found.devices {
+                if !gpus.iter().any(|g| g.uuid == d.uuid) {
+                    tracing::info!(
+                        vendor = d.vendor,
+                        model = d.model,
+                        uuid = d.uuid,
+                        "local GPU found"
+                    );
+                    gpus.push(d.clone());
+                }
+            }
+            for g in gpus.iter() {
+                if !found.devices.iter().any(|d| d.uuid == g.uuid) {
+                    missing.insert(g.uuid.clone());
+                }
+            }
+        }
+        let gpus = self.gpus.read().expect("lock").clone();
+        let (mut faults, notes) = gpu::health(&gpus);
+        let mut said = self.health_notes.lock().expect("lock");
+        for note in notes {
+            // Once each: the check runs every half minute.
+            if said.insert(note.clone()) {
+                tracing::warn!(note, "GPU health signals could not be read");
+            }
+        }
+        drop(said);
+        for uuid in missing {
+            faults.entry(uuid).or_insert_with(|| {
+                "no longer found by its vendor's tool (fallen off the bus, or its driver is gone)"
+                    .to_string()
+            });
+        }
+        gpus.into_iter()
+            .map(|d| DeviceStatus {
+                fault: faults.remove(&d.uuid),
+                id: d.uuid,
+                vendor: d.vendor,
+                model: d.model,
+                memory_bytes: d.memory_bytes,
+            })
+            .collect()
+    }
+
     fn dir(&self, job_id: Uuid) -> JobDir {
         JobDir::new(self.jobs.join(job_id.to_string()))
     }
@@ -743,6 +827,26 @@ impl SiteAdapter for LocalAdapter {
     }
 
     /// Every job directory whose job has not ended.
+    /// Looks for the machine's GPUs again (when they were found by the tools, not
+    /// listed) and reads each one's health.
+    async fn devices(&self) -> Result<Vec<DeviceStatus>, AdapterError> {
+        if self.inner.gpus.read().expect("lock").is_empty() && !self.inner.rediscover {
+            return Ok(Vec::new());
+        }
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.look_at_devices())
+            .await
+            .map_err(|e| AdapterError::Unavailable(format!("the device check stopped: {e}")))
+    }
+
+    fn cordon(&self, devices: &BTreeSet<String>) {
+        let mut cordoned = self.inner.cordoned.write().expect("lock");
+        if *cordoned != *devices {
+            tracing::info!(cordoned = ?devices, "local GPUs that get no new work");
+            cordoned.clone_from(devices);
+        }
+    }
+
     async fn owned(&self) -> Result<Vec<Uuid>, AdapterError> {
         let mut owned = Vec::new();
         for entry in fs::read_dir(&self.inner.jobs)? {
@@ -758,22 +862,32 @@ impl SiteAdapter for LocalAdapter {
     }
 
     /// Totals from the config; free is the total less what the running jobs this adapter
-    /// watches asked for. The local site has no queue: `pending` is 0.
+    /// watches asked for (and cordoned GPUs). The local site has no queue: `pending` is 0.
     async fn capacity(&self) -> Result<Capacity, AdapterError> {
         let config = &self.inner.config;
-        let (held_cpus, held_memory, held_gpus, running) = {
+        let (held_cpus, held_memory, mut unfree, running) = {
             let active = self.inner.active.lock().expect("lock");
-            active
-                .values()
-                .fold((0u32, 0u64, 0usize, 0usize), |(c, m, g, n), hold| {
+            active.values().fold(
+                (0u32, 0u64, BTreeSet::new(), 0usize),
+                |(c, m, mut g, n), hold| {
+                    g.extend(hold.gpus.iter().cloned());
                     (
                         c.saturating_add(hold.cpus),
                         m.saturating_add(hold.memory_bytes),
-                        g + hold.gpus.len(),
+                        g,
                         n + 1,
                     )
-                })
+                },
+            )
         };
+        unfree.extend(self.inner.cordoned.read().expect("lock").iter().cloned());
+        let mut free_gpus_by_model = std::collections::BTreeMap::new();
+        for d in self.inner.gpus.read().expect("lock").iter() {
+            let free = free_gpus_by_model.entry(d.model.clone()).or_insert(0u32);
+            if !unfree.contains(&d.uuid) {
+                *free += 1;
+            }
+        }
         let writable = fs::metadata(&self.inner.jobs)
             .map(|m| m.is_dir() && !m.permissions().readonly())
             .unwrap_or(false);
@@ -783,8 +897,8 @@ impl SiteAdapter for LocalAdapter {
             free_cpus: config.cpus.saturating_sub(held_cpus),
             total_memory_bytes: config.memory_bytes,
             free_memory_bytes: config.memory_bytes.saturating_sub(held_memory),
-            free_gpus: u32::try_from(config.gpus.len().saturating_sub(held_gpus))
-                .unwrap_or(u32::MAX),
+            free_gpus: free_gpus_by_model.values().sum(),
+            free_gpus_by_model,
             idle_nodes: u32::from(running == 0),
             pending: 0,
             message: (!writable).then(|| {

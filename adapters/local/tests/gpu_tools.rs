@@ -1,7 +1,9 @@
 //! The GPU tools' outputs as they print them (recorded in `tests/gpu_tools/`), read into
-//! devices with the catalogue's model names.
+//! devices with the catalogue's model names, and into faults by device.
 
-use meridian_adapter_local::gpu::{parse_amd_smi, parse_nvidia_smi, Device};
+use meridian_adapter_local::gpu::{
+    parse_amd_health, parse_amd_smi, parse_nvidia_health, parse_nvidia_smi, parse_rocm_smi, Device,
+};
 
 fn read(name: &str) -> String {
     std::fs::read_to_string(format!(
@@ -77,4 +79,54 @@ fn what_is_not_the_tools_output_is_an_error_not_a_device() {
     assert!(parse_amd_smi("not json").is_err());
     assert!(parse_nvidia_smi(&read("nvidia-smi-no-driver.txt")).is_err());
     assert_eq!(parse_nvidia_smi("").unwrap(), Vec::new());
+}
+
+#[test]
+fn nvidia_health_signals_name_each_fault() {
+    let faults = parse_nvidia_health(&read("nvidia-smi-health.csv")).unwrap();
+    assert_eq!(faults.len(), 2, "{faults:?}");
+    assert_eq!(
+        faults["GPU-9e2f1a6b-3c4d-8e7f-0a1b-2c3d4e5f6a72"],
+        "2 uncorrectable ECC error(s); memory pages waiting to be retired (a reset is due)"
+    );
+    assert_eq!(
+        faults["GPU-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c63"],
+        "hardware thermal slowdown (over its slowdown temperature)"
+    );
+    // A device without such signals ([N/A]) and a healthy one are not faults.
+    assert!(!faults.contains_key("GPU-5d6e7f8a-9b0c-1d2e-3f4a-5b6c7d8e9f04"));
+    assert!(parse_nvidia_health("GPU-1, 0\n")
+        .unwrap_err()
+        .starts_with("line 1:"));
+}
+
+#[test]
+fn amd_uncorrectable_ecc_errors_are_faults_correctable_ones_are_not() {
+    let devices = parse_amd_smi(&read("amd-smi-mi300x.json")).unwrap();
+    let faults = parse_amd_health(&read("amd-smi-metric-ecc.json"), &devices).unwrap();
+    assert_eq!(
+        faults.into_iter().collect::<Vec<_>>(),
+        [(
+            devices[1].uuid.clone(),
+            "3 uncorrectable ECC error(s)".to_string()
+        )]
+    );
+    let wrapped = format!("{{\"gpu_data\": {}}}", read("amd-smi-metric-ecc.json"));
+    assert_eq!(parse_amd_health(&wrapped, &devices).unwrap().len(), 1);
+    assert!(parse_amd_health("[", &devices).is_err());
+}
+
+#[test]
+fn mi250xs_from_rocm_smi_where_amd_smi_is_missing() {
+    let devices = parse_rocm_smi(&read("rocm-smi-mi250x.json")).unwrap();
+    assert_eq!(
+        summary(&devices),
+        [(0, "amd", "MI250X", 65520), (1, "amd", "MI250X", 65520)]
+    );
+    assert_eq!(devices[0].uuid, "GPU-5e8bf4f3d7a1c0b2");
+    // Another ROCm release spells the key in lower case.
+    let lower = read("rocm-smi-mi250x.json").replace("Card Series", "Card series");
+    assert_eq!(parse_rocm_smi(&lower).unwrap()[1].model, "MI250X");
+    let e = parse_rocm_smi(r#"{"card0": {"Card Series": "AMD Instinct MI210"}}"#).unwrap_err();
+    assert!(e.contains("card0: no Unique ID"), "{e}");
 }

@@ -878,3 +878,56 @@ async fn a_gpu_goes_to_one_job_at_a_time_and_stays_taken_across_a_restart() {
         "saw GPU-0b6ae4e2-1f0b-2c5e-8d1c-3b3d9f6c1a01\n"
     );
 }
+
+#[tokio::test]
+async fn a_cordoned_gpu_gets_no_new_work_and_is_not_counted_free() {
+    let site = Site::new();
+    let mut config = site.config();
+    let device = |uuid: &str| meridian_adapter_local::gpu::Device {
+        vendor: "nvidia".into(),
+        model: "H100".into(),
+        index: 0,
+        uuid: uuid.into(),
+        memory_bytes: 80 << 30,
+    };
+    config.gpus = vec![device("GPU-a"), device("GPU-b")];
+    let adapter = site.open_with(config);
+    let gpu_job = |count: u32| {
+        let mut job = site.job(&["sh", "-c", "echo \"saw $CUDA_VISIBLE_DEVICES\""]);
+        job.resources.gpus = Some(Gpus {
+            count,
+            vendor: "nvidia".into(),
+            model: Some("H100".into()),
+        });
+        job
+    };
+    let capacity = adapter.capacity().await.unwrap();
+    assert_eq!(
+        capacity.free_gpus_by_model,
+        [("H100".to_string(), 2)].into()
+    );
+
+    adapter.cordon(&["GPU-a".to_string()].into());
+    let capacity = adapter.capacity().await.unwrap();
+    assert_eq!(
+        (capacity.free_gpus, capacity.free_gpus_by_model),
+        (1, [("H100".to_string(), 1)].into())
+    );
+    // Both asked for: never, while one is cordoned; the reason names it.
+    match adapter.submit(&gpu_job(2)).await {
+        Err(AdapterError::Rejected(why)) => {
+            assert!(why.contains("cordoned (GPU-a)"), "{why}")
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    // One: the healthy device, every time.
+    for _ in 0..2 {
+        let (id, state) = run(&adapter, &site, &gpu_job(1)).await;
+        assert!(matches!(state, JobState::Succeeded { .. }), "{state:?}");
+        assert_eq!(stdout(&adapter, &id).await, "saw GPU-b\n");
+    }
+    // Given back: both again.
+    adapter.cordon(&Default::default());
+    let (_, state) = run(&adapter, &site, &gpu_job(2)).await;
+    assert!(matches!(state, JobState::Succeeded { .. }), "{state:?}");
+}

@@ -160,7 +160,8 @@ pub fn job_info(job: &Value) -> JobInfo {
 }
 
 /// Capacity from `pbsnodes -a -F json`, counting only nodes that take jobs in the free
-/// figures, and only nodes of `queue` when a node names its queue.
+/// figures, and only nodes of `queue` when a node names its queue; free GPUs by model
+/// where nodes carry a `gpu_model` (or `gpu_type`) resource.
 pub fn capacity(nodes: &Value, queue: Option<&str>) -> Capacity {
     let mut c = Capacity {
         healthy: true,
@@ -205,7 +206,17 @@ pub fn capacity(nodes: &Value, queue: Option<&str>) -> Capacity {
         c.free_cpus += cpus.saturating_sub(used_cpus);
         c.free_memory_bytes += mem.saturating_sub(size(&assigned["mem"]).unwrap_or(0));
         let gpus = number(&avail["ngpus"]).unwrap_or(0).max(0) as u32;
-        c.free_gpus += gpus.saturating_sub(number(&assigned["ngpus"]).unwrap_or(0).max(0) as u32);
+        let free = gpus.saturating_sub(number(&assigned["ngpus"]).unwrap_or(0).max(0) as u32);
+        c.free_gpus += free;
+        // PBS has no standard name for a GPU's model: sites that tell models apart add a
+        // string resource, `gpu_model` or `gpu_type`, to their nodes.
+        if let Some(model) = text(&avail["gpu_model"]).or_else(|| text(&avail["gpu_type"])) {
+            if gpus > 0 {
+                *c.free_gpus_by_model
+                    .entry(meridian_adapter_core::gpu::catalogue_model(&model))
+                    .or_insert(0) += free;
+            }
+        }
         if state.trim() == "free" && used_cpus == 0 {
             c.idle_nodes += 1;
         }

@@ -536,6 +536,8 @@ async fn contract_capacity_from_pbsnodes_and_the_server() {
     assert_eq!(c.total_memory_bytes, 128 << 30);
     assert_eq!(c.free_memory_bytes, (32 << 30) + (24 << 30));
     assert_eq!(c.free_gpus, 3);
+    // node02 names its GPUs' model in a `gpu_model` resource.
+    assert_eq!(c.free_gpus_by_model, [("A100".to_string(), 3)].into());
     // Queued 3 + Waiting 1 (held jobs wait for a person, not for resources).
     assert_eq!(c.pending, 4);
     assert_eq!(s.calls()[0], ["pbsnodes", "-a", "-F", "json"]);

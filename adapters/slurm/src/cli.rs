@@ -14,8 +14,8 @@ use meridian_adapter_core::{AdapterError, BackendJobId, Capacity, JobReport, Usa
 
 use crate::config::SlurmConfig;
 use crate::parse::{
-    parse_kv, parse_sbatch, parse_tres, sacct_record, scontrol_record, task_string_holds, Record,
-    SlurmId, SACCT_FORMAT, SACCT_JOBCOMP_FORMAT,
+    add_free_by_model, parse_kv, parse_sbatch, parse_tres, sacct_record, scontrol_record,
+    task_string_holds, tres_gpus_by_model, Record, SlurmId, SACCT_FORMAT, SACCT_JOBCOMP_FORMAT,
 };
 use crate::runner::{Command, CommandRunner, Output};
 use crate::script::{sbatch_args, Plan};
@@ -404,6 +404,11 @@ pub(crate) fn nodes_capacity(text: &str, partition: Option<&str>) -> Capacity {
             let gpus: Usage = parse_tres(get("CfgTRES"));
             let used: Usage = parse_tres(get("AllocTRES"));
             c.free_gpus += gpus.gpus.saturating_sub(used.gpus);
+            add_free_by_model(
+                &mut c.free_gpus_by_model,
+                &tres_gpus_by_model(get("CfgTRES")),
+                &tres_gpus_by_model(get("AllocTRES")),
+            );
             if idle {
                 c.idle_nodes += 1;
             }
@@ -467,6 +472,14 @@ NodeName=d CPUAlloc=0 CPUTot=8 RealMemory=1000 AllocMem=0 State=DOWN* Partitions
         );
         assert_eq!(c.total_memory_bytes, 4000 << 20);
         assert_eq!(c.free_memory_bytes, 1800 << 20);
+        // Typed GRES counts by model too (an untyped GPU only in the total).
+        let typed = "NodeName=g CPUAlloc=2 CPUTot=8 RealMemory=1000 AllocMem=0 State=MIXED Partitions=gpu CfgTRES=cpu=8,gres/gpu=4,gres/gpu:a100=2,gres/gpu:l40s=2 AllocTRES=cpu=2,gres/gpu=1,gres/gpu:l40s=1\n";
+        let c = nodes_capacity(typed, None);
+        assert_eq!(c.free_gpus, 3);
+        assert_eq!(
+            c.free_gpus_by_model,
+            [("A100".into(), 2), ("L40S".into(), 1)].into()
+        );
         let gpu = nodes_capacity(text, Some("gpu"));
         assert_eq!((gpu.total_cpus, gpu.free_cpus, gpu.idle_nodes), (8, 6, 0));
     }

@@ -164,6 +164,37 @@ pub fn parse_tres(text: &str) -> Usage {
     usage
 }
 
+/// GPUs by the catalogue's model in a TRES string, from its typed entries
+/// (`gres/gpu:a100=2,gres/gpu:h100_80g=4` → A100: 2, H100: 4); untyped GPUs are in no
+/// model.
+pub fn tres_gpus_by_model(text: &str) -> BTreeMap<String, u32> {
+    let mut models = BTreeMap::new();
+    for item in text.split(',') {
+        let Some((key, value)) = item.trim().split_once('=') else {
+            continue;
+        };
+        let Some(kind) = key.strip_prefix("gres/gpu:").filter(|k| !k.is_empty()) else {
+            continue;
+        };
+        *models
+            .entry(meridian_adapter_core::gpu::catalogue_model(kind))
+            .or_insert(0) += value.parse::<u32>().unwrap_or(0);
+    }
+    models
+}
+
+/// Adds what each model has free (`have` less `used`) to `free`.
+pub fn add_free_by_model(
+    free: &mut BTreeMap<String, u32>,
+    have: &BTreeMap<String, u32>,
+    used: &BTreeMap<String, u32>,
+) {
+    for (model, n) in have {
+        *free.entry(model.clone()).or_insert(0) +=
+            n.saturating_sub(used.get(model).copied().unwrap_or(0));
+    }
+}
+
 /// A Slurm duration, `[DD-[HH:]]MM:SS[.mmm]` (sacct `TotalCPU`, `Elapsed`), in seconds.
 pub fn parse_duration(text: &str) -> Option<f64> {
     let text = text.trim();

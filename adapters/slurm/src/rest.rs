@@ -26,7 +26,10 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 
 use crate::config::{RestConfig, SlurmConfig, TokenSource};
-use crate::parse::{epoch, has_nodes, parse_tres, task_string_holds, Record, SlurmId};
+use crate::parse::{
+    add_free_by_model, epoch, has_nodes, parse_tres, task_string_holds, tres_gpus_by_model, Record,
+    SlurmId,
+};
 use crate::script::Plan;
 use crate::state::ExitStatus;
 
@@ -733,6 +736,11 @@ fn rest_nodes_capacity(body: &Value, partition: Option<&str>) -> Capacity {
         let gpus = parse_tres(node["tres"].as_str().unwrap_or("")).gpus;
         let used = parse_tres(node["tres_used"].as_str().unwrap_or("")).gpus;
         c.free_gpus += gpus.saturating_sub(used);
+        add_free_by_model(
+            &mut c.free_gpus_by_model,
+            &tres_gpus_by_model(node["tres"].as_str().unwrap_or("")),
+            &tres_gpus_by_model(node["tres_used"].as_str().unwrap_or("")),
+        );
         if words.contains(&"IDLE") {
             c.idle_nodes += 1;
         }
@@ -923,5 +931,26 @@ mod tests {
         );
         let c = rest_nodes_capacity(&body, Some("gpu"));
         assert_eq!((c.total_cpus, c.free_cpus), (8, 0));
+    }
+
+    #[test]
+    fn free_gpus_by_model_from_typed_gres() {
+        let body = json!({"nodes": [
+            {"name": "g1", "state": ["MIXED"], "state_flags": [], "cpus": 64, "alloc_cpus": 8,
+             "real_memory": 1000, "alloc_memory": 10, "partitions": ["gpu"],
+             "tres": "cpu=64,gres/gpu=8,gres/gpu:a100=4,gres/gpu:h100_80g=4",
+             "tres_used": "cpu=8,gres/gpu=3,gres/gpu:h100_80g=3"},
+            {"name": "g2", "state": ["IDLE"], "state_flags": [], "cpus": 64, "alloc_cpus": 0,
+             "real_memory": 1000, "alloc_memory": 0, "partitions": ["gpu"],
+             "tres": "cpu=64,gres/gpu=2,gres/gpu:mi250x=2", "tres_used": null},
+            {"name": "g3", "state": ["IDLE"], "state_flags": ["DRAIN"], "cpus": 64,
+             "alloc_cpus": 0, "real_memory": 1000, "alloc_memory": 0, "partitions": ["gpu"],
+             "tres": "cpu=64,gres/gpu=4,gres/gpu:a100=4", "tres_used": null}]});
+        let c = rest_nodes_capacity(&body, None);
+        assert_eq!(c.free_gpus, 7);
+        assert_eq!(
+            c.free_gpus_by_model,
+            [("A100".into(), 4), ("H100".into(), 1), ("MI250X".into(), 2)].into()
+        );
     }
 }

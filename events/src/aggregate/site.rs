@@ -1,4 +1,5 @@
-//! The Site aggregate: a federated site's registration, prices, health and drain flag.
+//! The Site aggregate: a federated site's registration, prices, health, drain flag, and
+//! the GPUs of its machine with those cordoned.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -50,6 +51,24 @@ pub enum SiteCommand {
         shapes: Option<Vec<crate::vocabulary::site::Shape>>,
         outcome: String,
     },
+    /// The GPUs the adapter found on the site's machine now (an event only when they
+    /// changed).
+    ReportDevices {
+        devices: Vec<crate::vocabulary::site::Device>,
+    },
+    /// Takes one reported device out of the site's work: `fault` when its health check
+    /// failed (it counts against the site's reliability), not when an admin does it.
+    CordonDevice {
+        device: String,
+        reason: String,
+        by: String,
+        fault: bool,
+    },
+    /// Gives a cordoned device back to the site's work.
+    UncordonDevice {
+        device: String,
+        by: String,
+    },
     Drain {
         by: String,
         reason: Option<String>,
@@ -98,6 +117,25 @@ pub enum SiteError {
     ZeroTtl,
     #[error("adapter instance {instance} is not the one serving the site")]
     NotServing { instance: uuid::Uuid },
+    #[error("the site has no device {device}; its devices: {known}")]
+    UnknownDevice { device: String, known: String },
+    #[error("device {device} is already cordoned: {reason}")]
+    AlreadyCordoned { device: String, reason: String },
+    #[error("device {device} is not cordoned")]
+    NotCordoned { device: String },
+    #[error("a cordon needs a reason")]
+    NoReason,
+}
+
+/// Why a device gets no new work, and who said so.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cordon {
+    pub model: String,
+    pub reason: String,
+    pub by: String,
+    /// Whether its health check found a fault (not an admin's choice).
+    pub fault: bool,
+    pub at: DateTime<Utc>,
 }
 
 /// The adapter process serving a site, from its last heartbeat.
@@ -148,6 +186,8 @@ pub struct Site {
     connection: Option<Connection>,
     refresh_requested_at: Option<DateTime<Utc>>,
     refreshed_at: Option<DateTime<Utc>>,
+    devices: Vec<crate::vocabulary::site::Device>,
+    cordoned: BTreeMap<String, Cordon>,
 }
 
 impl Site {
@@ -166,6 +206,16 @@ impl Site {
 
     pub fn shapes(&self) -> &[crate::vocabulary::site::Shape] {
         &self.shapes
+    }
+
+    /// The GPUs its adapter last reported.
+    pub fn devices(&self) -> &[crate::vocabulary::site::Device] {
+        &self.devices
+    }
+
+    /// The devices that get no new work, by id.
+    pub fn cordoned(&self) -> &BTreeMap<String, Cordon> {
+        &self.cordoned
     }
 
     pub fn name(&self) -> &str {
@@ -358,6 +408,60 @@ impl Aggregate for Site {
                 });
                 Ok(events)
             }
+            SiteCommand::ReportDevices { devices } => {
+                self.registered()?;
+                if self.devices == devices {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![SiteEvent::DevicesReported { devices }])
+            }
+            SiteCommand::CordonDevice {
+                device,
+                reason,
+                by,
+                fault,
+            } => {
+                self.registered()?;
+                if reason.trim().is_empty() {
+                    return Err(SiteError::NoReason);
+                }
+                let Some(known) = self.devices.iter().find(|d| d.id == device) else {
+                    let known: Vec<&str> = self.devices.iter().map(|d| d.id.as_str()).collect();
+                    return Err(SiteError::UnknownDevice {
+                        device,
+                        known: if known.is_empty() {
+                            "none reported".into()
+                        } else {
+                            known.join(", ")
+                        },
+                    });
+                };
+                if let Some(c) = self.cordoned.get(&device) {
+                    return Err(SiteError::AlreadyCordoned {
+                        device,
+                        reason: c.reason.clone(),
+                    });
+                }
+                Ok(vec![SiteEvent::DeviceCordoned {
+                    model: known.model.clone(),
+                    device,
+                    reason,
+                    by,
+                    fault,
+                    cordoned_at: now,
+                }])
+            }
+            SiteCommand::UncordonDevice { device, by } => {
+                self.registered()?;
+                if !self.cordoned.contains_key(&device) {
+                    return Err(SiteError::NotCordoned { device });
+                }
+                Ok(vec![SiteEvent::DeviceUncordoned {
+                    device,
+                    by,
+                    uncordoned_at: now,
+                }])
+            }
             SiteCommand::Drain { by, reason } => {
                 self.registered()?;
                 if self.drained {
@@ -448,6 +552,29 @@ impl Aggregate for Site {
             }
             SiteEvent::ShapesRefreshed { refreshed_at, .. } => {
                 self.refreshed_at = Some(*refreshed_at)
+            }
+            SiteEvent::DevicesReported { devices } => self.devices = devices.clone(),
+            SiteEvent::DeviceCordoned {
+                device,
+                model,
+                reason,
+                by,
+                fault,
+                cordoned_at,
+            } => {
+                self.cordoned.insert(
+                    device.clone(),
+                    Cordon {
+                        model: model.clone(),
+                        reason: reason.clone(),
+                        by: by.clone(),
+                        fault: *fault,
+                        at: *cordoned_at,
+                    },
+                );
+            }
+            SiteEvent::DeviceUncordoned { device, .. } => {
+                self.cordoned.remove(device);
             }
             SiteEvent::Drained { .. } => self.drained = true,
             SiteEvent::Undrained { .. } => self.drained = false,

@@ -66,6 +66,31 @@ pub enum SiteEvent {
     #[serde(rename = "site.datasets_declared.v1")]
     DatasetsDeclared { datasets: Vec<Dataset> },
 
+    /// The GPUs the site's adapter found on its machine (the local site), when they
+    /// changed; replaces the list before.
+    #[serde(rename = "site.devices_reported.v1")]
+    DevicesReported { devices: Vec<Device> },
+
+    /// A device gets no new work: its health check found a fault (`fault`: it counts
+    /// against the site's reliability), or an admin (`by`) took it out.
+    #[serde(rename = "site.device_cordoned.v1")]
+    DeviceCordoned {
+        device: String,
+        model: String,
+        reason: String,
+        by: String,
+        fault: bool,
+        cordoned_at: DateTime<Utc>,
+    },
+
+    /// An admin gave a cordoned device back to the site's work.
+    #[serde(rename = "site.device_uncordoned.v1")]
+    DeviceUncordoned {
+        device: String,
+        by: String,
+        uncordoned_at: DateTime<Utc>,
+    },
+
     /// An admin took the site out of placement.
     #[serde(rename = "site.drained.v1")]
     Drained {
@@ -116,6 +141,9 @@ impl SiteEvent {
             SiteEvent::DatasetsDeclared { .. } => "site.datasets_declared.v1",
             SiteEvent::ShapesRefreshRequested { .. } => "site.shapes_refresh_requested.v1",
             SiteEvent::ShapesRefreshed { .. } => "site.shapes_refreshed.v1",
+            SiteEvent::DevicesReported { .. } => "site.devices_reported.v1",
+            SiteEvent::DeviceCordoned { .. } => "site.device_cordoned.v1",
+            SiteEvent::DeviceUncordoned { .. } => "site.device_uncordoned.v1",
             SiteEvent::Drained { .. } => "site.drained.v1",
             SiteEvent::Undrained { .. } => "site.undrained.v1",
             SiteEvent::Heartbeat { .. } => "site.heartbeat.v1",
@@ -130,6 +158,9 @@ pub struct Capacity {
     pub idle_nodes: u32,
     pub free_cpus: u64,
     pub free_gpus: u32,
+    /// Free GPUs by the catalogue's model name, where the site tells models apart.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub free_gpus_by_model: BTreeMap<String, u32>,
     /// Jobs queued at the site, ours and others'.
     pub pending_jobs: u32,
 }
@@ -165,6 +196,17 @@ fn one() -> u32 {
 pub struct ShapeGpus {
     pub count: u32,
     pub vendor: super::AcceleratorVendor,
+    pub model: String,
+    pub memory_bytes: u64,
+}
+
+/// One GPU of a site's machine, as its adapter found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    /// How the site tells it apart: the UUID jobs are given it by (`GPU-…`).
+    pub id: String,
+    pub vendor: super::AcceleratorVendor,
+    /// The catalogue's model name (`H100`), or the product name for one it does not know.
     pub model: String,
     pub memory_bytes: u64,
 }

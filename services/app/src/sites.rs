@@ -29,14 +29,50 @@ pub struct SiteSummary {
     /// only connected sites.
     #[serde(default)]
     pub connected: bool,
-    /// (runs not failed by the site + 1) / (runs + 2).
+    /// (runs not failed by the site + 1) / (runs + devices its health check cordoned + 2).
     pub reliability: f64,
     pub shapes: Vec<String>,
+    /// The GPUs of its machine, as its adapter last reported them (the local site), with
+    /// those that get no new work and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceSummary>,
     /// The price sheet in force: currency, since when, and its source.
     pub prices: Option<PricesSummary>,
     /// The last refresh of its shapes from the provider (`meridian site refresh`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes_refresh: Option<ShapesRefreshSummary>,
+}
+
+/// One GPU of a site's machine.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DeviceSummary {
+    /// The UUID jobs are given it by (`GPU-…`): what `cordon` and `uncordon` name.
+    pub id: String,
+    /// `nvidia` or `amd`.
+    pub vendor: String,
+    pub model: String,
+    pub memory_bytes: u64,
+    /// Set when it gets no new work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cordoned: Option<CordonSummary>,
+}
+
+/// Why a device gets no new work: its health check's finding, or an admin's reason.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CordonSummary {
+    pub reason: String,
+    /// `health check`, or the admin who cordoned it.
+    pub by: String,
+    /// RFC 3339, UTC.
+    pub at: String,
+}
+
+/// An admin's cordon of one device.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CordonRequest {
+    /// Why it gets no new work, shown in `meridian site list`.
+    pub reason: String,
 }
 
 /// A refresh of a site's shapes from its provider: asked for by whom and when, and
@@ -142,6 +178,7 @@ impl App {
                     connected: s.connected_at(now),
                     reliability: s.reliability(),
                     shapes: s.shapes.iter().map(|x| x.name.clone()).collect(),
+                    devices: device_summaries(s),
                     prices: s.prices_at(now).map(|p| PricesSummary {
                         currency: p.currency.to_string(),
                         effective_from: p.effective_from.to_rfc3339(),
@@ -222,6 +259,45 @@ impl App {
         self.on_site(who, site, command, "drained").await
     }
 
+    /// Takes one of a site's devices out of its work (new jobs get others); work already
+    /// on it carries on.
+    pub async fn cordon_device(
+        &self,
+        who: &Principal,
+        site: &str,
+        device: &str,
+        reason: &str,
+    ) -> Result<SiteState, AppError> {
+        if reason.trim().is_empty() {
+            self.authorize(who, Action::ChangeSites).await?;
+            return Err(AppError::BadRequest(
+                "reason: a cordon needs a reason (shown in `meridian site list`)".into(),
+            ));
+        }
+        let command = SiteCommand::CordonDevice {
+            device: device.to_string(),
+            reason: reason.to_string(),
+            by: who.user.clone(),
+            fault: false,
+        };
+        self.on_site(who, site, command, "device cordoned").await
+    }
+
+    /// Gives a cordoned device back to its site's work. A device whose health check
+    /// still finds a fault is cordoned again at the next check.
+    pub async fn uncordon_device(
+        &self,
+        who: &Principal,
+        site: &str,
+        device: &str,
+    ) -> Result<SiteState, AppError> {
+        let command = SiteCommand::UncordonDevice {
+            device: device.to_string(),
+            by: who.user.clone(),
+        };
+        self.on_site(who, site, command, "device back in use").await
+    }
+
     /// Puts a drained site back into placement.
     pub async fn undrain(&self, who: &Principal, site: &str) -> Result<SiteState, AppError> {
         let command = SiteCommand::Undrain {
@@ -259,8 +335,14 @@ impl App {
                     site: name.to_string(),
                     state: state.to_string(),
                 }),
+                Err(ExecuteError::Rejected(e @ SiteError::UnknownDevice { .. })) => {
+                    Err(AppError::NotFound(format!("{name}: {e}")))
+                }
                 Err(ExecuteError::Rejected(
-                    e @ (SiteError::AlreadyDrained | SiteError::NotDrained),
+                    e @ (SiteError::AlreadyDrained
+                    | SiteError::NotDrained
+                    | SiteError::AlreadyCordoned { .. }
+                    | SiteError::NotCordoned { .. }),
                 )) => Err(AppError::Conflict(format!("{name}: {e}"))),
                 Err(ExecuteError::Log(e)) => Err(AppError::from_log("changing the site", e)),
                 Err(e) => Err(AppError::Conflict(format!("{name}: {e}"))),
@@ -313,4 +395,43 @@ impl App {
             },
         })
     }
+}
+
+/// A site's devices with their cordons, in the order its adapter reported them; a
+/// cordoned device no longer reported is listed too, so its cordon stays in sight.
+fn device_summaries(site: &meridian_domain::catalog::SiteEntry) -> Vec<DeviceSummary> {
+    let cordon = |id: &str| {
+        site.cordoned.get(id).map(|c| CordonSummary {
+            reason: c.reason.clone(),
+            by: c.by.clone(),
+            at: c.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        })
+    };
+    let mut devices: Vec<DeviceSummary> = site
+        .devices
+        .iter()
+        .map(|d| DeviceSummary {
+            id: d.id.clone(),
+            vendor: match d.vendor {
+                meridian_events::vocabulary::AcceleratorVendor::Nvidia => "nvidia",
+                meridian_events::vocabulary::AcceleratorVendor::Amd => "amd",
+            }
+            .to_string(),
+            model: d.model.clone(),
+            memory_bytes: d.memory_bytes,
+            cordoned: cordon(&d.id),
+        })
+        .collect();
+    for (id, c) in &site.cordoned {
+        if !site.devices.iter().any(|d| &d.id == id) {
+            devices.push(DeviceSummary {
+                id: id.clone(),
+                vendor: String::new(),
+                model: c.model.clone(),
+                memory_bytes: 0,
+                cordoned: cordon(id),
+            });
+        }
+    }
+    devices
 }

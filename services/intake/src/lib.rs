@@ -124,6 +124,14 @@ fn routes() -> Router<Intake> {
         .route("/v1/sites/{name}/drain", post(sites::drain))
         .route("/v1/sites/{name}/undrain", post(sites::undrain))
         .route("/v1/sites/{name}/refresh", post(sites::refresh))
+        .route(
+            "/v1/sites/{name}/devices/{device}/cordon",
+            post(sites::cordon),
+        )
+        .route(
+            "/v1/sites/{name}/devices/{device}/uncordon",
+            post(sites::uncordon),
+        )
         .route("/v1/quotes", post(sites::quote))
         .route(
             "/v1/tenants/{tenant}/policy",

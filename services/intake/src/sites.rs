@@ -1,5 +1,5 @@
-//! The site routes: list the sites, apply a catalogue document, drain and undrain, and
-//! quote a workflow against the live catalogue, each through the application layer.
+//! The site routes: list the sites, apply a catalogue document, drain and undrain, cordon
+//! and uncordon a device, and quote a workflow against the live catalogue, each through the application layer.
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -7,7 +7,9 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::Extension;
 use axum::Json;
-use meridian_app::sites::{AppliedCatalog, DrainRequest, Quote, SiteList, SiteState};
+use meridian_app::sites::{
+    AppliedCatalog, CordonRequest, DrainRequest, Quote, SiteList, SiteState,
+};
 
 use crate::api::ErrorBody;
 use crate::handlers::read_body;
@@ -95,6 +97,71 @@ pub(crate) async fn drain(
     };
     let name = site_name(path)?;
     Ok(Json(intake.app().drain(&who, &name, request.reason).await?))
+}
+
+fn site_and_device(
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(String, String), ApiError> {
+    let Path(pair) = path.map_err(|e| {
+        ApiError::BadRequest(format!("invalid site or device name: {}", e.body_text()))
+    })?;
+    Ok(pair)
+}
+
+/// Takes one of a site's devices (a GPU, by the id `GET /v1/sites` lists) out of its
+/// work: new jobs get other devices; a job already on it carries on.
+#[utoipa::path(post, path = "/v1/sites/{name}/devices/{device}/cordon", tag = "sites", operation_id = "cordon_device",
+    params(
+        ("name" = String, Path, description = "The site's name"),
+        ("device" = String, Path, description = "The device's id, e.g. GPU-0b6ae4e2-…"),
+    ),
+    request_body(content = CordonRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Cordoned", body = SiteState),
+        (status = 400, description = "The body is not a cordon request with a reason", body = ErrorBody),
+        (status = 404, description = "No such site, or the site reported no such device", body = ErrorBody),
+        (status = 409, description = "Already cordoned", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
+    ))]
+pub(crate) async fn cordon(
+    State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<SiteState>, ApiError> {
+    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let request: CordonRequest = meridian_app::formats::json_body(&bytes, "cordon request")?;
+    let (name, device) = site_and_device(path)?;
+    Ok(Json(
+        intake
+            .app()
+            .cordon_device(&who, &name, &device, &request.reason)
+            .await?,
+    ))
+}
+
+/// Gives a cordoned device back to its site's work; one whose health check still finds
+/// a fault is cordoned again at the next check.
+#[utoipa::path(post, path = "/v1/sites/{name}/devices/{device}/uncordon", tag = "sites", operation_id = "uncordon_device",
+    params(
+        ("name" = String, Path, description = "The site's name"),
+        ("device" = String, Path, description = "The device's id"),
+    ),
+    responses(
+        (status = 200, description = "Back in use", body = SiteState),
+        (status = 404, description = "No such site", body = ErrorBody),
+        (status = 409, description = "Not cordoned", body = ErrorBody),
+    ))]
+pub(crate) async fn uncordon(
+    State(intake): State<Intake>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<SiteState>, ApiError> {
+    let (name, device) = site_and_device(path)?;
+    Ok(Json(
+        intake.app().uncordon_device(&who, &name, &device).await?,
+    ))
 }
 
 /// Puts a drained site back into placement.

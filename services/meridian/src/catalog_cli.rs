@@ -1,6 +1,7 @@
 //! Verbs about sites and placement: `quote` (price a workflow at every fitting site,
 //! offline), `explain` (why a workflow went where it went), and `site` (apply a
-//! catalogue file, drain, undrain, list) through a running Meridian's API.
+//! catalogue file, drain, undrain, cordon and uncordon a device, list) through a running
+//! Meridian's API.
 
 use std::path::{Path, PathBuf};
 
@@ -53,7 +54,33 @@ pub enum SiteVerb {
         #[command(flatten)]
         server: ServerArg,
     },
-    /// The sites, with their state, whether an adapter serves them, shapes and prices.
+    /// Take one GPU of a site (by the id `meridian site list` shows, `GPU-…`) out of its
+    /// work: new jobs get other devices; a job already on it carries on. The site's
+    /// health check does this by itself for a device with ECC errors, pages waiting to
+    /// be retired, or thermal slowdown.
+    Cordon {
+        /// The site's name.
+        name: String,
+        /// The device's id, as `meridian site list` shows it (`GPU-…`).
+        device: String,
+        /// Why, shown in `meridian site list`.
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Give a cordoned GPU back to its site's work. One whose health check still finds
+    /// a fault is cordoned again at the next check (within 30 s).
+    Uncordon {
+        /// The site's name.
+        name: String,
+        /// The device's id, as `meridian site list` shows it.
+        device: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// The sites, with their state, whether an adapter serves them, shapes and prices,
+    /// then each GPU a site reported and why it is cordoned, if it is.
     List {
         #[command(flatten)]
         server: ServerArg,
@@ -490,6 +517,39 @@ pub async fn site(verb: SiteVerb, output: Output) -> anyhow::Result<i32> {
             println!("{name}: drained; new work goes elsewhere");
             Ok(0)
         }
+        SiteVerb::Cordon {
+            name,
+            device,
+            reason,
+            server,
+        } => {
+            let path = format!(
+                "/v1/sites/{}/devices/{}/cordon",
+                path_segment(&name),
+                path_segment(&device)
+            );
+            server
+                .client()?
+                .acting_as(&who)
+                .post(&path, Some(json!({ "reason": reason })))
+                .await?;
+            println!("{name}: {device} cordoned; new work goes to other devices");
+            Ok(0)
+        }
+        SiteVerb::Uncordon {
+            name,
+            device,
+            server,
+        } => {
+            let path = format!(
+                "/v1/sites/{}/devices/{}/uncordon",
+                path_segment(&name),
+                path_segment(&device)
+            );
+            server.client()?.acting_as(&who).post(&path, None).await?;
+            println!("{name}: {device} back in use");
+            Ok(0)
+        }
         SiteVerb::Undrain { name, server } => {
             let path = format!("/v1/sites/{}/undrain", path_segment(&name));
             server.client()?.acting_as(&who).post(&path, None).await?;
@@ -604,6 +664,27 @@ pub async fn site(verb: SiteVerb, output: Output) -> anyhow::Result<i32> {
                         ],
                         &rows,
                     );
+                    let devices: Vec<Vec<String>> = list
+                        .sites
+                        .iter()
+                        .flat_map(|s| {
+                            s.devices.iter().map(|d| {
+                                vec![
+                                    s.name.clone(),
+                                    d.id.clone(),
+                                    format!("{} {}", d.vendor, d.model).trim().to_string(),
+                                    format!("{} GiB", d.memory_bytes >> 30),
+                                    d.cordoned.as_ref().map_or("in use".into(), |c| {
+                                        format!("cordoned by {} at {}: {}", c.by, c.at, c.reason)
+                                    }),
+                                ]
+                            })
+                        })
+                        .collect();
+                    if !devices.is_empty() {
+                        println!();
+                        client::table(&["SITE", "DEVICE", "MODEL", "MEMORY", "STATE"], &devices);
+                    }
                 }
             }
             Ok(0)

@@ -191,7 +191,7 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
-    /// Manage the site catalogue: apply a catalogue file, drain, undrain, list.
+    /// Manage the site catalogue: apply a catalogue file, drain, undrain, cordon a GPU, list.
     Site {
         #[command(subcommand)]
         verb: catalog_cli::SiteVerb,

@@ -1631,8 +1631,9 @@ fn a_kill_mid_ingress_resumes_under_the_same_transfer() {
     );
 }
 
-/// A stand-in `nvidia-smi` on `PATH` that reports two H100s, as the real one prints them.
-fn two_gpus(dir: &std::path::Path) -> String {
+/// A stand-in `nvidia-smi` on `PATH` that reports two H100s, as the real one prints them,
+/// the second with `ecc` uncorrectable ECC errors in its health signals.
+fn two_gpus(dir: &std::path::Path, ecc: u32) -> String {
     use std::os::unix::fs::PermissionsExt;
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -1644,8 +1645,12 @@ fn two_gpus(dir: &std::path::Path) -> String {
          *--query-gpu=index,uuid,name,memory.total*)\n\
          echo '0, GPU-0b6ae4e2-1f0b-2c5e-8d1c-3b3d9f6c1a01, NVIDIA H100 80GB HBM3, 81559'\n\
          echo '1, GPU-7d1c9a55-63b2-4f0e-a1e4-2f0c8b9e4d02, NVIDIA H100 80GB HBM3, 81559' ;;\n\
+         *--query-gpu=uuid,ecc.errors.uncorrected.volatile.total*)\n\
+         echo 'GPU-0b6ae4e2-1f0b-2c5e-8d1c-3b3d9f6c1a01, 0, No, Not Active'\n\
+         echo 'GPU-7d1c9a55-63b2-4f0e-a1e4-2f0c8b9e4d02, ECC, No, Not Active' ;;\n\
          *) exit 2 ;;\n\
-         esac\n",
+         esac\n"
+            .replace("ECC", &ecc.to_string()),
     )
     .unwrap();
     std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -1659,7 +1664,7 @@ fn two_gpus(dir: &std::path::Path) -> String {
 #[test]
 fn local_gpus_are_found_given_whole_to_one_job_at_a_time_and_billed_by_the_hour() {
     let dir = tempfile::tempdir().unwrap();
-    let path = two_gpus(dir.path());
+    let path = two_gpus(dir.path(), 0);
     let Up { server, dir, proc } = up_with_env(dir, free_port(), &[], &[("PATH", &path)]);
 
     // The site says what it has: a shape with both H100s.
@@ -1743,5 +1748,133 @@ fn local_gpus_are_found_given_whole_to_one_job_at_a_time_and_billed_by_the_hour(
         !sites.to_string().contains("local-h100"),
         "{sites:#}\n{}",
         again.proc.output()
+    );
+}
+
+const HEALTHY: &str = "GPU-0b6ae4e2-1f0b-2c5e-8d1c-3b3d9f6c1a01";
+const FAULTY: &str = "GPU-7d1c9a55-63b2-4f0e-a1e4-2f0c8b9e4d02";
+
+/// The local site's devices in `meridian site list`, once the first health check recorded
+/// them.
+fn local_devices(server: &str) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let sites = cli_json(server, &["site", "list"]);
+        let local = sites["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "local")
+            .cloned()
+            .unwrap();
+        let devices = local["devices"].as_array().cloned().unwrap_or_default();
+        if devices.len() == 2 && devices.iter().any(|d| d["cordoned"].is_object()) {
+            return devices;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no device cordoned: {sites:#}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn a_gpu_with_ecc_errors_is_cordoned_and_an_admin_can_cordon_and_give_back_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = two_gpus(dir.path(), 2);
+    let Up { server, dir, proc } = up_with_env(dir, free_port(), &[], &[("PATH", &path)]);
+
+    // The health check found the ECC errors and took that device out, saying why.
+    let devices = local_devices(&server);
+    let faulty = devices.iter().find(|d| d["id"] == FAULTY).unwrap();
+    assert_eq!(faulty["cordoned"]["by"], "health check", "{devices:?}");
+    assert_eq!(faulty["cordoned"]["reason"], "2 uncorrectable ECC error(s)");
+    assert!(devices
+        .iter()
+        .any(|d| d["id"] == HEALTHY && d["cordoned"].is_null()));
+    let table = cli_ok(&server, &["site", "list", "-o", "table"]);
+    assert!(
+        table.contains(FAULTY) && table.contains("cordoned by health check"),
+        "{table}"
+    );
+    // It counts against the site's reliability (a new site starts at 0.5).
+    let sites = cli_json(&server, &["site", "list"]);
+    let reliability = sites["sites"][0]["reliability"].as_f64().unwrap();
+    assert!(reliability < 0.5, "{sites:#}");
+
+    // Both H100s asked for: no site can, and the quote says why.
+    let gpus = |count: u32| {
+        write(
+            dir.path(),
+            &format!("gpus{count}.yaml"),
+            &format!(
+                "version: v1\nname: g{count}\njobs:\n  a:\n    image: host\n    command: [sh, -c, 'echo \"got $CUDA_VISIBLE_DEVICES\"']\n    resources: {{cpus: 1, memory: 64MiB, walltime: 1m, gpus: {{count: {count}, vendor: nvidia, model: H100}}}}\n"
+            ),
+        )
+    };
+    let quote = |file: &std::path::Path| {
+        let out = cli(
+            &server,
+            &[
+                "quote",
+                file.to_str().unwrap(),
+                "--server",
+                &server,
+                "-o",
+                "json",
+            ],
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code, text) = quote(&gpus(2));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("1 of them cordoned"), "{text}");
+
+    // One: it runs, on the healthy device.
+    let status = submit_wait(&server, &gpus(1));
+    assert_eq!(status["state"], "finished", "{status:#}\n{}", proc.output());
+    let id = status["id"].as_str().unwrap();
+    let logs = String::from_utf8_lossy(&cli(&server, &["logs", id]).stdout).to_string();
+    assert!(logs.contains(&format!("got {HEALTHY}")), "{logs}");
+
+    // An admin takes the other out too, by hand: nothing fits; given back, it does.
+    let out = cli(
+        &server,
+        &["site", "cordon", "local", "GPU-nope", "--reason", "x"],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no device GPU-nope"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cli_ok(
+        &server,
+        &[
+            "site",
+            "cordon",
+            "local",
+            HEALTHY,
+            "--reason",
+            "fan replaced tomorrow",
+        ],
+    );
+    let sites = cli_json(&server, &["site", "list"]).to_string();
+    assert!(sites.contains("fan replaced tomorrow"), "{sites}");
+    let (code, text) = quote(&gpus(1));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("2 of them cordoned"), "{text}");
+    cli_ok(&server, &["site", "uncordon", "local", HEALTHY]);
+    let (code, text) = quote(&gpus(1));
+    assert_eq!(code, Some(0), "{text}");
+    let out = cli(&server, &["site", "uncordon", "local", HEALTHY]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not cordoned"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+mod devices;
 mod shapes;
 
 use meridian_adapter_core::{
@@ -90,6 +91,8 @@ pub struct SiteRunner {
     refresh_at_start: bool,
     /// Whether "not in the catalogue" was said already.
     warned_unregistered: bool,
+    /// Whether the site's devices were looked at since this process started.
+    devices_checked: bool,
     /// How often the site's own jobs are checked against the log (the leak sweep).
     sweep_every: Duration,
     jobs: HashMap<Uuid, Tracked>,
@@ -152,6 +155,7 @@ impl SiteRunner {
             heartbeat_every: Duration::from_secs(20),
             refresh_at_start,
             warned_unregistered: false,
+            devices_checked: false,
             sweep_every: Duration::from_secs(300),
             jobs: HashMap::new(),
             specs: HashMap::new(),
@@ -261,6 +265,9 @@ impl SiteRunner {
     /// depth) as a Site event, for placement; skips a report equal to the last one
     /// unless it is getting old.
     async fn report_health(&mut self) -> Result<(), RunnerError> {
+        if let Some(site_id) = self.site_id().await? {
+            self.check_devices(site_id).await?;
+        }
         let (healthy, capacity, message) = match self.adapter.capacity().await {
             Ok(c) => (
                 c.healthy,
@@ -268,6 +275,7 @@ impl SiteRunner {
                     idle_nodes: c.idle_nodes,
                     free_cpus: u64::from(c.free_cpus),
                     free_gpus: c.free_gpus,
+                    free_gpus_by_model: c.free_gpus_by_model,
                     pending_jobs: c.pending,
                 },
                 c.message,
@@ -295,6 +303,60 @@ impl SiteRunner {
         if self.on_site(site_id, command, "report health").await? {
             self.last_health = Some((capacity, healthy, now));
         }
+        Ok(())
+    }
+
+    /// Looks at the site's GPUs (the local site's): records them when they changed,
+    /// cordons each one whose health check found a fault, and tells the adapter which
+    /// devices get no new work (the log's cordons, an admin's among them).
+    async fn check_devices(&mut self, site_id: Uuid) -> Result<(), RunnerError> {
+        let devices = match self.adapter.devices().await {
+            Ok(devices) => devices,
+            Err(e) => {
+                tracing::warn!(site = %self.site, error = %e, "could not look at the site's devices");
+                return Ok(());
+            }
+        };
+        // Sites without devices of their own skip the look-up, but for the first look
+        // after a start: devices gone since must not stay listed.
+        if devices.is_empty() && std::mem::replace(&mut self.devices_checked, true) {
+            return Ok(());
+        }
+        self.devices_checked = true;
+        let listed = devices::listed(&devices);
+        self.on_site(
+            site_id,
+            SiteCommand::ReportDevices { devices: listed },
+            "record the site's devices",
+        )
+        .await?;
+        let site =
+            aggregates::load::<meridian_events::aggregate::Site>(&*self.log, site_id).await?;
+        let mut cordoned: std::collections::BTreeSet<String> =
+            site.state.cordoned().keys().cloned().collect();
+        for device in &devices {
+            let Some(fault) = device
+                .fault
+                .clone()
+                .filter(|_| !cordoned.contains(&device.id))
+            else {
+                continue;
+            };
+            tracing::warn!(site = %self.site, device = %device.id, model = %device.model, %fault, "cordoning a faulty device");
+            let command = SiteCommand::CordonDevice {
+                device: device.id.clone(),
+                reason: fault,
+                by: devices::HEALTH_CHECK.into(),
+                fault: true,
+            };
+            if self
+                .on_site(site_id, command, "cordon a faulty device")
+                .await?
+            {
+                cordoned.insert(device.id.clone());
+            }
+        }
+        self.adapter.cordon(&cordoned);
         Ok(())
     }
 
