@@ -32,37 +32,45 @@ pub const NVIDIA_SMI_QUERY: [&str; 2] = [
     "--format=csv,noheader,nounits",
 ];
 
+/// The rows of `nvidia-smi --format=csv,noheader`'s output, each with its line number
+/// and exactly `N` fields, or which line has not (`expected` names the fields).
+fn csv_rows<const N: usize>(
+    text: &str,
+    expected: &str,
+) -> Result<Vec<(usize, [String; N])>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, line)| {
+            let fields: Vec<String> = line.split(',').map(|f| f.trim().to_string()).collect();
+            let fields: [String; N] = fields
+                .try_into()
+                .map_err(|_| format!("line {}: expected {expected}; got {line:?}", n + 1))?;
+            Ok((n + 1, fields))
+        })
+        .collect()
+}
+
 /// Devices from `nvidia-smi --query-gpu=index,uuid,name,memory.total
 /// --format=csv,noheader,nounits`: one line a device, `0, GPU-…, NVIDIA H100 80GB HBM3,
 /// 81559` (memory in MiB).
 pub fn parse_nvidia_smi(text: &str) -> Result<Vec<Device>, String> {
     let mut devices = Vec::new();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let [index, uuid, name, memory] = fields.as_slice() else {
-            return Err(format!(
-                "line {}: expected index, uuid, name, memory.total; got {line:?}",
-                n + 1
-            ));
-        };
+    for (n, [index, uuid, name, memory]) in csv_rows(text, "index, uuid, name, memory.total")? {
         let index = index
             .parse()
-            .map_err(|_| format!("line {}: index {index:?} is not a number", n + 1))?;
+            .map_err(|_| format!("line {n}: index {index:?} is not a number"))?;
         let mib: u64 = memory
             .parse()
-            .map_err(|_| format!("line {}: memory {memory:?} is not MiB", n + 1))?;
+            .map_err(|_| format!("line {n}: memory {memory:?} is not MiB"))?;
         if !uuid.starts_with("GPU-") {
-            return Err(format!("line {}: uuid {uuid:?} is not a GPU UUID", n + 1));
+            return Err(format!("line {n}: uuid {uuid:?} is not a GPU UUID"));
         }
         devices.push(Device {
             vendor: "nvidia".into(),
-            model: catalogue_model(name),
+            model: catalogue_model(&name),
             index,
-            uuid: uuid.to_string(),
+            uuid,
             memory_bytes: mib.saturating_mul(1 << 20),
         });
     }
@@ -255,18 +263,11 @@ pub const NVIDIA_SMI_HEALTH: [&str; 2] = [
 /// signals are fine, or that has none (`[N/A]`, `[Not Supported]`), is not in it.
 pub fn parse_nvidia_health(text: &str) -> Result<BTreeMap<String, String>, String> {
     let mut faults = BTreeMap::new();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let [uuid, ecc, pending, thermal] = fields.as_slice() else {
-            return Err(format!(
-                "line {}: expected uuid, ECC errors, pending retirement, thermal slowdown; got {line:?}",
-                n + 1
-            ));
-        };
+    let rows = csv_rows(
+        text,
+        "uuid, ECC errors, pending retirement, thermal slowdown",
+    )?;
+    for (_, [uuid, ecc, pending, thermal]) in rows {
         let mut wrong = Vec::new();
         if let Ok(errors) = ecc.parse::<u64>() {
             if errors > 0 {
