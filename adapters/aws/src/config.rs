@@ -1,8 +1,7 @@
 //! An AWS site's configuration file, checked before anything is contacted; every error
 //! names its field.
 
-use std::collections::BTreeMap;
-
+use meridian_adapter_cloud::config::{self, Images};
 use meridian_adapter_cloud::LifecycleConfig;
 use serde::Deserialize;
 
@@ -28,7 +27,7 @@ pub struct AwsConfig {
     pub endpoint_url: Option<String>,
     /// The image (AMI) by `ARCH` or `ARCH-VENDOR`: `x86_64`, `arm64`, `x86_64-nvidia`,
     /// `x86_64-amd`.
-    pub images: BTreeMap<String, String>,
+    pub images: Images,
     /// The subnets to launch in, one per zone, in order of preference. None: the
     /// default VPC, in the zone EC2 chooses.
     #[serde(default)]
@@ -58,50 +57,17 @@ pub struct Subnet {
 }
 
 const ARCHITECTURES: &[&str] = &["x86_64", "arm64", "i386", "x86_64_mac", "arm64_mac"];
-const VENDORS: &[&str] = &["nvidia", "amd"];
 
 impl AwsConfig {
     /// What is wrong with it, naming the field.
     pub fn check(&self) -> Result<(), String> {
-        let region_ok = !self.region.is_empty()
-            && self
-                .region
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if !region_ok {
-            return Err(format!(
-                "region: expected an AWS region such as us-east-1; got {:?}",
-                self.region
-            ));
-        }
-        if let Some(url) = &self.endpoint_url {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(format!(
-                    "endpoint_url: expected an http:// or https:// URL; got {url:?}"
-                ));
-            }
-        }
-        if self.images.is_empty() {
-            return Err(
-                "images: expected at least one image, such as x86_64: ami-0123456789abcdef0".into(),
-            );
-        }
-        for (key, image) in &self.images {
-            let (arch, vendor) = key
-                .split_once('-')
-                .map_or((key.as_str(), None), |(a, v)| (a, Some(v)));
-            if !ARCHITECTURES.contains(&arch) || vendor.is_some_and(|v| !VENDORS.contains(&v)) {
-                return Err(format!(
-                    "images.{key}: expected an architecture ({}), optionally with -nvidia or -amd",
-                    ARCHITECTURES.join(", ")
-                ));
-            }
-            if !image.starts_with("ami-") {
-                return Err(format!(
-                    "images.{key}: expected an AMI id such as ami-0123456789abcdef0; got {image:?}"
-                ));
-            }
-        }
+        config::check_region(&self.region, "us-east-1")?;
+        config::check_endpoint(self.endpoint_url.as_deref())?;
+        self.images.check(
+            ARCHITECTURES,
+            |image| image.starts_with("ami-"),
+            "ami-0123456789abcdef0",
+        )?;
         for (i, subnet) in self.subnets.iter().enumerate() {
             if !subnet.zone.starts_with(&self.region) {
                 return Err(format!(
@@ -131,14 +97,6 @@ impl AwsConfig {
         }
         self.lifecycle.check()
     }
-
-    /// The image for an instance of `architecture` with GPUs of `vendor`.
-    pub fn image(&self, architecture: &str, vendor: Option<&str>) -> Option<String> {
-        vendor
-            .and_then(|v| self.images.get(&format!("{architecture}-{v}")))
-            .or_else(|| self.images.get(architecture))
-            .cloned()
-    }
 }
 
 #[cfg(test)]
@@ -158,9 +116,10 @@ mod tests {
             "region: us-east-1\nimages: {x86_64: ami-1, x86_64-nvidia: ami-2}\nsubnets: [{zone: us-east-1a, subnet: subnet-1}]\n",
         )
         .unwrap();
-        assert_eq!(c.image("x86_64", Some("nvidia")).as_deref(), Some("ami-2"));
-        assert_eq!(c.image("x86_64", Some("amd")).as_deref(), Some("ami-1"));
-        assert_eq!(c.image("arm64", None), None);
+        assert_eq!(
+            c.images.find("x86_64", Some("nvidia")).as_deref(),
+            Some("ami-2")
+        );
         assert_eq!(c.lifecycle.walltime_grace.as_secs(), 300);
     }
 
@@ -170,7 +129,7 @@ mod tests {
             ("region: US East\nimages: {x86_64: ami-1}\n", "region:"),
             ("region: us-east-1\nimages: {}\n", "images:"),
             ("region: us-east-1\nimages: {x86_64-intel: ami-1}\n", "images.x86_64-intel"),
-            ("region: us-east-1\nimages: {x86_64: img-1}\n", "images.x86_64: expected an AMI"),
+            ("region: us-east-1\nimages: {x86_64: img-1}\n", "images.x86_64: expected an image id such as ami-"),
             (
                 "region: us-east-1\nimages: {x86_64: ami-1}\nsubnets: [{zone: eu-west-1a, subnet: subnet-1}]\n",
                 "subnets[0].zone",

@@ -149,13 +149,9 @@ impl Ec2 {
                 a
             }
         };
-        self.config.image(&architecture, gpu_vendor).ok_or_else(|| {
-            ProviderError::Rejected(format!(
-                "images: no image for {instance_type} ({architecture}{}); add images.{architecture}{} to the site's configuration",
-                gpu_vendor.map(|v| format!(", {v} GPUs")).unwrap_or_default(),
-                gpu_vendor.map(|v| format!("-{v}")).unwrap_or_default(),
-            ))
-        })
+        self.config
+            .images
+            .for_shape(instance_type, &architecture, gpu_vendor)
     }
 
     /// What EC2 says of these instance types (vCPUs, memory, GPUs, architecture).

@@ -18,7 +18,9 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 pub mod bootstrap;
+pub mod config;
 mod site;
+pub mod testing;
 
 pub use site::{judge, CloudSite, EndedBy, Judgement};
 

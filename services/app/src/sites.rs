@@ -71,7 +71,8 @@ pub struct CordonSummary {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CordonRequest {
-    /// Why it gets no new work, shown in `meridian site list`.
+    /// Why it gets no new work, shown in `meridian site list`: not blank.
+    #[schema(min_length = 1, pattern = r"\S")]
     pub reason: String,
 }
 

@@ -28,6 +28,8 @@ pub fn registry() -> Vec<Registration> {
     kinds.push(meridian_adapter_kubernetes::REGISTRATION);
     #[cfg(feature = "site-aws")]
     kinds.push(meridian_adapter_aws::REGISTRATION);
+    #[cfg(feature = "site-oci")]
+    kinds.push(meridian_adapter_oci::REGISTRATION);
     kinds
 }
 
@@ -41,6 +43,7 @@ pub fn find(kind: &str) -> anyhow::Result<Registration> {
             let feature = match kind {
                 "kubernetes" => Some("site-kubernetes"),
                 "aws" => Some("site-aws"),
+                "oci" => Some("site-oci"),
                 _ => None,
             };
             format!(
@@ -153,6 +156,11 @@ mod tests {
         assert_eq!(
             names.contains(&"aws"),
             cfg!(feature = "site-aws"),
+            "{names:?}"
+        );
+        assert_eq!(
+            names.contains(&"oci"),
+            cfg!(feature = "site-oci"),
             "{names:?}"
         );
     }

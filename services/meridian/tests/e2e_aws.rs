@@ -104,24 +104,7 @@ fn up_aws(dir: &Path, catalog_text: &str, config: &Path) -> (String, Proc) {
             ("AWS_EC2_METADATA_DISABLED", "true"),
         ],
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let listed = cli_json(&server, &["site", "list"]);
-        let connected = listed["sites"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|site| site["name"] == "aws-test" && site["connected"] == true);
-        if connected {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "aws-test never connected: {listed:#}\n{}",
-            proc.output()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_connected(&server, "aws-test", &proc);
     (server, proc)
 }
 
@@ -134,20 +117,6 @@ fn ec2(endpoint: &str) -> Ec2 {
     ))
     .unwrap();
     Ec2::new(config).unwrap()
-}
-
-/// Every file under `dir`, as bytes, with its path.
-fn files(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(files(&path));
-        } else if let Ok(bytes) = std::fs::read(&path) {
-            out.push((path, bytes));
-        }
-    }
-    out
 }
 
 #[test]
@@ -315,7 +284,7 @@ fn a_workflow_runs_on_an_ec2_instance_reports_itself_is_billed_by_the_instance_h
     assert!(owned.is_empty(), "left running: {owned:?}");
 
     // No credential in anything Meridian wrote: the log, the read models, its output.
-    let mut written = files(&dir.path().join("data"));
+    let mut written = files_under(&dir.path().join("data"));
     written.push((proc.log.clone(), proc.output().into_bytes()));
     written.push((
         "meridian events".into(),

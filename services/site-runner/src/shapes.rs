@@ -45,7 +45,13 @@ pub fn refreshed(current: &[Shape], facts: &[ShapeFacts]) -> (Vec<Shape>, String
                         count: g.count,
                         vendor,
                         model: g.model.clone(),
-                        memory_bytes: g.memory_bytes,
+                        // A provider that does not say (OCI's ListShapes): the
+                        // catalogue's figure stays.
+                        memory_bytes: if g.memory_bytes > 0 {
+                            g.memory_bytes
+                        } else {
+                            shape.gpus.as_ref().map_or(0, |s| s.memory_bytes)
+                        },
                     }),
                     // Accelerators placement cannot place on: as the catalogue has them.
                     None => shape.gpus.clone(),
@@ -168,5 +174,30 @@ mod tests {
         assert_eq!(shapes, current);
         assert!(outcome.contains("nothing changed"), "{outcome}");
         assert!(outcome.contains("does not know mystery"), "{outcome}");
+    }
+
+    #[test]
+    fn a_gpu_memory_the_provider_does_not_give_stays_the_catalogues() {
+        let mut current = shape("BM.GPU.H100.8", 224, 2048);
+        current.gpus = Some(ShapeGpus {
+            count: 8,
+            vendor: AcceleratorVendor::Nvidia,
+            model: "H100".into(),
+            memory_bytes: 80 << 30,
+        });
+        let facts = [ShapeFacts {
+            name: "BM.GPU.H100.8".into(),
+            cpus: 224,
+            memory_bytes: 2048 << 30,
+            gpus: Some(GpuFacts {
+                count: 8,
+                vendor: "nvidia".into(),
+                model: "H100".into(),
+                memory_bytes: 0,
+            }),
+        }];
+        let (shapes, outcome) = refreshed(std::slice::from_ref(&current), &facts);
+        assert_eq!(shapes, vec![current]);
+        assert!(outcome.contains("nothing changed"), "{outcome}");
     }
 }

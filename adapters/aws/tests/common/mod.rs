@@ -1,19 +1,15 @@
 //! What the AWS tests share: a site on an endpoint, jobs, and the runs' reports held
-//! in memory (the store-backed reports are tested end to end in `meridian`).
+//! in memory.
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use meridian_adapter_aws::{AwsConfig, Ec2, Subnet};
 use meridian_adapter_cloud::{CloudSite, LifecycleConfig};
-use meridian_adapter_core::{
-    AdapterError, Gpus, JobRequest, PlacedShape, ReportTo, Resources, RunReport, RunReports,
-};
+use meridian_adapter_core::{Gpus, JobRequest, PlacedShape, ReportTo, Resources};
 use uuid::Uuid;
 
 /// Test credentials for the SDK's standard chain; set once for the whole process.
@@ -26,30 +22,7 @@ pub fn credentials() {
     });
 }
 
-/// The runs' reports, as a map.
-#[derive(Clone, Default)]
-pub struct MemoryReports(Arc<Mutex<HashMap<Uuid, RunReport>>>);
-
-impl MemoryReports {
-    pub fn started(&self, job: Uuid, at: DateTime<Utc>) {
-        self.0.lock().unwrap().entry(job).or_default().started_at = Some(at);
-    }
-
-    pub fn exited(&self, job: Uuid, code: i32, stdout: &str) {
-        let mut all = self.0.lock().unwrap();
-        let r = all.entry(job).or_default();
-        r.exit_code = Some(code);
-        r.ended_at = Some(Utc::now());
-        r.logs.stdout = stdout.to_string();
-    }
-}
-
-#[async_trait]
-impl RunReports for MemoryReports {
-    async fn read(&self, job_id: Uuid) -> Result<Option<RunReport>, AdapterError> {
-        Ok(self.0.lock().unwrap().get(&job_id).cloned())
-    }
-}
+pub use meridian_adapter_cloud::testing::MemoryReports;
 
 /// An AWS site on `endpoint`, launching in `zones` (a subnet `subnet-<zone>` each).
 pub fn site(
@@ -63,7 +36,10 @@ pub fn site(
     let config = AwsConfig {
         region: "us-east-1".into(),
         endpoint_url: Some(endpoint.to_string()),
-        images: BTreeMap::from([("x86_64".into(), image.to_string())]),
+        images: meridian_adapter_cloud::config::Images(BTreeMap::from([(
+            "x86_64".into(),
+            image.to_string(),
+        )])),
         subnets: zones
             .iter()
             .map(|z| Subnet {

@@ -736,3 +736,41 @@ pub fn sbatch_array(server: &str, dir: &Path) -> Value {
     );
     status
 }
+
+/// Waits until an adapter serves `site` (its runner's heartbeat is in): work submitted
+/// earlier would be placed elsewhere as `not connected`.
+pub fn wait_connected(server: &str, site: &str, proc: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = cli_json(server, &["site", "list"]);
+        let connected = listed["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"] == site && s["connected"] == true);
+        if connected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{site} never connected: {listed:#}\n{}",
+            proc.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every file under `dir`, as bytes, with its path: to look for secrets in what
+/// Meridian wrote.
+pub fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            out.push((path, bytes));
+        }
+    }
+    out
+}
