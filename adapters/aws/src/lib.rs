@@ -5,7 +5,7 @@
 //! Meridian's log.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 use aws_sdk_ec2::error::ProvideErrorMetadata;
@@ -17,9 +17,9 @@ use aws_sdk_ec2::types::{
 use aws_sdk_ec2::Client;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use meridian_adapter_cloud::{
-    tags, CloudProvider, CloudSite, Instance, InstanceState, Launch, ProviderError,
+    build_site, tags, CloudProvider, Instance, InstanceState, Launch, ProviderError,
 };
-use meridian_adapter_core::registry::{parse_config, BuildError};
+use meridian_adapter_core::registry::parse_config;
 use meridian_adapter_core::{GpuFacts, ShapeFacts};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
@@ -39,13 +39,8 @@ pub const REGISTRATION: meridian_adapter_core::Registration = meridian_adapter_c
     needs_config: true,
     build: |text, context| {
         let config: AwsConfig = parse_config(text)?;
-        let lifecycle = config.lifecycle.clone();
-        let provider = Ec2::new(config).map_err(BuildError::Config)?;
-        let refresh = provider.config.refresh_shapes;
-        let site = CloudSite::new(provider, lifecycle, context.run_reports.clone())
-            .map_err(BuildError::Config)?
-            .with_shapes_at_start(refresh);
-        Ok(Arc::new(site))
+        let (lifecycle, refresh) = (config.lifecycle.clone(), config.refresh_shapes);
+        build_site(Ec2::new(config), lifecycle, refresh, context)
     },
 };
 

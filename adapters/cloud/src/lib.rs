@@ -60,11 +60,45 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// Whether Meridian launched it (its `meridian-managed` tag).
+    pub fn is_managed(&self) -> bool {
+        self.tags.get(tags::MANAGED).map(String::as_str) == Some("true")
+    }
+
+    /// Whether Meridian launched it for `job_id`.
+    pub fn runs(&self, job_id: Uuid) -> bool {
+        self.is_managed() && self.job_id() == Some(job_id)
+    }
+
     /// The Meridian job it runs, from its tag.
     pub fn job_id(&self) -> Option<Uuid> {
         self.tags
             .get(tags::JOB_ID)
             .and_then(|id| Uuid::try_parse(id).ok())
+    }
+}
+
+/// What a provider whose API can only list every instance (OCI, Azure) keeps of that
+/// list for each call.
+pub mod listed {
+    use super::{Instance, InstanceState};
+    use uuid::Uuid;
+
+    /// [`super::CloudProvider::describe`]: the instances with these ids.
+    pub fn with_ids(all: Vec<Instance>, ids: &[String]) -> Vec<Instance> {
+        all.into_iter().filter(|i| ids.contains(&i.id)).collect()
+    }
+
+    /// [`super::CloudProvider::find`]: Meridian's instances for `job_id`.
+    pub fn of_job(all: Vec<Instance>, job_id: Uuid) -> Vec<Instance> {
+        all.into_iter().filter(|i| i.runs(job_id)).collect()
+    }
+
+    /// [`super::CloudProvider::owned`]: Meridian's instances not terminated.
+    pub fn owned(all: Vec<Instance>) -> Vec<Instance> {
+        all.into_iter()
+            .filter(|i| i.is_managed() && i.state != InstanceState::Terminated)
+            .collect()
     }
 }
 
@@ -153,6 +187,23 @@ pub trait CloudProvider: Send + Sync + 'static {
 
     /// The figures of these shapes (instance types), as the provider gives them.
     async fn shapes(&self, names: &[String]) -> Result<Vec<ShapeFacts>, ProviderError>;
+}
+
+/// A cloud site for the adapter registry: `provider` on the lifecycle, its runs' reports
+/// from the build context, its shapes refreshed at start when its configuration says.
+pub fn build_site<P: CloudProvider>(
+    provider: Result<P, String>,
+    lifecycle: LifecycleConfig,
+    refresh_shapes: bool,
+    context: &meridian_adapter_core::BuildContext,
+) -> Result<std::sync::Arc<dyn meridian_adapter_core::SiteAdapter>, meridian_adapter_core::BuildError>
+{
+    use meridian_adapter_core::BuildError;
+    let provider = provider.map_err(BuildError::Config)?;
+    let site = CloudSite::new(provider, lifecycle, context.run_reports.clone())
+        .map_err(BuildError::Config)?
+        .with_shapes_at_start(refresh_shapes);
+    Ok(std::sync::Arc::new(site))
 }
 
 /// How the lifecycle behaves, the same for every cloud: the `lifecycle:` section of a

@@ -5,16 +5,15 @@
 //! that would do this for Rust is AGPL-3.0 and is not linked (see ADR 0011).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use meridian_adapter_cloud::{
-    tags, CloudProvider, CloudSite, Instance, InstanceState, Launch, ProviderError,
+    build_site, listed, CloudProvider, Instance, InstanceState, Launch, ProviderError,
 };
 use meridian_adapter_core::gpu::catalogue_model;
-use meridian_adapter_core::registry::{parse_config, BuildError};
+use meridian_adapter_core::registry::parse_config;
 use meridian_adapter_core::{GpuFacts, ShapeFacts};
 use reqwest::{Method, StatusCode, Url};
 use serde_json::{json, Value};
@@ -34,13 +33,8 @@ pub const REGISTRATION: meridian_adapter_core::Registration = meridian_adapter_c
     needs_config: true,
     build: |text, context| {
         let config: OciConfig = parse_config(text)?;
-        let lifecycle = config.lifecycle.clone();
-        let refresh = config.refresh_shapes;
-        let provider = Oci::new(config).map_err(BuildError::Config)?;
-        let site = CloudSite::new(provider, lifecycle, context.run_reports.clone())
-            .map_err(BuildError::Config)?
-            .with_shapes_at_start(refresh);
-        Ok(Arc::new(site))
+        let (lifecycle, refresh) = (config.lifecycle.clone(), config.refresh_shapes);
+        build_site(Oci::new(config), lifecycle, refresh, context)
     },
 };
 
@@ -432,37 +426,15 @@ impl CloudProvider for Oci {
             return Ok(Vec::new());
         }
         // One list for all of them: OCI has no call that takes several ids.
-        Ok(self
-            .instances()
-            .await?
-            .into_iter()
-            .filter(|i| ids.contains(&i.id))
-            .collect())
+        Ok(listed::with_ids(self.instances().await?, ids))
     }
 
     async fn find(&self, job_id: Uuid) -> Result<Vec<Instance>, ProviderError> {
-        let id = job_id.to_string();
-        Ok(self
-            .instances()
-            .await?
-            .into_iter()
-            .filter(|i| {
-                i.tags.get(tags::MANAGED).map(String::as_str) == Some("true")
-                    && i.tags.get(tags::JOB_ID) == Some(&id)
-            })
-            .collect())
+        Ok(listed::of_job(self.instances().await?, job_id))
     }
 
     async fn owned(&self) -> Result<Vec<Instance>, ProviderError> {
-        Ok(self
-            .instances()
-            .await?
-            .into_iter()
-            .filter(|i| {
-                i.tags.get(tags::MANAGED).map(String::as_str) == Some("true")
-                    && i.state != InstanceState::Terminated
-            })
-            .collect())
+        Ok(listed::owned(self.instances().await?))
     }
 
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError> {

@@ -30,6 +30,8 @@ pub fn registry() -> Vec<Registration> {
     kinds.push(meridian_adapter_aws::REGISTRATION);
     #[cfg(feature = "site-oci")]
     kinds.push(meridian_adapter_oci::REGISTRATION);
+    #[cfg(feature = "site-azure")]
+    kinds.push(meridian_adapter_azure::REGISTRATION);
     kinds
 }
 
@@ -44,6 +46,7 @@ pub fn find(kind: &str) -> anyhow::Result<Registration> {
                 "kubernetes" => Some("site-kubernetes"),
                 "aws" => Some("site-aws"),
                 "oci" => Some("site-oci"),
+                "azure" => Some("site-azure"),
                 _ => None,
             };
             format!(
@@ -161,6 +164,11 @@ mod tests {
         assert_eq!(
             names.contains(&"oci"),
             cfg!(feature = "site-oci"),
+            "{names:?}"
+        );
+        assert_eq!(
+            names.contains(&"azure"),
+            cfg!(feature = "site-azure"),
             "{names:?}"
         );
     }

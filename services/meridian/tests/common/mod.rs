@@ -178,23 +178,31 @@ pub fn up_with_adapter_env(
     adapter: &str,
     env: &[(&str, &str)],
 ) -> (String, Proc) {
+    up_with_adapters_env(dir, port, catalog, &[adapter], env)
+}
+
+/// [`up_with_adapter_env`] with several adapters.
+pub fn up_with_adapters_env(
+    dir: &Path,
+    port: u16,
+    catalog: &str,
+    adapters: &[&str],
+    env: &[(&str, &str)],
+) -> (String, Proc) {
     let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
+    let mut args = vec![
         "up",
-        dir,
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--catalog",
-            catalog,
-            "--adapter",
-            adapter,
-        ],
-        env,
-    );
+        "--data-dir",
+        "data",
+        "--listen",
+        &listen,
+        "--catalog",
+        catalog,
+    ];
+    for adapter in adapters {
+        args.extend(["--adapter", adapter]);
+    }
+    let proc = Proc::spawn("up", dir, &args, env);
     let server = format!("http://127.0.0.1:{port}");
     wait_ready(&server, &[&proc]);
     (server, proc)
@@ -773,4 +781,35 @@ pub fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         }
     }
     out
+}
+
+/// The instance-hours line of workflow `id`'s one run, checked to cost exactly `price`
+/// an hour over the interval it bills (a cloud site's run).
+pub fn instance_hours(server: &str, id: &str, price: &str) -> Value {
+    let bill = bill(server, id, 1);
+    let lines = billed_runs(&bill).into_values().next().unwrap();
+    let line = lines
+        .iter()
+        .find(|l| l["meter"] == "instance_hours")
+        .cloned()
+        .unwrap_or_else(|| panic!("an instance_hours line: {bill:#}"));
+    let at = |k: &str| DateTime::parse_from_rfc3339(line[k].as_str().unwrap()).unwrap();
+    let micros = (at("ended_at") - at("started_at"))
+        .num_microseconds()
+        .unwrap();
+    let expected =
+        Decimal::from_str(price).unwrap() * Decimal::from(micros) / Decimal::from(3_600_000_000u64);
+    let amount = Decimal::from_str(line["amount"].as_str().unwrap()).unwrap();
+    assert!(
+        (amount - expected).abs() < Decimal::from_str("0.0000000001").unwrap(),
+        "{line:#} should cost {expected}"
+    );
+    line
+}
+
+/// When a bill line's interval starts.
+pub fn billed_from(line: &Value) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(line["started_at"].as_str().unwrap())
+        .unwrap()
+        .with_timezone(&Utc)
 }
