@@ -99,12 +99,16 @@ impl SiteEntry {
             / (self.runs + self.device_faults + 2) as f64
     }
 
-    /// How many of its `model` GPUs are cordoned.
+    /// How many of its `model` GPUs it reports are cordoned.
     pub fn cordoned_of(&self, model: &str) -> u32 {
+        // Only devices the site still reports: a cordon of one gone since (its shape
+        // re-declared without it) must not take it away twice.
         let n = self
             .cordoned
-            .values()
-            .filter(|c| c.model.eq_ignore_ascii_case(model))
+            .iter()
+            .filter(|(id, c)| {
+                c.model.eq_ignore_ascii_case(model) && self.devices.iter().any(|d| &d.id == *id)
+            })
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
     }

@@ -51,7 +51,8 @@ pub struct AzureConfig {
     /// Another instance metadata endpoint (tests).
     #[serde(default)]
     pub metadata_url: Option<String>,
-    /// How long to follow a VM's creation before giving it up.
+    /// How long a create waits for ARM's answer (the site runner waits with it); a VM
+    /// still creating after it is followed as a booting one.
     #[serde(default = "operation_timeout")]
     pub operation_timeout_seconds: u64,
     /// Reads the site's shapes from the location's VM sizes when the adapter starts.
@@ -70,7 +71,7 @@ fn disk() -> String {
 }
 
 fn operation_timeout() -> u64 {
-    900
+    180
 }
 
 const ARCHITECTURES: &[&str] = &["x86_64", "arm64"];

@@ -101,6 +101,11 @@ impl Credential {
         }
     }
 
+    /// Forgets the kept token: ARM refused it.
+    pub async fn forget(&self) {
+        *self.cached.lock().await = None;
+    }
+
     /// A token for ARM, from the cache while it has five minutes left.
     pub async fn token(&self) -> Result<String, String> {
         let mut cached = self.cached.lock().await;

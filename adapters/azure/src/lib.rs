@@ -73,6 +73,7 @@ pub struct Arm {
     /// VMs seen, by name: a deleted VM vanishes from ARM at once, and the lifecycle still
     /// needs what it was (its tags, its launch) to judge how its run ended.
     seen: Mutex<HashMap<String, Seen>>,
+    listing: listed::Cache,
 }
 
 /// A VM as last seen, and whether it is a Spot VM.
@@ -121,7 +122,15 @@ impl Arm {
             http,
             base,
             seen: Mutex::new(HashMap::new()),
+            listing: listed::Cache::new(Duration::from_secs(2)),
         })
+    }
+
+    /// Lists the resource group again when the last list is older than `every` (2 s by
+    /// default; tests that step the stand-in look by look use zero).
+    pub fn listing_every(mut self, every: Duration) -> Arm {
+        self.listing = listed::Cache::new(every);
+        self
     }
 
     fn group(&self) -> String {
@@ -174,6 +183,10 @@ impl Arm {
         };
         let response = request.send().await.map_err(unreachable)?;
         let status = response.status();
+        if status == StatusCode::UNAUTHORIZED {
+            // A revoked or expired token: the next call gets a new one.
+            self.credential.forget().await;
+        }
         let header = |name: &str| {
             response
                 .headers()
@@ -210,7 +223,19 @@ impl Arm {
                 wait.map_or(2000, |s| (s * 1000).max(50)),
             ))
             .await;
-            let (_, v, _, retry) = self.call(Method::GET, operation, None).await?;
+            let (_, v, _, retry) = match self.call(Method::GET, operation, None).await {
+                Ok(answer) => answer,
+                // A throttle or a hiccup while following: look again.
+                Err(a)
+                    if (a.status.is_server_error()
+                        || a.status == StatusCode::TOO_MANY_REQUESTS)
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    wait = None;
+                    continue;
+                }
+                Err(a) => return Err(a),
+            };
             match v["status"].as_str().unwrap_or("") {
                 "Succeeded" => return Ok(()),
                 "Failed" | "Canceled" => {
@@ -264,9 +289,14 @@ impl Arm {
         }
     }
 
-    /// Every VM of the resource group, each with its power state; VMs seen before that
-    /// are gone now are there too, terminated.
+    /// Every VM of the resource group, from the last list while it is fresh.
     async fn vms(&self) -> Result<Vec<Instance>, ProviderError> {
+        self.listing.get(|| self.list_vms()).await
+    }
+
+    /// Every VM of the resource group, Meridian's with their power state; Meridian's VMs
+    /// seen before that ARM no longer has are there too, terminated.
+    async fn list_vms(&self) -> Result<Vec<Instance>, ProviderError> {
         let mut url = format!(
             "{}/providers/Microsoft.Compute/virtualMachines?api-version={COMPUTE_API}",
             self.group()
@@ -309,25 +339,58 @@ impl Arm {
             };
             out.push(seen_of(vm, power.as_deref()));
         }
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        for s in &out {
-            seen.insert(s.instance.id.clone(), s.clone());
+        // Meridian's VMs seen before and missing from this list: gone only when ARM says
+        // so for that VM (a list can lag a create).
+        let missing: Vec<String> = {
+            let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            seen.iter()
+                .filter(|(name, s)| {
+                    s.instance.state != InstanceState::Terminated
+                        && !out.iter().any(|o| &o.instance.id == *name)
+                })
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        let mut gone = Vec::new();
+        for name in missing {
+            match self
+                .call(
+                    Method::GET,
+                    &format!("{}?api-version={COMPUTE_API}", self.vm_path(&name)),
+                    None,
+                )
+                .await
+            {
+                Err(a) if a.status == StatusCode::NOT_FOUND => gone.push(name),
+                Err(a) => return Err(provider_error(a)),
+                Ok(_) => {}
+            }
         }
         let now = Utc::now();
-        let mut all: Vec<Instance> = out.into_iter().map(|s| s.instance).collect();
-        for (name, gone) in seen.iter_mut() {
-            if all.iter().any(|i| &i.id == name) {
-                continue;
-            }
-            let i = &mut gone.instance;
-            if i.state != InstanceState::Terminated {
-                i.state = InstanceState::Terminated;
-                i.ended_at = Some(now);
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        for s in out.iter().filter(|s| s.instance.is_managed()) {
+            seen.insert(s.instance.id.clone(), s.clone());
+        }
+        for name in gone {
+            if let Some(s) = seen.get_mut(&name) {
+                s.instance.state = InstanceState::Terminated;
+                s.instance.ended_at = Some(now);
                 // A Spot VM ARM deleted without Meridian asking was evicted; the
                 // lifecycle asks only when Meridian did not end it.
-                i.reclaimed = gone.spot;
+                s.instance.reclaimed = s.spot;
             }
-            all.push(i.clone());
+        }
+        // What ended over an hour ago has been reported long since.
+        seen.retain(|_, s| {
+            s.instance
+                .ended_at
+                .is_none_or(|t| now - t < chrono::Duration::hours(1))
+        });
+        let mut all: Vec<Instance> = out.into_iter().map(|s| s.instance).collect();
+        for s in seen.values() {
+            if s.instance.state == InstanceState::Terminated {
+                all.push(s.instance.clone());
+            }
         }
         Ok(all)
     }
@@ -347,6 +410,8 @@ fn seen_of(vm: &Value, power: Option<&str>) -> Seen {
     let p = &vm["properties"];
     let state = match (p["provisioningState"].as_str().unwrap_or(""), power) {
         ("Deleting", _) => InstanceState::Terminating,
+        // A failed update of a running VM leaves it running.
+        ("Failed", Some("running")) => InstanceState::Running,
         // A VM whose creation failed runs nothing: ended like a stopped one.
         ("Failed", _) => InstanceState::Stopped,
         (_, Some("running")) => InstanceState::Running,
@@ -577,17 +642,27 @@ impl CloudProvider for Arm {
             vm["properties"]["billingProfile"] = json!({"maxPrice": -1});
         }
         let vm_path = self.vm_path(&name);
-        if let Err(a) = self.put(&vm_path, COMPUTE_API, &vm).await {
-            // What creation left: a failed VM (its disk and NIC go with it) or, when ARM
-            // refused at once, the NIC alone.
-            let cleanup = match self.delete(&vm_path, COMPUTE_API, true).await {
-                Ok(()) => self.delete(&nic_path, NETWORK_API, true).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = cleanup {
-                tracing::warn!(vm = %name, error = ?e, "could not clean up after a failed create; the leak sweep will");
+        self.listing.forget().await;
+        match self.put(&vm_path, COMPUTE_API, &vm).await {
+            Ok(_) => {}
+            // Still creating after operation_timeout_seconds: no answer either way yet.
+            // The VM is followed as any other; a create that fails later ends its run as
+            // a failure of the site, and the work is placed again.
+            Err(a) if a.code == "OperationTimedOut" => {
+                tracing::warn!(vm = %name, "the VM's creation is still under way; following it as a booting VM");
             }
-            return Err(provider_error(a));
+            Err(a) => {
+                // What creation left: a failed VM (its disk and NIC go with it) or, when ARM
+                // refused at once, the NIC alone.
+                let cleanup = match self.delete(&vm_path, COMPUTE_API, true).await {
+                    Ok(()) => self.delete(&nic_path, NETWORK_API, true).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = cleanup {
+                    tracing::warn!(vm = %name, error = ?e, "could not clean up after a failed create; the leak sweep will");
+                }
+                return Err(provider_error(a));
+            }
         }
         let (_, created, _, _) = self
             .call(
@@ -626,6 +701,7 @@ impl CloudProvider for Arm {
     }
 
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError> {
+        self.listing.forget().await;
         for name in ids {
             // Not followed: the lifecycle sees it Deleting, then gone.
             self.delete(&self.vm_path(name), COMPUTE_API, false)

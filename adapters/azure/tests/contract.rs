@@ -38,7 +38,10 @@ fn source(secret: &str) -> Source {
 }
 
 fn site_with(standin: &AzureStandIn, reports: MemoryReports) -> CloudSite<Arm> {
-    let arm = Arm::new(config(standin), source(SECRET)).unwrap();
+    // Every look lists again: the stand-in moves VMs on as they are looked at.
+    let arm = Arm::new(config(standin), source(SECRET))
+        .unwrap()
+        .listing_every(Duration::ZERO);
     CloudSite::new(arm, LifecycleConfig::default(), Some(Arc::new(reports))).unwrap()
 }
 

@@ -81,8 +81,50 @@ impl Instance {
 /// What a provider whose API can only list every instance (OCI, Azure) keeps of that
 /// list for each call.
 pub mod listed {
-    use super::{Instance, InstanceState};
+    use std::time::{Duration, Instant};
+
+    use super::{Instance, InstanceState, ProviderError};
     use uuid::Uuid;
+
+    /// The last list, kept for a moment: the site runner asks after each run it follows
+    /// four times a second, and a provider that can only list everything would list it
+    /// for each. A launch or a terminate forgets it.
+    pub struct Cache {
+        every: Duration,
+        last: tokio::sync::Mutex<Option<(Instant, Vec<Instance>)>>,
+    }
+
+    impl Cache {
+        /// Lists again when the last list is older than `every` (zero: every time).
+        pub fn new(every: Duration) -> Cache {
+            Cache {
+                every,
+                last: tokio::sync::Mutex::new(None),
+            }
+        }
+
+        /// The list, from `list` when the kept one is too old.
+        pub async fn get<F, Fut>(&self, list: F) -> Result<Vec<Instance>, ProviderError>
+        where
+            F: FnOnce() -> Fut,
+            Fut: std::future::Future<Output = Result<Vec<Instance>, ProviderError>>,
+        {
+            let mut last = self.last.lock().await;
+            if let Some((at, all)) = last.as_ref() {
+                if at.elapsed() < self.every {
+                    return Ok(all.clone());
+                }
+            }
+            let all = list().await?;
+            *last = Some((Instant::now(), all.clone()));
+            Ok(all)
+        }
+
+        /// The next [`Cache::get`] lists again.
+        pub async fn forget(&self) {
+            *self.last.lock().await = None;
+        }
+    }
 
     /// [`super::CloudProvider::describe`]: the instances with these ids.
     pub fn with_ids(all: Vec<Instance>, ids: &[String]) -> Vec<Instance> {

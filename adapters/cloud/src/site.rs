@@ -379,11 +379,17 @@ fn unavailable(e: ProviderError) -> AdapterError {
 /// the others fewer; every provider pages its answer).
 const DESCRIBE_CHUNK: usize = 200;
 
-/// The client token of a launch in `zone`: at most 64 characters, as EC2 allows.
+/// The client token of a launch in `zone`: at most 64 characters, as EC2 allows, and
+/// different for every zone (a long zone name keeps its end, where zones differ:
+/// `…-AD-1`, `us-east-1a`).
 fn client_token(job: Uuid, zone: Option<&str>) -> String {
-    let mut token = format!("meridian-{}-{}", job.simple(), zone.unwrap_or("any"));
-    token.truncate(64);
-    token
+    let zone: String = zone
+        .unwrap_or("any")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    let tail = &zone[zone.len().saturating_sub(20)..];
+    format!("meridian-{}-{tail}", job.simple())
 }
 
 #[async_trait]
@@ -615,6 +621,19 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
+
+    #[test]
+    fn a_client_token_differs_by_zone_and_fits_64_characters() {
+        let job = Uuid::now_v7();
+        let one = client_token(job, Some("Uocm:EU-FRANKFURT-1-AD-1"));
+        let two = client_token(job, Some("Uocm:EU-FRANKFURT-1-AD-2"));
+        assert_ne!(one, two);
+        assert!(
+            one.len() <= 64 && one.ends_with("FRANKFURT-1-AD-1"),
+            "{one}"
+        );
+        assert!(client_token(job, None).ends_with("-any"));
+    }
 
     fn at(minute: u32) -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 12, 1, 10, minute, 0).unwrap()

@@ -212,8 +212,53 @@ pub fn parse_rocm_smi(text: &str) -> Result<Vec<Device>, String> {
 #[derive(Debug, Clone, Default)]
 pub struct Discovery {
     pub devices: Vec<Device>,
+    /// The vendors whose tool answered: only their devices can be said to be missing.
+    pub answered: Vec<String>,
     /// Tools that were not there or failed, for the log.
     pub notes: Vec<String>,
+}
+
+/// How long a vendor's tool may take: a GPU in trouble can hang it, and the health check
+/// must not hang with it.
+const TOOL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Runs `tool` with `args` from `PATH`: its output, or why there is none (not there,
+/// failed, or killed after [`TOOL_TIMEOUT`]).
+fn run_tool(tool: &str, args: &[&str]) -> Result<std::process::Output, std::io::Error> {
+    use std::io::Read;
+    let mut child = Command::new(tool)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut stdout = child.stdout.take().expect("piped");
+    // Read beside the wait, so that a full pipe cannot stall the tool.
+    let reader = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stdout.read_to_end(&mut bytes);
+        bytes
+    });
+    let deadline = std::time::Instant::now() + TOOL_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer in {} s; stopped", TOOL_TIMEOUT.as_secs()),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: reader.join().unwrap_or_default(),
+        stderr: Vec::new(),
+    })
 }
 
 /// Runs each vendor's tool from `PATH` and gathers the devices.
@@ -232,7 +277,7 @@ pub fn discover() -> Discovery {
         if tool == "rocm-smi" && !found.notes.iter().any(|n| n == "amd-smi is not on PATH") {
             continue;
         }
-        match Command::new(tool).args(args).output() {
+        match run_tool(tool, args) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 found.notes.push(format!("{tool} is not on PATH"));
             }
@@ -242,7 +287,15 @@ pub fn discover() -> Discovery {
                 String::from_utf8_lossy(&out.stdout).trim()
             )),
             Ok(out) => match parse(&String::from_utf8_lossy(&out.stdout)) {
-                Ok(mut devices) => found.devices.append(&mut devices),
+                Ok(mut devices) => {
+                    let vendor = if tool == "nvidia-smi" {
+                        "nvidia"
+                    } else {
+                        "amd"
+                    };
+                    found.answered.push(vendor.to_string());
+                    found.devices.append(&mut devices);
+                }
                 Err(e) => found.notes.push(format!("{tool}: {e}")),
             },
         }
@@ -341,7 +394,7 @@ pub fn health(devices: &[Device]) -> (BTreeMap<String, String>, Vec<String>) {
     let mut faults = BTreeMap::new();
     let mut notes = Vec::new();
     let has = |vendor: &str| devices.iter().any(|d| d.vendor == vendor);
-    let run = |tool: &str, args: &[&str]| match Command::new(tool).args(args).output() {
+    let run = |tool: &str, args: &[&str]| match run_tool(tool, args) {
         Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).to_string()),
         Ok(out) => Err(format!(
             "{tool} could not read health: {}",

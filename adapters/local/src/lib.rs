@@ -261,13 +261,15 @@ impl LocalAdapter {
                     .unwrap_or_default()
             );
             let fits = gpu::pick(&devices, &[], g.count, &g.vendor, g.model.as_deref()).is_some();
+            // Refused, not rejected: another site may run it, or this one once an admin
+            // gives the devices back (placement may not have seen the cordon yet).
             if fits
                 && gpu::pick(&devices, &cordoned, g.count, &g.vendor, g.model.as_deref()).is_none()
             {
-                return reject(format!(
+                return Err(AdapterError::Refused(format!(
                     "{wanted} requested; the local site's that fit are cordoned ({})",
                     cordoned.join(", ")
-                ));
+                )));
             }
             if !fits {
                 let have: Vec<String> = devices
@@ -461,8 +463,12 @@ impl Inner {
                     gpus.push(d.clone());
                 }
             }
+            // Only a tool that answered can say a device is gone: one that failed (a
+            // driver's hiccup) says nothing of its devices.
             for g in gpus.iter() {
-                if !found.devices.iter().any(|d| d.uuid == g.uuid) {
+                if found.answered.contains(&g.vendor)
+                    && !found.devices.iter().any(|d| d.uuid == g.uuid)
+                {
                     missing.insert(g.uuid.clone());
                 }
             }

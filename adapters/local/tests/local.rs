@@ -915,10 +915,10 @@ async fn a_cordoned_gpu_gets_no_new_work_and_is_not_counted_free() {
     );
     // Both asked for: never, while one is cordoned; the reason names it.
     match adapter.submit(&gpu_job(2)).await {
-        Err(AdapterError::Rejected(why)) => {
+        Err(AdapterError::Refused(why)) => {
             assert!(why.contains("cordoned (GPU-a)"), "{why}")
         }
-        other => panic!("expected Rejected, got {other:?}"),
+        other => panic!("expected Refused, got {other:?}"),
     }
     // One: the healthy device, every time.
     for _ in 0..2 {

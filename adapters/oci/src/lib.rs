@@ -50,6 +50,7 @@ pub struct Oci {
     signer: Signer,
     http: reqwest::Client,
     base: Url,
+    listing: listed::Cache,
 }
 
 /// An error OCI answered: its HTTP status, `code` and `message`.
@@ -94,7 +95,15 @@ impl Oci {
             signer,
             http,
             base,
+            listing: listed::Cache::new(std::time::Duration::from_secs(2)),
         })
+    }
+
+    /// Lists the compartment again when the last list is older than `every` (2 s by
+    /// default; tests that step the stand-in look by look use zero).
+    pub fn listing_every(mut self, every: std::time::Duration) -> Oci {
+        self.listing = listed::Cache::new(every);
+        self
     }
 
     /// One signed call: `path` under the API version, `query` pairs, a JSON body. The
@@ -205,12 +214,16 @@ impl Oci {
 
     /// Every instance of the compartment OCI still lists (terminated ones for a while).
     async fn instances(&self) -> Result<Vec<Instance>, ProviderError> {
-        Ok(self
-            .list("/instances", &[("compartmentId", &self.config.compartment)])
-            .await?
-            .iter()
-            .map(instance_of)
-            .collect())
+        self.listing
+            .get(|| async {
+                Ok(self
+                    .list("/instances", &[("compartmentId", &self.config.compartment)])
+                    .await?
+                    .iter()
+                    .map(instance_of)
+                    .collect())
+            })
+            .await
     }
 
     /// The image for `shape`, by its architecture and GPU vendor.
@@ -311,7 +324,20 @@ fn instance_of(v: &Value) -> Instance {
 /// MI300X`).
 pub fn shape_facts(v: &Value) -> Option<ShapeFacts> {
     let name = v["shape"].as_str()?.to_string();
-    let ocpus = v["ocpus"].as_f64().unwrap_or(0.0);
+    // A flexible shape's `ocpus` and `memoryInGBs` are its default size, not what it can
+    // be: its largest, where ListShapes says, else 0 (the catalogue's figure stays).
+    let flexible = v["isFlexible"].as_bool() == Some(true);
+    let (ocpus, memory_gbs) = if flexible {
+        (
+            v["ocpuOptions"]["max"].as_f64().unwrap_or(0.0),
+            v["memoryOptions"]["maxInGBs"].as_f64().unwrap_or(0.0),
+        )
+    } else {
+        (
+            v["ocpus"].as_f64().unwrap_or(0.0),
+            v["memoryInGBs"].as_f64().unwrap_or(0.0),
+        )
+    };
     let per_ocpu = if architecture(&name) == "aarch64" {
         1.0
     } else {
@@ -321,7 +347,7 @@ pub fn shape_facts(v: &Value) -> Option<ShapeFacts> {
     let description = v["gpuDescription"].as_str().unwrap_or("");
     Some(ShapeFacts {
         cpus: (ocpus * per_ocpu).round() as u32,
-        memory_bytes: (v["memoryInGBs"].as_f64().unwrap_or(0.0) * (1u64 << 30) as f64) as u64,
+        memory_bytes: (memory_gbs * (1u64 << 30) as f64) as u64,
         gpus: (gpus > 0).then(|| GpuFacts {
             count: gpus,
             vendor: if description.to_ascii_uppercase().contains("AMD") {
@@ -407,6 +433,7 @@ impl CloudProvider for Oci {
             body["preemptibleInstanceConfig"] =
                 json!({"preemptionAction": {"type": "TERMINATE", "preserveBootVolume": false}});
         }
+        self.listing.forget().await;
         // The retry token makes a launch sent again (a restart mid-call) the same launch.
         let (value, _) = self
             .call(
@@ -438,6 +465,7 @@ impl CloudProvider for Oci {
     }
 
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError> {
+        self.listing.forget().await;
         for id in ids {
             // The boot volume goes with it: nothing is left billing.
             match self
@@ -549,6 +577,12 @@ mod tests {
             "memoryInGBs": 6.0, "gpus": 0}))
         .unwrap();
         assert_eq!((arm.cpus, arm.gpus), (1, None));
+        let flex = shape_facts(&json!({"shape": "VM.Standard.E5.Flex", "ocpus": 1.0,
+            "memoryInGBs": 12.0, "isFlexible": true, "gpus": 0,
+            "ocpuOptions": {"min": 1.0, "max": 94.0},
+            "memoryOptions": {"minInGBs": 1.0, "maxInGBs": 1049.0}}))
+        .unwrap();
+        assert_eq!((flex.cpus, flex.memory_bytes >> 30), (188, 1049));
         assert_eq!(architecture("BM.Standard.A1.160"), "aarch64");
         assert_eq!(architecture("VM.GPU.A10.1"), "x86_64");
     }

@@ -163,7 +163,14 @@ pub async fn ensure_local_site(
     models.sort();
     models.dedup();
     let sheet = prices.sheet(&models)?;
-    let priced: Vec<&str> = sheet.compute.iter().map(|o| o.offer.as_str()).collect();
+    // The offers of the sheet in force: a catalogue file's prices are left as they are,
+    // so a GPU shape may name only an offer they have.
+    let in_force = catalog
+        .find(name)
+        .and_then(|s| s.prices.last())
+        .filter(|p| p.source != LOCAL_PRICES_SOURCE)
+        .unwrap_or(&sheet);
+    let priced: Vec<&str> = in_force.compute.iter().map(|o| o.offer.as_str()).collect();
     let shapes = local_shapes(cpus, memory_bytes, gpus, &priced);
     if let Some(site) = catalog.find(name) {
         update_local_prices(log, site, &sheet).await?;
@@ -226,12 +233,22 @@ async fn update_local_prices(
         return Ok(());
     }
     let ctx = EventContext::new_chain("system");
-    execute::<Site, _>(log, site.id, &ctx, |_| SiteCommand::ChangePrices {
+    match execute::<Site, _>(log, site.id, &ctx, |_| SiteCommand::ChangePrices {
         prices: sheet.clone(),
     })
     .await
-    .with_context(|| format!("recording the new prices of site {}", site.name))?;
-    tracing::info!(site = %site.name, "the local site's prices changed");
+    {
+        Ok(_) => tracing::info!(site = %site.name, "the local site's prices changed"),
+        // Refused (this machine's clock is behind the sheet in force): the old prices
+        // stay, and Meridian starts anyway.
+        Err(meridian_eventlog::aggregates::ExecuteError::Rejected(e)) => {
+            tracing::warn!(site = %site.name, error = %e, "the local site's new prices were not recorded")
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context(format!("recording the new prices of site {}", site.name)))
+        }
+    }
     Ok(())
 }
 

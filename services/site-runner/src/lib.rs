@@ -266,7 +266,17 @@ impl SiteRunner {
     /// unless it is getting old.
     async fn report_health(&mut self) -> Result<(), RunnerError> {
         if let Some(site_id) = self.site_id().await? {
-            self.check_devices(site_id).await?;
+            // Best effort: a device check that cannot be recorded now is done again at
+            // the next health report; it never stops the runner.
+            match tokio::time::timeout(Duration::from_secs(60), self.check_devices(site_id)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(site = %self.site, error = %e, "could not check the site's devices")
+                }
+                Err(_) => {
+                    tracing::warn!(site = %self.site, "the device check took over 60 s; skipped")
+                }
+            }
         }
         let (healthy, capacity, message) = match self.adapter.capacity().await {
             Ok(c) => (

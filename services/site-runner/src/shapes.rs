@@ -44,7 +44,16 @@ pub fn refreshed(current: &[Shape], facts: &[ShapeFacts]) -> (Vec<Shape>, String
                     Some(vendor) => Some(ShapeGpus {
                         count: g.count,
                         vendor,
-                        model: g.model.clone(),
+                        // A provider that names no model (an older size's name): the
+                        // catalogue's stays.
+                        model: if g.model.is_empty() {
+                            shape
+                                .gpus
+                                .as_ref()
+                                .map_or_else(String::new, |s| s.model.clone())
+                        } else {
+                            g.model.clone()
+                        },
                         // A provider that does not say (OCI's ListShapes): the
                         // catalogue's figure stays.
                         memory_bytes: if g.memory_bytes > 0 {
