@@ -10,11 +10,9 @@ use base64::Engine;
 use chrono::Utc;
 use meridian_adapter_azure::credential::Source;
 use meridian_adapter_azure::{Arm, AzureConfig};
-use meridian_adapter_cloud::testing::MemoryReports;
+use meridian_adapter_cloud::testing::{self, MemoryReports};
 use meridian_adapter_cloud::{CloudProvider, CloudSite, LifecycleConfig};
-use meridian_adapter_core::{
-    AdapterError, FailureReason, Gpus, JobRequest, JobState, PlacedShape, ReportTo, SiteAdapter,
-};
+use meridian_adapter_core::{AdapterError, FailureReason, JobRequest, JobState, SiteAdapter};
 use meridian_azure_standin::AzureStandIn;
 
 const CLIENT: &str = "5b7e2c1a-0d3f-4e8a-9b6c-1f2e3d4c5b6a";
@@ -53,26 +51,9 @@ async fn standin() -> AzureStandIn {
     AzureStandIn::start(CLIENT, SECRET).await
 }
 
-/// A host job on `size`, Spot or not, with an NVIDIA GPU when `gpus`.
-fn job(size: &str, spot: bool, gpus: bool) -> JobRequest {
-    let mut job = JobRequest::new("train", &["sh", "-c", "echo hello from Azure"]);
-    job.resources.walltime = Duration::from_secs(600);
-    job.resources.gpus = gpus.then(|| Gpus {
-        count: 8,
-        vendor: "nvidia".into(),
-        model: Some("H100".into()),
-    });
-    job.shape = Some(PlacedShape {
-        name: size.into(),
-        offer: size.into(),
-        spot,
-        gpu_vendor: gpus.then(|| "nvidia".to_string()),
-    });
-    job.report_to = Some(ReportTo {
-        server: "http://127.0.0.1:9".into(),
-        credential: format!("mer_run_{}_deadbeef", job.job_id.simple()),
-    });
-    job
+/// A host job on `shape`, spot or not, with NVIDIA GPUs when `gpus`.
+fn job(shape: &str, spot: bool, gpus: bool) -> JobRequest {
+    testing::job(shape, spot, gpus.then_some((8, "H100")), "hello from Azure")
 }
 
 fn creates(standin: &AzureStandIn) -> Vec<String> {

@@ -9,11 +9,9 @@ use std::time::Duration;
 use base64::Engine;
 use chrono::Utc;
 use meridian_adapter_cloud::config::Images;
-use meridian_adapter_cloud::testing::MemoryReports;
+use meridian_adapter_cloud::testing::{self, MemoryReports};
 use meridian_adapter_cloud::{CloudProvider, CloudSite, LifecycleConfig};
-use meridian_adapter_core::{
-    AdapterError, FailureReason, Gpus, JobRequest, JobState, PlacedShape, ReportTo, SiteAdapter,
-};
+use meridian_adapter_core::{AdapterError, FailureReason, JobRequest, JobState, SiteAdapter};
 use meridian_adapter_oci::signer::Signer;
 use meridian_adapter_oci::{AvailabilityDomain, Credentials, Oci, OciConfig};
 use meridian_oci_standin::OciStandIn;
@@ -75,29 +73,9 @@ fn on(standin: &OciStandIn) -> CloudSite<Oci> {
     site_with(standin, MemoryReports::default())
 }
 
-/// A host job on `shape`, preemptible or not, with an NVIDIA GPU when `gpus`.
+/// A host job on `shape`, spot or not, with NVIDIA GPUs when `gpus`.
 fn job(shape: &str, spot: bool, gpus: bool) -> JobRequest {
-    let mut job = JobRequest::new("train", &["sh", "-c", "echo hello from OCI"]);
-    job.resources.cpus = 4;
-    job.resources.memory_bytes = 16 << 30;
-    job.resources.walltime = Duration::from_secs(600);
-    job.resources.gpus = gpus.then(|| Gpus {
-        count: 1,
-        vendor: "nvidia".into(),
-        model: Some("A10".into()),
-    });
-    job.tenant = Some("physics".into());
-    job.shape = Some(PlacedShape {
-        name: shape.into(),
-        offer: shape.into(),
-        spot,
-        gpu_vendor: gpus.then(|| "nvidia".to_string()),
-    });
-    job.report_to = Some(ReportTo {
-        server: "http://127.0.0.1:9".into(),
-        credential: format!("mer_run_{}_deadbeef", job.job_id.simple()),
-    });
-    job
+    testing::job(shape, spot, gpus.then_some((1, "A10")), "hello from OCI")
 }
 
 fn launches(standin: &OciStandIn) -> Vec<String> {

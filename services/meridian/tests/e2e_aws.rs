@@ -211,25 +211,14 @@ fn a_workflow_runs_on_an_ec2_instance_reports_itself_is_billed_by_the_instance_h
         .find_map(|l| l.strip_prefix("export MERIDIAN_TOKEN="))
         .expect("the workflow credential in the job's environment")
         .to_string();
-    std::fs::write(
+    run_bootstrap(
+        dir.path(),
+        script.as_bytes(),
         &power_off,
-        format!(
+        &format!(
             "curl -sf -o /dev/null -X POST -H 'Authorization: AWS4-HMAC-SHA256 Credential=test/20261203/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=00' -d 'Action=TerminateInstances&InstanceId.1={instance_id}&Version=2016-11-15' {}/\n",
             moto.url()
         ),
-    )
-    .unwrap();
-    let boot = dir.path().join("user-data.sh");
-    std::fs::write(&boot, &script).unwrap();
-    let ran = std::process::Command::new("sh")
-        .arg(&boot)
-        .output()
-        .expect("sh");
-    assert!(
-        ran.status.success(),
-        "the bootstrap failed: {}{}",
-        String::from_utf8_lossy(&ran.stdout),
-        String::from_utf8_lossy(&ran.stderr)
     );
 
     let status = wait_state(&server, &id, &["finished", "failed"]);

@@ -153,26 +153,15 @@ fn contract_a_refusal_at_one_cloud_re_places_the_workflow_on_another_and_it_is_b
                 .unwrap(),
         )
         .unwrap();
-    std::fs::write(
+    run_bootstrap(
+        d,
+        &script,
         &power_off,
-        format!(
+        &format!(
             "curl -sf -o /dev/null -X POST {}/standin/vms/{}/shutdown\n",
             azure.url(),
             vm.name
         ),
-    )
-    .unwrap();
-    let boot = d.join("custom-data.sh");
-    std::fs::write(&boot, script).unwrap();
-    let ran = std::process::Command::new("sh")
-        .arg(&boot)
-        .output()
-        .expect("sh");
-    assert!(
-        ran.status.success(),
-        "the bootstrap failed: {}{}",
-        String::from_utf8_lossy(&ran.stdout),
-        String::from_utf8_lossy(&ran.stderr)
     );
 
     let status = wait_state(&server, &id, &["finished", "failed"]);

@@ -144,26 +144,15 @@ fn contract_a_workflow_runs_on_an_oci_instance_is_billed_by_the_instance_hour_an
         .find_map(|l| l.strip_prefix("meridian_run_token="))
         .expect("the run credential in the bootstrap")
         .to_string();
-    std::fs::write(
+    run_bootstrap(
+        dir.path(),
+        script.as_bytes(),
         &power_off,
-        format!(
+        &format!(
             "curl -sf -o /dev/null -X POST {}/standin/instances/{}/shutdown\n",
             standin.url(),
             instance.id
         ),
-    )
-    .unwrap();
-    let boot = dir.path().join("user-data.sh");
-    std::fs::write(&boot, &script).unwrap();
-    let ran = std::process::Command::new("sh")
-        .arg(&boot)
-        .output()
-        .expect("sh");
-    assert!(
-        ran.status.success(),
-        "the bootstrap failed: {}{}",
-        String::from_utf8_lossy(&ran.stdout),
-        String::from_utf8_lossy(&ran.stderr)
     );
 
     let status = wait_state(&server, &id, &["finished", "failed"]);

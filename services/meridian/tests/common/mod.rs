@@ -813,3 +813,18 @@ pub fn billed_from(line: &Value) -> DateTime<Utc> {
         .unwrap()
         .with_timezone(&Utc)
 }
+
+/// Plays a cloud instance: runs the bootstrap `script` it was launched with here, with
+/// `sh`, after writing `power_off` (the script its power-off command runs) as `off`.
+pub fn run_bootstrap(dir: &Path, script: &[u8], off: &Path, power_off: &str) {
+    std::fs::write(off, power_off).unwrap();
+    let boot = dir.join("bootstrap.sh");
+    std::fs::write(&boot, script).unwrap();
+    let ran = Command::new("sh").arg(&boot).output().expect("sh");
+    assert!(
+        ran.status.success(),
+        "the bootstrap failed: {}{}",
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+}
