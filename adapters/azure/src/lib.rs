@@ -5,8 +5,7 @@
 //! lifecycle. Tokens come from Microsoft Entra ID ([`credential`]); ADR 0012 says why
 //! not `azure_mgmt_compute`.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,7 +19,6 @@ use meridian_adapter_core::registry::parse_config;
 use meridian_adapter_core::{GpuFacts, ShapeFacts};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 mod config;
 pub mod credential;
@@ -70,17 +68,9 @@ pub struct Arm {
     credential: Credential,
     http: reqwest::Client,
     base: String,
-    /// VMs seen, by name: a deleted VM vanishes from ARM at once, and the lifecycle still
-    /// needs what it was (its tags, its launch) to judge how its run ended.
-    seen: Mutex<HashMap<String, Seen>>,
+    /// VMs seen: a deleted VM vanishes from ARM at once.
+    seen: listed::Seen,
     listing: listed::Cache,
-}
-
-/// A VM as last seen, and whether it is a Spot VM.
-#[derive(Debug, Clone)]
-struct Seen {
-    instance: Instance,
-    spot: bool,
 }
 
 /// An error ARM answered.
@@ -121,7 +111,7 @@ impl Arm {
             credential,
             http,
             base,
-            seen: Mutex::new(HashMap::new()),
+            seen: listed::Seen::default(),
             listing: listed::Cache::new(Duration::from_secs(2)),
         })
     }
@@ -341,18 +331,9 @@ impl Arm {
         }
         // Meridian's VMs seen before and missing from this list: gone only when ARM says
         // so for that VM (a list can lag a create).
-        let missing: Vec<String> = {
-            let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            seen.iter()
-                .filter(|(name, s)| {
-                    s.instance.state != InstanceState::Terminated
-                        && !out.iter().any(|o| &o.instance.id == *name)
-                })
-                .map(|(name, _)| name.clone())
-                .collect()
-        };
+        let listed_now: Vec<Instance> = out.iter().map(|(i, _)| i.clone()).collect();
         let mut gone = Vec::new();
-        for name in missing {
+        for name in self.seen.missing(&listed_now) {
             match self
                 .call(
                     Method::GET,
@@ -366,33 +347,7 @@ impl Arm {
                 Ok(_) => {}
             }
         }
-        let now = Utc::now();
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        for s in out.iter().filter(|s| s.instance.is_managed()) {
-            seen.insert(s.instance.id.clone(), s.clone());
-        }
-        for name in gone {
-            if let Some(s) = seen.get_mut(&name) {
-                s.instance.state = InstanceState::Terminated;
-                s.instance.ended_at = Some(now);
-                // A Spot VM ARM deleted without Meridian asking was evicted; the
-                // lifecycle asks only when Meridian did not end it.
-                s.instance.reclaimed = s.spot;
-            }
-        }
-        // What ended over an hour ago has been reported long since.
-        seen.retain(|_, s| {
-            s.instance
-                .ended_at
-                .is_none_or(|t| now - t < chrono::Duration::hours(1))
-        });
-        let mut all: Vec<Instance> = out.into_iter().map(|s| s.instance).collect();
-        for s in seen.values() {
-            if s.instance.state == InstanceState::Terminated {
-                all.push(s.instance.clone());
-            }
-        }
-        Ok(all)
+        Ok(self.seen.merge(out, &gone))
     }
 }
 
@@ -406,7 +361,8 @@ fn power_state(view: &Value) -> Option<String> {
     })
 }
 
-fn seen_of(vm: &Value, power: Option<&str>) -> Seen {
+/// A VM as an instance, and whether it is a Spot VM.
+fn seen_of(vm: &Value, power: Option<&str>) -> (Instance, bool) {
     let p = &vm["properties"];
     let state = match (p["provisioningState"].as_str().unwrap_or(""), power) {
         ("Deleting", _) => InstanceState::Terminating,
@@ -441,10 +397,7 @@ fn seen_of(vm: &Value, power: Option<&str>) -> Seen {
             })
             .unwrap_or_default(),
     };
-    Seen {
-        instance,
-        spot: p["priority"].as_str() == Some("Spot"),
-    }
+    (instance, p["priority"].as_str() == Some("Spot"))
 }
 
 /// An answer in the lifecycle's terms: an allocation failure is the zone's, a quota the
@@ -672,32 +625,17 @@ impl CloudProvider for Arm {
             )
             .await
             .map_err(provider_error)?;
-        let seen = seen_of(
+        let (instance, spot) = seen_of(
             &created,
             power_state(&created["properties"]["instanceView"]).as_deref(),
         );
-        let instance = seen.instance.clone();
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(instance.id.clone(), seen);
+        self.seen.remember(&instance, spot);
         Ok(instance)
     }
 
-    async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, ProviderError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One list for all of them: ARM has no call that takes several VMs.
-        Ok(listed::with_ids(self.vms().await?, ids))
-    }
-
-    async fn find(&self, job_id: Uuid) -> Result<Vec<Instance>, ProviderError> {
-        Ok(listed::of_job(self.vms().await?, job_id))
-    }
-
-    async fn owned(&self) -> Result<Vec<Instance>, ProviderError> {
-        Ok(listed::owned(self.vms().await?))
+    /// One list for every look: ARM has no call that takes several VMs.
+    async fn listed(&self) -> Result<Vec<Instance>, ProviderError> {
+        self.vms().await
     }
 
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError> {

@@ -126,6 +126,79 @@ pub mod listed {
         }
     }
 
+    /// Meridian's instances as last seen, for a provider whose deleted instances vanish
+    /// from its lists at once (Azure, Google Cloud): the lifecycle still needs what an
+    /// instance was (its tags, its launch) to judge how its run ended. One gone from a
+    /// list is taken as terminated only once the provider says so for that instance (a
+    /// list can lag a create); what ended over an hour ago is forgotten.
+    #[derive(Default)]
+    pub struct Seen {
+        all: std::sync::Mutex<std::collections::HashMap<String, (Instance, bool)>>,
+    }
+
+    impl Seen {
+        fn lock(
+            &self,
+        ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Instance, bool)>>
+        {
+            self.all.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Remembers `instance` (a spot one when `spot`) if it is Meridian's.
+        pub fn remember(&self, instance: &Instance, spot: bool) {
+            if instance.is_managed() {
+                self.lock()
+                    .insert(instance.id.clone(), (instance.clone(), spot));
+            }
+        }
+
+        /// Meridian's instances seen before, not ended, and missing from `listed`: the
+        /// ones to ask the provider about.
+        pub fn missing(&self, listed: &[Instance]) -> Vec<String> {
+            self.lock()
+                .iter()
+                .filter(|(id, (i, _))| {
+                    i.state != InstanceState::Terminated && !listed.iter().any(|l| &l.id == *id)
+                })
+                .map(|(id, _)| id.clone())
+                .collect()
+        }
+
+        /// Remembers `listed` (with whether each is spot), marks `gone` terminated (a
+        /// spot instance the provider deleted was reclaimed; the lifecycle asks only
+        /// when Meridian did not end it), and returns `listed` with every terminated
+        /// instance remembered.
+        pub fn merge(&self, listed: Vec<(Instance, bool)>, gone: &[String]) -> Vec<Instance> {
+            let now = chrono::Utc::now();
+            let mut all = self.lock();
+            for (instance, spot) in listed.iter().filter(|(i, _)| i.is_managed()) {
+                all.insert(instance.id.clone(), (instance.clone(), *spot));
+            }
+            for id in gone {
+                if let Some((i, spot)) = all.get_mut(id) {
+                    i.state = InstanceState::Terminated;
+                    // Where the provider said when it stopped, billing ended there.
+                    i.ended_at = i.ended_at.or(Some(now));
+                    i.reclaimed = *spot;
+                }
+            }
+            all.retain(|_, (i, _)| {
+                i.ended_at
+                    .is_none_or(|t| now - t < chrono::Duration::hours(1))
+            });
+            let mut out: Vec<Instance> = listed.into_iter().map(|(i, _)| i).collect();
+            out.extend(
+                all.values()
+                    .filter(|(i, _)| {
+                        i.state == InstanceState::Terminated && !out.iter().any(|o| o.id == i.id)
+                    })
+                    .map(|(i, _)| i.clone())
+                    .collect::<Vec<_>>(),
+            );
+            out
+        }
+    }
+
     /// [`super::CloudProvider::describe`]: the instances with these ids.
     pub fn with_ids(all: Vec<Instance>, ids: &[String]) -> Vec<Instance> {
         all.into_iter().filter(|i| ids.contains(&i.id)).collect()
@@ -211,15 +284,35 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// that token launched.
     async fn launch(&self, launch: &Launch<'_>) -> Result<Instance, ProviderError>;
 
+    /// Every instance the provider lists, for one whose API can only list them all (OCI,
+    /// Azure, Google Cloud): `describe`, `find` and `owned` then need not be written, as
+    /// they filter this list. One that looks instances up by id and tag (AWS) writes
+    /// those three instead.
+    async fn listed(&self) -> Result<Vec<Instance>, ProviderError> {
+        Err(ProviderError::Rejected(format!(
+            "the {} provider lists no instances: it must look them up itself",
+            self.kind()
+        )))
+    }
+
     /// The instances with these ids that the provider still knows.
-    async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, ProviderError>;
+    async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, ProviderError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(listed::with_ids(self.listed().await?, ids))
+    }
 
     /// The instances tagged with Meridian job `job_id`, in any state the provider still
     /// shows.
-    async fn find(&self, job_id: Uuid) -> Result<Vec<Instance>, ProviderError>;
+    async fn find(&self, job_id: Uuid) -> Result<Vec<Instance>, ProviderError> {
+        Ok(listed::of_job(self.listed().await?, job_id))
+    }
 
     /// Every instance tagged as Meridian's that is not terminated.
-    async fn owned(&self) -> Result<Vec<Instance>, ProviderError>;
+    async fn owned(&self) -> Result<Vec<Instance>, ProviderError> {
+        Ok(listed::owned(self.listed().await?))
+    }
 
     /// Terminates these instances; terminating one that is gone is not an error.
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError>;
@@ -315,5 +408,63 @@ impl LifecycleConfig {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn managed(id: &str, state: InstanceState) -> Instance {
+        Instance {
+            id: id.into(),
+            state,
+            zone: None,
+            launched_at: Some(Utc::now()),
+            ended_at: None,
+            reason: None,
+            reclaimed: false,
+            address: None,
+            tags: BTreeMap::from([(tags::MANAGED.to_string(), "true".to_string())]),
+        }
+    }
+
+    #[test]
+    fn an_instance_seen_and_then_gone_is_terminated_and_a_spot_one_reclaimed() {
+        let seen = listed::Seen::default();
+        let mut foreign = managed("theirs", InstanceState::Running);
+        foreign.tags.clear();
+        let listed = seen.merge(
+            vec![
+                (managed("a", InstanceState::Running), false),
+                (managed("spot", InstanceState::Running), true),
+                (foreign, false),
+            ],
+            &[],
+        );
+        assert_eq!(listed.len(), 3);
+        // Gone from the next list: asked about, not yet taken as ended.
+        let mut missing = seen.missing(&[]);
+        missing.sort();
+        assert_eq!(missing, ["a", "spot"], "only Meridian's are remembered");
+        // The provider said `spot` is gone; `a` is still there (a lagging list).
+        let mut stopped = managed("a", InstanceState::Stopped);
+        let stop = Utc::now() - chrono::Duration::minutes(5);
+        stopped.ended_at = Some(stop);
+        let out = seen.merge(vec![(stopped, false)], &["spot".to_string()]);
+        let spot = out.iter().find(|i| i.id == "spot").unwrap();
+        assert_eq!(spot.state, InstanceState::Terminated);
+        assert!(spot.reclaimed && spot.ended_at.is_some());
+        // `a` ended when it stopped, not when it was found gone.
+        let out = seen.merge(vec![], &["a".to_string()]);
+        let a = out.iter().find(|i| i.id == "a").unwrap();
+        assert_eq!(
+            (a.state, a.ended_at, a.reclaimed),
+            (InstanceState::Terminated, Some(stop), false)
+        );
+        assert!(
+            seen.missing(&[]).is_empty(),
+            "ended ones are not asked about again"
+        );
     }
 }

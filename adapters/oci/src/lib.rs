@@ -17,7 +17,6 @@ use meridian_adapter_core::registry::parse_config;
 use meridian_adapter_core::{GpuFacts, ShapeFacts};
 use reqwest::{Method, StatusCode, Url};
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 mod config;
 pub mod signer;
@@ -448,20 +447,9 @@ impl CloudProvider for Oci {
         Ok(instance_of(&value))
     }
 
-    async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, ProviderError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One list for all of them: OCI has no call that takes several ids.
-        Ok(listed::with_ids(self.instances().await?, ids))
-    }
-
-    async fn find(&self, job_id: Uuid) -> Result<Vec<Instance>, ProviderError> {
-        Ok(listed::of_job(self.instances().await?, job_id))
-    }
-
-    async fn owned(&self) -> Result<Vec<Instance>, ProviderError> {
-        Ok(listed::owned(self.instances().await?))
+    /// One list for every look: OCI has no call that takes several ids.
+    async fn listed(&self) -> Result<Vec<Instance>, ProviderError> {
+        self.instances().await
     }
 
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError> {

@@ -32,6 +32,8 @@ pub fn registry() -> Vec<Registration> {
     kinds.push(meridian_adapter_oci::REGISTRATION);
     #[cfg(feature = "site-azure")]
     kinds.push(meridian_adapter_azure::REGISTRATION);
+    #[cfg(feature = "site-gcp")]
+    kinds.push(meridian_adapter_gcp::REGISTRATION);
     kinds
 }
 
@@ -47,6 +49,7 @@ pub fn find(kind: &str) -> anyhow::Result<Registration> {
                 "aws" => Some("site-aws"),
                 "oci" => Some("site-oci"),
                 "azure" => Some("site-azure"),
+                "gcp" => Some("site-gcp"),
                 _ => None,
             };
             format!(
@@ -169,6 +172,11 @@ mod tests {
         assert_eq!(
             names.contains(&"azure"),
             cfg!(feature = "site-azure"),
+            "{names:?}"
+        );
+        assert_eq!(
+            names.contains(&"gcp"),
+            cfg!(feature = "site-gcp"),
             "{names:?}"
         );
     }

@@ -86,24 +86,21 @@ fn adapter_config(
     )
 }
 
-/// `meridian up` with the AWS site, its credentials in the environment only.
-/// `meridian up` with the AWS site `aws-test`, once that site's runner is connected:
-/// work submitted earlier would be placed elsewhere (`not connected`).
+/// `meridian up` with the AWS site `aws-test`, its credentials in the environment only,
+/// once that site's runner is connected.
 fn up_aws(dir: &Path, catalog_text: &str, config: &Path) -> (String, Proc) {
-    let catalog = write(dir, "catalog.yaml", catalog_text);
-    let (server, proc) = up_with_adapter_env(
+    up_site(
         dir,
-        free_port(),
-        catalog.to_str().unwrap(),
-        &format!("aws-test=aws:{}", config.display()),
+        catalog_text,
+        "aws-test",
+        "aws",
+        config,
         &[
             ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
             ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
             ("AWS_EC2_METADATA_DISABLED", "true"),
         ],
-    );
-    wait_connected(&server, "aws-test", &proc);
-    (server, proc)
+    )
 }
 
 fn ec2(endpoint: &str) -> Ec2 {
@@ -255,23 +252,13 @@ fn a_workflow_runs_on_an_ec2_instance_reports_itself_is_billed_by_the_instance_h
     assert!(owned.is_empty(), "left running: {owned:?}");
 
     // No credential in anything Meridian wrote: the log, the read models, its output.
-    let mut written = files_under(&dir.path().join("data"));
-    written.push((proc.log.clone(), proc.output().into_bytes()));
-    written.push((
-        "meridian events".into(),
-        cli(&server, &["events", &id]).stdout,
-    ));
-    for (path, bytes) in written {
-        let text = String::from_utf8_lossy(&bytes);
-        for secret in [SECRET_KEY, ACCESS_KEY, &run_token, &workflow_token] {
-            assert!(
-                !text.contains(secret),
-                "{} holds a credential ({}…)",
-                path.display(),
-                &secret[..8]
-            );
-        }
-    }
+    assert_no_secret_written(
+        dir.path(),
+        &proc,
+        &server,
+        &id,
+        &[SECRET_KEY, ACCESS_KEY, &run_token, &workflow_token],
+    );
 }
 
 fn aws_smithy_base64(text: &str) -> Vec<u8> {

@@ -1,11 +1,12 @@
-//! End to end with two clouds in one `meridian up`: an OCI site and an Azure site, each
-//! against its stand-in (no emulator of either runs here, so these are `contract_*`
-//! tests). OCI is the cheaper and refuses for capacity in every domain; the workflow is
-//! placed again on Azure, runs on a VM this test plays (running the bootstrap the VM was
-//! created with), is billed there by the instance-hour, and leaves nothing behind at
-//! either; `meridian explain` shows both attempts.
+//! End to end with three clouds in one `meridian up`: a Google Cloud, an OCI and an Azure
+//! site, each against its stand-in (no emulator of any runs here, so these are
+//! `contract_*` tests). Google Cloud is the cheapest and refuses for the project's CPU
+//! quota; OCI is next and refuses for capacity in every domain; the workflow is placed
+//! again on Azure, runs on a VM this test plays (running the bootstrap the VM was created
+//! with), is billed there by the instance-hour, and leaves nothing behind at any of them;
+//! `meridian explain` shows the three attempts.
 
-#![cfg(all(feature = "site-oci", feature = "site-azure"))]
+#![cfg(all(feature = "site-oci", feature = "site-azure", feature = "site-gcp"))]
 
 mod common;
 
@@ -20,10 +21,24 @@ const OCI_KEY_ID: &str =
 const AZURE_CLIENT: &str = "5b7e2c1a-0d3f-4e8a-9b6c-1f2e3d4c5b6a";
 const AZURE_SECRET: &str = "meridian-e2e-azure-secret-never-in-the-log";
 const SUB: &str = "6f3c1a52-9d1e-4b7a-8c2f-0e5d4a3b2c1d";
+const GCP_SECRET: &str = "e2e-clouds-gcp-secret-never-in-the-log";
+const GCP_REFRESH: &str = "1//e2e-clouds-gcp-refresh-token";
 
 fn catalog() -> String {
     r#"
 sites:
+  - name: gcp-test
+    kind: gcp
+    region: us-central1
+    jurisdiction: us
+    prices:
+      currency: USD
+      effective_from: 2026-01-01T00:00:00Z
+      source: "test list prices"
+      compute:
+        - {offer: e2-standard-4, per_instance_hour: "0.00001"}
+    shapes:
+      - {name: e2-standard-4, offer: e2-standard-4, cpus: 4, memory: 16GiB}
   - name: oci-test
     kind: oci
     region: us-ashburn-1
@@ -54,15 +69,23 @@ sites:
 
 #[test]
 fn contract_a_refusal_at_one_cloud_re_places_the_workflow_on_another_and_it_is_billed_there() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = standin_runtime();
     let oci = runtime.block_on(meridian_oci_standin::OciStandIn::start(OCI_KEY_ID, PEM));
     for ad in ["Uocm:US-ASHBURN-AD-1", "Uocm:US-ASHBURN-AD-2"] {
         oci.refuse(ad, 500, "InternalError", "Out of host capacity.");
     }
+    let gcp = runtime.block_on(meridian_gce_standin::GceStandIn::start(
+        "764086051850-clouds.apps.googleusercontent.com",
+        GCP_SECRET,
+        GCP_REFRESH,
+    ));
+    gcp.refuse(
+        "us-central1-a",
+        false,
+        403,
+        "QUOTA_EXCEEDED",
+        "Quota 'CPUS' exceeded.  Limit: 0.0 in region us-central1.",
+    );
     let azure = runtime.block_on(meridian_azure_standin::AzureStandIn::start(
         AZURE_CLIENT,
         AZURE_SECRET,
@@ -103,12 +126,23 @@ fn contract_a_refusal_at_one_cloud_re_places_the_workflow_on_another_and_it_is_b
             azure.url()
         ),
     );
+    let gcp_credentials = write(d, "adc.json", &gcp.credentials_json().to_string());
+    let gcp_config = write(
+        d,
+        "gcp.yaml",
+        &format!(
+            "project: physics-lab-1\nregion: us-central1\nzones: [us-central1-a, us-central1-b]\nimages: {{x86_64: projects/debian-cloud/global/images/family/debian-12}}\nendpoint_url: {}\ncredentials: {{file: {}}}\n{lifecycle}",
+            gcp.url(),
+            gcp_credentials.display()
+        ),
+    );
     let catalog = write(d, "catalog.yaml", &catalog());
     let (server, proc) = up_with_adapters_env(
         d,
         free_port(),
         catalog.to_str().unwrap(),
         &[
+            &format!("gcp-test=gcp:{}", gcp_config.display()),
             &format!("oci-test=oci:{}", oci_config.display()),
             &format!("azure-test=azure:{}", azure_config.display()),
         ],
@@ -118,13 +152,14 @@ fn contract_a_refusal_at_one_cloud_re_places_the_workflow_on_another_and_it_is_b
             ("AZURE_CLIENT_SECRET", AZURE_SECRET),
         ],
     );
+    wait_connected(&server, "gcp-test", &proc);
     wait_connected(&server, "oci-test", &proc);
     wait_connected(&server, "azure-test", &proc);
 
     let file = write(
         d,
         "hello.yaml",
-        "version: v1\nname: hello-clouds\nplacement: {sites: [oci-test, azure-test]}\njobs:\n  hello:\n    image: host\n    command: [sh, -c, \"echo hello from a cloud\"]\n    resources: {cpus: 2, memory: 4GiB, walltime: 10m}\n",
+        "version: v1\nname: hello-clouds\nplacement: {sites: [gcp-test, oci-test, azure-test]}\njobs:\n  hello:\n    image: host\n    command: [sh, -c, \"echo hello from a cloud\"]\n    resources: {cpus: 2, memory: 4GiB, walltime: 10m}\n",
     );
     let id = submit(&server, &file);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -166,16 +201,21 @@ fn contract_a_refusal_at_one_cloud_re_places_the_workflow_on_another_and_it_is_b
 
     let status = wait_state(&server, &id, &["finished", "failed"]);
     assert_eq!(status["state"], "finished", "{status:#}\n{}", proc.output());
-    assert_eq!(dispatched_sites(&server, &id), ["oci-test", "azure-test"]);
+    assert_eq!(
+        dispatched_sites(&server, &id),
+        ["gcp-test", "oci-test", "azure-test"]
+    );
     let explain = String::from_utf8_lossy(&cli(&server, &["explain", &id]).stdout).to_string();
     assert!(
-        explain.contains("Out of host capacity") && explain.contains("azure-test"),
-        "explain should show both attempts: {explain}"
+        explain.contains("Quota 'CPUS' exceeded")
+            && explain.contains("Out of host capacity")
+            && explain.contains("azure-test"),
+        "explain should show the three attempts: {explain}"
     );
     let logs = cli_json(&server, &["logs", &id]).to_string();
     assert!(logs.contains("hello from a cloud"), "{logs}");
 
-    // Billed at Azure's price, from the VM's creation; nothing left at either cloud.
+    // Billed at Azure's price, from the VM's creation; nothing left at any cloud.
     let line = instance_hours(&server, &id, "0.001");
     assert_eq!(line["site"], "azure-test", "{line:#}");
     assert_eq!(
@@ -184,6 +224,15 @@ fn contract_a_refusal_at_one_cloud_re_places_the_workflow_on_another_and_it_is_b
         "{line:#}"
     );
     assert!(oci.instances().is_empty(), "nothing launched at OCI");
+    assert!(gcp.instances().is_empty(), "nothing made at Google Cloud");
+    assert_eq!(
+        gcp.requests()
+            .iter()
+            .filter(|r| r.starts_with("insert "))
+            .count(),
+        1,
+        "a quota keeps the whole Google Cloud site out: no second zone"
+    );
     assert!(
         azure.vms().is_empty() && azure.nics().is_empty() && azure.disks().is_empty(),
         "left at Azure: {:?} {:?} {:?}",
@@ -192,24 +241,21 @@ fn contract_a_refusal_at_one_cloud_re_places_the_workflow_on_another_and_it_is_b
         azure.disks()
     );
 
-    // Neither cloud's secret in what Meridian wrote.
-    let mut written = files_under(&d.join("data"));
-    written.push((proc.log.clone(), proc.output().into_bytes()));
-    written.push((
-        "meridian events".into(),
-        cli(&server, &["events", &id]).stdout,
-    ));
+    // No cloud's secret in what Meridian wrote.
     let key_line = PEM.lines().nth(1).unwrap();
-    for (path, bytes) in written {
-        let text = String::from_utf8_lossy(&bytes);
-        for secret in [AZURE_SECRET, key_line, "standin-token-"] {
-            assert!(
-                !text.contains(secret),
-                "{} holds a secret ({}…)",
-                path.display(),
-                &secret[..8]
-            );
-        }
-    }
+    assert_no_secret_written(
+        d,
+        &proc,
+        &server,
+        &id,
+        &[
+            AZURE_SECRET,
+            key_line,
+            "standin-token-",
+            GCP_SECRET,
+            GCP_REFRESH,
+            "ya29.standin-",
+        ],
+    );
     drop(runtime);
 }

@@ -77,24 +77,11 @@ fn adapter_config(dir: &Path, standin: &OciStandIn, power_off: &Path) -> std::pa
 
 /// `meridian up` with the OCI site `oci-test`, once its runner is connected.
 fn up_oci(dir: &Path, catalog_text: &str, config: &Path) -> (String, Proc) {
-    let catalog = write(dir, "catalog.yaml", catalog_text);
-    let (server, proc) = up_with_adapter_env(
-        dir,
-        free_port(),
-        catalog.to_str().unwrap(),
-        &format!("oci-test=oci:{}", config.display()),
-        &[],
-    );
-    wait_connected(&server, "oci-test", &proc);
-    (server, proc)
+    up_site(dir, catalog_text, "oci-test", "oci", config, &[])
 }
 
 fn standin() -> (tokio::runtime::Runtime, OciStandIn) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = standin_runtime();
     let standin = runtime.block_on(OciStandIn::start(
         &format!("{TENANCY}/{USER}/{FINGERPRINT}"),
         PEM,
@@ -177,23 +164,7 @@ fn contract_a_workflow_runs_on_an_oci_instance_is_billed_by_the_instance_hour_an
 
     // Nothing of the API key, nor the run's credential, in what Meridian wrote.
     let key_line = PEM.lines().nth(1).unwrap();
-    let mut written = files_under(&dir.path().join("data"));
-    written.push((proc.log.clone(), proc.output().into_bytes()));
-    written.push((
-        "meridian events".into(),
-        cli(&server, &["events", &id]).stdout,
-    ));
-    for (path, bytes) in written {
-        let text = String::from_utf8_lossy(&bytes);
-        for secret in [key_line, run_token.as_str()] {
-            assert!(
-                !text.contains(secret),
-                "{} holds a secret ({}…)",
-                path.display(),
-                &secret[..8]
-            );
-        }
-    }
+    assert_no_secret_written(dir.path(), &proc, &server, &id, &[key_line, &run_token]);
     drop(runtime);
 }
 

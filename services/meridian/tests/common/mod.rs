@@ -181,6 +181,60 @@ pub fn up_with_adapter_env(
     up_with_adapters_env(dir, port, catalog, &[adapter], env)
 }
 
+/// `meridian up` with the catalogue `catalog_text` and one adapter, `SITE=KIND:CONFIG`, the
+/// environment `env` added, once that site's runner is connected: work submitted earlier
+/// would be placed elsewhere (`not connected`).
+pub fn up_site(
+    dir: &Path,
+    catalog_text: &str,
+    site: &str,
+    kind: &str,
+    config: &Path,
+    env: &[(&str, &str)],
+) -> (String, Proc) {
+    let catalog = write(dir, "catalog.yaml", catalog_text);
+    let (server, proc) = up_with_adapter_env(
+        dir,
+        free_port(),
+        catalog.to_str().unwrap(),
+        &format!("{site}={kind}:{}", config.display()),
+        env,
+    );
+    wait_connected(&server, site, &proc);
+    (server, proc)
+}
+
+/// A runtime of one worker, for a stand-in these (synchronous) tests start.
+pub fn standin_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// None of `secrets` in what Meridian wrote: its data directory under `dir` (the log,
+/// the read models), its output, and `meridian events` of workflow `id`.
+pub fn assert_no_secret_written(dir: &Path, proc: &Proc, server: &str, id: &str, secrets: &[&str]) {
+    let mut written = files_under(&dir.join("data"));
+    written.push((proc.log.clone(), proc.output().into_bytes()));
+    written.push((
+        "meridian events".into(),
+        cli(server, &["events", id]).stdout,
+    ));
+    for (path, bytes) in written {
+        let text = String::from_utf8_lossy(&bytes);
+        for secret in secrets {
+            assert!(
+                !text.contains(secret),
+                "{} holds a secret ({}…)",
+                path.display(),
+                &secret[..8]
+            );
+        }
+    }
+}
+
 /// [`up_with_adapter_env`] with several adapters.
 pub fn up_with_adapters_env(
     dir: &Path,
