@@ -19,6 +19,7 @@ use meridian_adapter_core::registry::parse_config;
 use meridian_adapter_core::{GpuFacts, ShapeFacts};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+use uuid::Uuid;
 
 mod config;
 pub mod credential;
@@ -333,7 +334,7 @@ impl Arm {
         // so for that VM (a list can lag a create).
         let listed_now: Vec<Instance> = out.iter().map(|(i, _)| i.clone()).collect();
         let mut gone = Vec::new();
-        for name in self.seen.missing(&listed_now) {
+        for name in self.seen.missing(&listed_now).into_iter().map(|vm| vm.id) {
             match self
                 .call(
                     Method::GET,
@@ -433,23 +434,11 @@ fn provider_error(a: Answer) -> ProviderError {
     }
 }
 
-/// The VM's name from a launch's token: ARM creates by name, so the same token is the
-/// same VM (a repeated PUT changes nothing).
-fn vm_name(token: &str) -> String {
-    let clean: String = token
-        .trim_start_matches("meridian-")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let mut name = format!("mer-{clean}");
-    name.truncate(60);
-    name.trim_end_matches('-').to_string()
+/// The VM's name from its run: ARM creates by name, so the same run is the same VM (a
+/// repeated PUT changes nothing), whatever the zone, and a restarted adapter knows the
+/// VM of a run from the run alone (`instance_id_of`).
+fn vm_name(job_id: Uuid) -> String {
+    format!("mer-{}", job_id.simple())
 }
 
 /// `publisher:offer:sku:version`, or an image's resource id.
@@ -538,7 +527,7 @@ impl CloudProvider for Arm {
             architecture(launch.instance_type),
             gpu_vendor,
         )?;
-        let name = vm_name(launch.client_token);
+        let name = vm_name(launch.job.job_id);
         let nic_name = format!("{name}-nic");
         let tags: serde_json::Map<String, Value> = launch
             .tags
@@ -613,6 +602,12 @@ impl CloudProvider for Arm {
                 };
                 if let Err(e) = cleanup {
                     tracing::warn!(vm = %name, error = ?e, "could not clean up after a failed create; the leak sweep will");
+                    // The next zone's create would meet this VM under the same name: no
+                    // next zone now; the run is tried again later.
+                    return Err(ProviderError::Unavailable(format!(
+                        "{}: {} (and the failed VM {name} could not be removed yet: {}: {})",
+                        a.code, a.message, e.code, e.message
+                    )));
                 }
                 return Err(provider_error(a));
             }
@@ -636,6 +631,15 @@ impl CloudProvider for Arm {
     /// One list for every look: ARM has no call that takes several VMs.
     async fn listed(&self) -> Result<Vec<Instance>, ProviderError> {
         self.vms().await
+    }
+
+    fn instance_id_of(&self, job_id: Uuid) -> Option<String> {
+        Some(vm_name(job_id))
+    }
+
+    fn job_of_instance_id(&self, id: &str) -> Option<Uuid> {
+        id.strip_prefix("mer-")
+            .and_then(|simple| Uuid::try_parse(simple).ok())
     }
 
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError> {
@@ -726,9 +730,21 @@ mod tests {
 
     #[test]
     fn names_images_and_architectures() {
-        let name = vm_name("meridian-0192f7a1b2c3d4e5f60718293a4b5c6d-2");
-        assert_eq!(name, "mer-0192f7a1b2c3d4e5f60718293a4b5c6d-2");
+        let job = Uuid::try_parse("0192f7a1-b2c3-d4e5-f607-18293a4b5c6d").unwrap();
+        let name = vm_name(job);
+        assert_eq!(name, "mer-0192f7a1b2c3d4e5f60718293a4b5c6d");
         assert!(name.len() <= 64);
+        let arm = Arm::new(
+            meridian_adapter_core::registry::parse_config(
+                "subscription: 6f3c1a52-9d1e-4b7a-8c2f-0e5d4a3b2c1d\nresource_group: jobs\nlocation: eastus\nsubnet: /subscriptions/6f3c1a52-9d1e-4b7a-8c2f-0e5d4a3b2c1d/resourceGroups/n/providers/Microsoft.Network/virtualNetworks/v/subnets/s\nimages: {x86_64: 'Canonical:ubuntu-24_04-lts:server:latest'}\nssh_public_key: ssh-ed25519 AAAA ops\n",
+            )
+            .unwrap(),
+            credential::Source::ManagedIdentity { client: None },
+        )
+        .unwrap();
+        assert_eq!(arm.instance_id_of(job).as_deref(), Some(name.as_str()));
+        assert_eq!(arm.job_of_instance_id(&name), Some(job));
+        assert_eq!(arm.job_of_instance_id("web-1"), None);
         assert_eq!(
             image_reference("Canonical:ubuntu-24_04-lts:server:latest")["offer"],
             "ubuntu-24_04-lts"

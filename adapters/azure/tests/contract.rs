@@ -310,3 +310,57 @@ async fn contract_sizes_come_from_the_resource_skus() {
         (4, 16, true)
     );
 }
+
+/// The conformance kit of `meridian-adapter-core`, against the stand-in: VMs are played
+/// on this machine by `meridian-cloud-testkit` (each running VM's custom data run with
+/// `sh`, killed when the VM stops or is deleted), and report to its stand-in of
+/// Meridian's run-report routes.
+mod contract_conformance {
+    use super::*;
+    use meridian_adapter_core::conformance::Harness;
+    use meridian_cloud_testkit::Running;
+
+    async fn harness() -> Harness {
+        let standin = standin().await;
+        let dir = tempfile::tempdir().unwrap();
+        let listed = standin.clone();
+        let running = move || {
+            listed
+                .vms()
+                .into_iter()
+                .filter(|v| v.provisioning == "Succeeded" && v.power == "running")
+                .filter_map(|v| {
+                    let script = base64::engine::general_purpose::STANDARD
+                        .decode(v.body["properties"]["osProfile"]["customData"].as_str()?)
+                        .ok()?;
+                    Some(Running {
+                        power_off_url: format!("{}/standin/vms/{}/shutdown", listed.url(), v.name),
+                        id: v.name,
+                        script: String::from_utf8(script).ok()?,
+                    })
+                })
+                .collect()
+        };
+        let config = config(&standin);
+        let site = move |lifecycle, reports| {
+            let arm = Arm::new(config.clone(), source(SECRET))
+                .unwrap()
+                .listing_every(Duration::ZERO);
+            let site = CloudSite::new(arm, lifecycle, Some(Arc::new(reports))).unwrap();
+            Arc::new(site) as Arc<dyn SiteAdapter>
+        };
+        let harness = meridian_cloud_testkit::harness(
+            dir.path(),
+            "Standard_D4s_v5",
+            "mer-nothing-here".into(),
+            running,
+            site,
+        )
+        .await;
+        // The stand-in and the directory live as long as the test's runtime.
+        std::mem::forget((standin, dir));
+        harness
+    }
+
+    meridian_cloud_testkit::cloud_conformance_suite!(harness().await);
+}

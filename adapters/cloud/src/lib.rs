@@ -152,15 +152,15 @@ pub mod listed {
             }
         }
 
-        /// Meridian's instances seen before, not ended, and missing from `listed`: the
-        /// ones to ask the provider about.
-        pub fn missing(&self, listed: &[Instance]) -> Vec<String> {
+        /// Meridian's instances seen before, not ended, and missing from `listed`, as
+        /// last seen: the ones to ask the provider about.
+        pub fn missing(&self, listed: &[Instance]) -> Vec<Instance> {
             self.lock()
                 .iter()
                 .filter(|(id, (i, _))| {
                     i.state != InstanceState::Terminated && !listed.iter().any(|l| &l.id == *id)
                 })
-                .map(|(id, _)| id.clone())
+                .map(|(_, (i, _))| i.clone())
                 .collect()
         }
 
@@ -314,6 +314,20 @@ pub trait CloudProvider: Send + Sync + 'static {
         Ok(listed::owned(self.listed().await?))
     }
 
+    /// The id of the instance that runs `job_id`, for a provider whose instances are
+    /// named after their run whatever the zone (Google Cloud): a restarted adapter then
+    /// still finds the run of an instance the provider no longer lists, from the run's
+    /// reports. `None` (the default): the provider gives the ids, and keeps listing an
+    /// ended instance for a while (AWS, OCI), or the id depends on the zone (Azure).
+    fn instance_id_of(&self, _job_id: Uuid) -> Option<String> {
+        None
+    }
+
+    /// The run an instance id of [`CloudProvider::instance_id_of`] names.
+    fn job_of_instance_id(&self, _id: &str) -> Option<Uuid> {
+        None
+    }
+
     /// Terminates these instances; terminating one that is gone is not an error.
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError>;
 
@@ -444,7 +458,7 @@ mod tests {
         );
         assert_eq!(listed.len(), 3);
         // Gone from the next list: asked about, not yet taken as ended.
-        let mut missing = seen.missing(&[]);
+        let mut missing: Vec<String> = seen.missing(&[]).into_iter().map(|i| i.id).collect();
         missing.sort();
         assert_eq!(missing, ["a", "spot"], "only Meridian's are remembered");
         // The provider said `spot` is gone; `a` is still there (a lagging list).

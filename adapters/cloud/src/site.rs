@@ -286,13 +286,61 @@ impl<P: CloudProvider> CloudSite<P> {
     }
 
     async fn instance(&self, id: &BackendJobId) -> Result<Instance, AdapterError> {
-        self.provider
+        let found = self
+            .provider
             .describe(std::slice::from_ref(&id.0))
             .await
             .map_err(unavailable)?
             .into_iter()
-            .next()
-            .ok_or_else(|| AdapterError::UnknownJob(id.0.clone()))
+            .next();
+        match found {
+            Some(instance) => Ok(instance),
+            None => self
+                .vanished(&id.0)
+                .await?
+                .ok_or_else(|| AdapterError::UnknownJob(id.0.clone())),
+        }
+    }
+
+    /// An instance the provider no longer lists, whose run reported through the API: gone,
+    /// as far as its run's reports tell (a restarted adapter no longer remembers it, and
+    /// the provider keeps no trace of a deleted instance). Its bill is what the run
+    /// reported: the instance's boot and power-off are not known.
+    async fn vanished(&self, id: &str) -> Result<Option<Instance>, AdapterError> {
+        let Some(job_id) = self.provider.job_of_instance_id(id) else {
+            return Ok(None);
+        };
+        let Some(report) = self.report_of(Some(job_id)).await? else {
+            return Ok(None);
+        };
+        let Some(started_at) = report.started_at else {
+            return Ok(None);
+        };
+        tracing::info!(instance = id, job = %job_id, "the instance is gone; its run is known from its reports");
+        Ok(Some(Instance {
+            id: id.to_string(),
+            state: InstanceState::Terminated,
+            zone: None,
+            launched_at: Some(started_at),
+            ended_at: report.ended_at,
+            reason: None,
+            reclaimed: false,
+            address: None,
+            tags: [
+                (tags::MANAGED.to_string(), "true".to_string()),
+                (tags::JOB_ID.to_string(), job_id.to_string()),
+            ]
+            .into_iter()
+            .collect(),
+        }))
+    }
+
+    /// The instance of `job_id` the provider no longer lists, when its run reported.
+    async fn vanished_of(&self, job_id: Uuid) -> Result<Option<BackendJobId>, AdapterError> {
+        let Some(id) = self.provider.instance_id_of(job_id) else {
+            return Ok(None);
+        };
+        Ok(self.vanished(&id).await?.map(|i| BackendJobId(i.id)))
     }
 
     /// The run's report from its instance and what it reported itself; terminates the
@@ -430,11 +478,14 @@ impl<P: CloudProvider> SiteAdapter for CloudSite<P> {
                 self.kind()
             )));
         };
-        // Launched already (a retry, a restart): the same instance.
+        // Launched already (a retry, a restart): the same instance, even one gone.
         let mut found = self.provider.find(job.job_id).await.map_err(unavailable)?;
         found.sort_by_key(|i| i.launched_at);
         if let Some(existing) = found.pop() {
             return Ok(BackendJobId(existing.id));
+        }
+        if let Some(gone) = self.vanished_of(job.job_id).await? {
+            return Ok(gone);
         }
         let user_data = bootstrap::script(
             job,
@@ -521,7 +572,10 @@ impl<P: CloudProvider> SiteAdapter for CloudSite<P> {
         let mut found = self.provider.find(job_id).await.map_err(unavailable)?;
         // The newest, live ones first.
         found.sort_by_key(|i| (i.state != InstanceState::Terminated, i.launched_at));
-        Ok(found.pop().map(|i| BackendJobId(i.id)))
+        match found.pop() {
+            Some(i) => Ok(Some(BackendJobId(i.id))),
+            None => self.vanished_of(job_id).await,
+        }
     }
 
     async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError> {
@@ -546,19 +600,21 @@ impl<P: CloudProvider> SiteAdapter for CloudSite<P> {
             out.push(match (known.get(&id.0), &failed) {
                 (Some(instance), _) => self.report(id, instance).await,
                 (None, Some(e)) => Err(AdapterError::Unavailable(e.to_string())),
-                (None, None) => Err(AdapterError::UnknownJob(id.0.clone())),
+                (None, None) => match self.vanished(&id.0).await {
+                    Ok(Some(gone)) => self.report(id, &gone).await,
+                    Ok(None) => Err(AdapterError::UnknownJob(id.0.clone())),
+                    Err(e) => Err(e),
+                },
             });
         }
         out
     }
 
     async fn cancel(&self, id: &BackendJobId) -> Result<(), AdapterError> {
-        let instance = match self.instance(id).await {
-            Ok(instance) => instance,
-            // Gone already: nothing bills.
-            Err(AdapterError::UnknownJob(_)) => return Ok(()),
-            Err(e) => return Err(e),
-        };
+        // An instance neither listed nor known from its run's reports is UnknownJob (the
+        // site runner takes that as nothing left to cancel); one gone already bills
+        // nothing more.
+        let instance = self.instance(id).await?;
         if instance.state == InstanceState::Terminated {
             return Ok(());
         }

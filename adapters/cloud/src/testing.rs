@@ -24,11 +24,26 @@ impl MemoryReports {
 
     /// The run of `job` reported its exit `code`, having printed `stdout`.
     pub fn exited(&self, job: Uuid, code: i32, stdout: &str) {
+        self.ended(job, code);
+        self.output(job, "stdout", stdout);
+    }
+
+    /// The run of `job` reported its exit `code`.
+    pub fn ended(&self, job: Uuid, code: i32) {
         let mut all = self.0.lock().unwrap();
         let r = all.entry(job).or_default();
         r.exit_code = Some(code);
         r.ended_at = Some(Utc::now());
-        r.logs.stdout = stdout.to_string();
+    }
+
+    /// The run of `job` sent the tail of its `stream` (`stdout` or `stderr`).
+    pub fn output(&self, job: Uuid, stream: &str, text: &str) {
+        let mut all = self.0.lock().unwrap();
+        let logs = &mut all.entry(job).or_default().logs;
+        match stream {
+            "stderr" => logs.stderr = text.to_string(),
+            _ => logs.stdout = text.to_string(),
+        }
     }
 }
 

@@ -232,19 +232,22 @@ impl Gce {
         }
         let now_listed: Vec<Instance> = found.iter().map(|(i, _)| i.clone()).collect();
         let mut gone = Vec::new();
-        for id in self.seen.missing(&now_listed) {
-            match self.get(&id).await {
-                Ok(Some(_)) => {}
-                Ok(None) => gone.push(id),
-                Err(e) => return Err(e),
+        for missing in self.seen.missing(&now_listed) {
+            let zone = missing.zone.clone().unwrap_or_default();
+            match self.get(&zone, &missing.id).await? {
+                // Not in the list yet (a list can lag an insert), but there.
+                Some(there) => found.push(there),
+                None => gone.push(missing.id),
             }
         }
         Ok(self.seen.merge(found, &gone))
     }
 
-    /// One instance by its id (`ZONE/NAME`); `None` when Compute Engine has none.
-    async fn get(&self, id: &str) -> Result<Option<(Instance, bool)>, ProviderError> {
-        let (zone, name) = split_id(id)?;
+    /// Instance `name` of `zone`; `None` when Compute Engine has none.
+    async fn get(&self, zone: &str, name: &str) -> Result<Option<(Instance, bool)>, ProviderError> {
+        if zone.is_empty() {
+            return Ok(None);
+        }
         match self
             .instances()
             .await?
@@ -533,15 +536,6 @@ fn request_id(client_token: &str) -> String {
         .to_string()
 }
 
-/// `ZONE/NAME` as its parts.
-fn split_id(id: &str) -> Result<(&str, &str), ProviderError> {
-    id.split_once('/').ok_or_else(|| {
-        ProviderError::Rejected(format!(
-            "{id:?} is not a Compute Engine instance id (ZONE/NAME)"
-        ))
-    })
-}
-
 /// The last part of a Compute Engine URL (`…/zones/us-central1-a` → `us-central1-a`).
 fn last_part(url: &str) -> &str {
     url.rsplit('/').next().unwrap_or(url)
@@ -578,7 +572,9 @@ fn instance_of(v: &model::Instance) -> (Instance, bool) {
         .unwrap_or_default()
         .to_string();
     let instance = Instance {
-        id: format!("{zone}/{}", v.name.as_deref().unwrap_or_default()),
+        // Its name: unique in its zone, and Meridian gives each run one name whatever the
+        // zone, so a restarted adapter knows it from the run (`instance_id_of`).
+        id: v.name.clone().unwrap_or_default(),
         state,
         zone: Some(zone).filter(|z| !z.is_empty()),
         launched_at: time(&v.creation_timestamp),
@@ -702,7 +698,7 @@ impl CloudProvider for Gce {
         let body = self.body(launch, &zone, &name)?;
         let spot = launch.spot;
         self.listing.forget().await;
-        let id = format!("{zone}/{name}");
+        let id = name.clone();
         let sent = self
             .instances()
             .await?
@@ -720,7 +716,7 @@ impl CloudProvider for Gce {
                 // Created already (the same launch sent again after its request id
                 // expired): that instance.
                 if answer.http == Some(409) {
-                    if let Some((instance, spot)) = self.get(&id).await? {
+                    if let Some((instance, spot)) = self.get(&zone, &name).await? {
                         self.seen.remember(&instance, spot);
                         return Ok(instance);
                     }
@@ -730,7 +726,7 @@ impl CloudProvider for Gce {
         };
         let timeout = Duration::from_secs(self.config.operation_timeout_seconds);
         match self.follow(&zone, operation, timeout).await {
-            Ok(done) => match self.get(&id).await? {
+            Ok(done) => match self.get(&zone, &name).await? {
                 Some((instance, spot)) => {
                     self.seen.remember(&instance, spot);
                     Ok(instance)
@@ -769,18 +765,34 @@ impl CloudProvider for Gce {
         self.listing.get(|| self.list()).await
     }
 
+    fn instance_id_of(&self, job_id: Uuid) -> Option<String> {
+        Some(instance_name(job_id))
+    }
+
+    fn job_of_instance_id(&self, id: &str) -> Option<Uuid> {
+        id.strip_prefix("meridian-")
+            .and_then(|simple| Uuid::try_parse(simple).ok())
+    }
+
     async fn terminate(&self, ids: &[String]) -> Result<(), ProviderError> {
+        // Where each one is: an instance is deleted in its zone.
+        let all = self.listed().await?;
         self.listing.forget().await;
         let client = self.instances().await?;
-        for id in ids {
-            let (zone, name) = split_id(id)?;
+        let there = all
+            .iter()
+            .filter(|i| ids.contains(&i.id) && i.state != InstanceState::Terminated);
+        for instance in there {
+            let Some(zone) = &instance.zone else {
+                continue;
+            };
             // The delete's operation is not waited for: the lifecycle follows the
             // instance until it is gone.
             match client
                 .delete()
                 .set_project(&self.config.project)
                 .set_zone(zone)
-                .set_instance(name)
+                .set_instance(&instance.id)
                 .send()
                 .await
             {

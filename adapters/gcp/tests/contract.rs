@@ -90,7 +90,11 @@ async fn contract_an_instance_is_inserted_followed_to_running_and_deleted_with_i
     let all = s.standin.instances();
     assert_eq!(all.len(), 1);
     let i = &all[0];
-    assert_eq!(id.0, format!("us-central1-a/{}", i.name));
+    assert_eq!(
+        (id.0.as_str(), i.zone.as_str()),
+        (i.name.as_str(), "us-central1-a")
+    );
+    assert_eq!(i.name, format!("meridian-{}", job.job_id.simple()));
     assert_eq!(
         i.status, "RUNNING",
         "the insert's operation was followed to its end"
@@ -168,8 +172,11 @@ async fn contract_an_exhausted_zone_goes_to_the_next_and_is_kept_out_for_its_bac
         .submit(&job("a3-highgpu-8g", false, Some((8, "H100"))))
         .await
         .unwrap();
-    assert!(id.0.starts_with("us-central1-b/"), "{id:?}");
     let all = s.standin.instances();
+    assert_eq!(
+        (all[0].name.as_str(), all[0].zone.as_str()),
+        (id.0.as_str(), "us-central1-b")
+    );
     assert_eq!(all.len(), 1, "nothing made in the exhausted zone: {all:?}");
     let b = &all[0].body;
     assert_eq!(b["scheduling"]["onHostMaintenance"], "TERMINATE");
@@ -263,8 +270,7 @@ async fn contract_a_preempted_spot_instance_is_a_site_fault_and_is_billed() {
         site.status(&id).await.unwrap().state,
         JobState::Running { .. }
     ));
-    let (zone, name) = id.0.split_once('/').unwrap();
-    s.standin.preempt(zone, name);
+    s.standin.preempt("us-central1-a", &id.0);
     let report = site.status(&id).await.unwrap();
     let JobState::Failed { failure, .. } = &report.state else {
         panic!("{report:?}")
@@ -284,11 +290,11 @@ async fn contract_an_instance_stopped_after_its_exit_is_deleted_and_the_run_succ
     reports.started(job.job_id, Utc::now());
     reports.exited(job.job_id, 0, "hello from Google Cloud\n");
     // `shutdown -h now` stops a Compute Engine instance (TERMINATED); its disk bills on.
-    let (zone, name) = id.0.split_once('/').unwrap();
     let stopped = reqwest::Client::new()
         .post(format!(
-            "{}/standin/instances/{zone}/{name}/shutdown",
-            s.standin.url()
+            "{}/standin/instances/us-central1-a/{}/shutdown",
+            s.standin.url(),
+            id.0
         ))
         .send()
         .await
@@ -298,7 +304,10 @@ async fn contract_an_instance_stopped_after_its_exit_is_deleted_and_the_run_succ
         ended(&site, &id).await,
         JobState::Succeeded { .. }
     ));
-    assert!(s.standin.requests().contains(&format!("delete {}", id.0)));
+    assert!(s
+        .standin
+        .requests()
+        .contains(&format!("delete us-central1-a/{}", id.0)));
     assert!(s.standin.instances().is_empty());
 }
 
@@ -449,4 +458,62 @@ async fn contract_shapes_come_from_the_zones_machine_types() {
         (n2.cpus, n2.memory_bytes >> 30, n2.gpus.is_none()),
         (16, 64, true)
     );
+}
+
+/// The conformance kit of `meridian-adapter-core`, against the stand-in: instances are
+/// played on this machine by `meridian-cloud-testkit` (each running instance's startup
+/// script run with `sh`, killed when the instance stops or is deleted), and report to its
+/// stand-in of Meridian's run-report routes.
+mod contract_conformance {
+    use super::*;
+    use meridian_adapter_core::conformance::Harness;
+    use meridian_cloud_testkit::Running;
+
+    async fn harness() -> Harness {
+        let s = stand().await;
+        let standin = s.standin.clone();
+        let running = move || {
+            standin
+                .instances()
+                .into_iter()
+                .filter(|i| i.status == "RUNNING")
+                .filter_map(|i| {
+                    let script = i.body["metadata"]["items"]
+                        .as_array()?
+                        .iter()
+                        .find(|m| m["key"] == "startup-script")?["value"]
+                        .as_str()?
+                        .to_string();
+                    let power_off_url = format!(
+                        "{}/standin/instances/{}/{}/shutdown",
+                        standin.url(),
+                        i.zone,
+                        i.name
+                    );
+                    Some(Running {
+                        id: i.name,
+                        script,
+                        power_off_url,
+                    })
+                })
+                .collect()
+        };
+        let config = s.config.clone();
+        let site = move |lifecycle, reports| {
+            let gce = Gce::new(config.clone())
+                .unwrap()
+                .listing_every(Duration::ZERO);
+            let site = CloudSite::new(gce, lifecycle, Some(Arc::new(reports))).unwrap();
+            Arc::new(site) as Arc<dyn SiteAdapter>
+        };
+        let unknown = format!("meridian-{}", uuid::Uuid::now_v7().simple());
+        let harness =
+            meridian_cloud_testkit::harness(s._dir.path(), "e2-standard-4", unknown, running, site)
+                .await;
+        // The stand-in and its directory live as long as the test's runtime.
+        std::mem::forget(s);
+        harness
+    }
+
+    meridian_cloud_testkit::cloud_conformance_suite!(harness().await);
 }

@@ -372,3 +372,62 @@ async fn contract_the_api_key_comes_from_ocis_config_file() {
     let error = Oci::new(config).err().unwrap();
     assert!(error.contains("no profile [PROD]"), "{error}");
 }
+
+/// The conformance kit of `meridian-adapter-core`, against the stand-in: instances are
+/// played on this machine by `meridian-cloud-testkit` (each running instance's user data
+/// run with `sh`, killed when the instance stops or terminates), and report to its
+/// stand-in of Meridian's run-report routes.
+mod contract_conformance {
+    use super::*;
+    use meridian_adapter_core::conformance::Harness;
+    use meridian_cloud_testkit::Running;
+
+    async fn harness() -> Harness {
+        let standin = standin().await;
+        let dir = tempfile::tempdir().unwrap();
+        let listed = standin.clone();
+        let running = move || {
+            listed
+                .instances()
+                .into_iter()
+                .filter(|i| i.state == "RUNNING")
+                .filter_map(|i| {
+                    let script = base64::engine::general_purpose::STANDARD
+                        .decode(i.launch["metadata"]["user_data"].as_str()?)
+                        .ok()?;
+                    Some(Running {
+                        power_off_url: format!(
+                            "{}/standin/instances/{}/shutdown",
+                            listed.url(),
+                            i.id
+                        ),
+                        id: i.id,
+                        script: String::from_utf8(script).ok()?,
+                    })
+                })
+                .collect()
+        };
+        let config = config(&standin);
+        let site = move |lifecycle, reports| {
+            let signer = Signer::new(TENANCY, USER, FINGERPRINT, PEM).unwrap();
+            let oci = Oci::with_signer(config.clone(), signer)
+                .unwrap()
+                .listing_every(Duration::ZERO);
+            let site = CloudSite::new(oci, lifecycle, Some(std::sync::Arc::new(reports))).unwrap();
+            std::sync::Arc::new(site) as std::sync::Arc<dyn SiteAdapter>
+        };
+        let harness = meridian_cloud_testkit::harness(
+            dir.path(),
+            "VM.Standard.E5.Flex",
+            "ocid1.instance.oc1.iad.nothinghere".into(),
+            running,
+            site,
+        )
+        .await;
+        // The stand-in and the directory live as long as the test's runtime.
+        std::mem::forget((standin, dir));
+        harness
+    }
+
+    meridian_cloud_testkit::cloud_conformance_suite!(harness().await);
+}
