@@ -37,6 +37,9 @@ pub const REGISTRATION: meridian_adapter_core::Registration = meridian_adapter_c
     },
 };
 
+/// How long the site's health check waits for Compute Engine.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Compute Engine takes up to 256 KB in one metadata value.
 const MAX_STARTUP_SCRIPT: usize = 256 * 1024;
 
@@ -809,16 +812,32 @@ impl CloudProvider for Gce {
     }
 
     async fn check(&self) -> Result<(), ProviderError> {
-        self.instances()
-            .await?
-            .list()
-            .set_project(&self.config.project)
-            .set_zone(&self.config.zones[0])
-            .set_max_results(1u32)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| provider_error(e.into()))
+        let call = async {
+            self.instances()
+                .await?
+                .list()
+                .set_project(&self.config.project)
+                .set_zone(&self.config.zones[0])
+                .set_max_results(1u32)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| provider_error(e.into()))
+        };
+        // The client retries for up to a minute, and credentials that cannot be had (no
+        // metadata server) may take as long to fail: the site's health says so sooner.
+        match tokio::time::timeout(CHECK_TIMEOUT, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(ProviderError::Unavailable(format!(
+                "Compute Engine did not answer within {} s (credentials: {}; are they there, and is the endpoint reachable?)",
+                CHECK_TIMEOUT.as_secs(),
+                match &self.config.credentials {
+                    Credentials::Adc => "Application Default Credentials".to_string(),
+                    Credentials::File(path) => path.display().to_string(),
+                    Credentials::Anonymous => "none".to_string(),
+                }
+            ))),
+        }
     }
 
     async fn shapes(&self, names: &[String]) -> Result<Vec<ShapeFacts>, ProviderError> {

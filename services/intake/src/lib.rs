@@ -82,9 +82,15 @@ impl Intake {
     /// should name the workflow `{id}`, as these do. Every route but health, `extra`'s
     /// too, answers only a caller that authenticates.
     pub fn router_with(&self, extra: Router) -> Router {
-        let authenticated = routes().with_state(self.clone()).merge(extra).route_layer(
-            axum::middleware::from_fn_with_state(self.clone(), handlers::authenticate),
-        );
+        let authenticated = routes()
+            .with_state(self.clone())
+            .merge(extra)
+            // The MCP server: its tools act as the caller this layer authenticates.
+            .merge(meridian_mcp::router(self.app.clone()))
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                handlers::authenticate,
+            ));
         Router::new()
             .route("/v1/health", get(handlers::health))
             // A run's own credential is checked by the application, not the token layer.

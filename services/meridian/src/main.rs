@@ -13,6 +13,7 @@ mod adapters;
 mod catalog_cli;
 mod client;
 mod import_cli;
+mod mcp_cli;
 mod profile;
 mod run;
 mod sites;
@@ -94,6 +95,18 @@ enum Command {
     /// Run one service of a distributed deployment (NATS JetStream + PostgreSQL).
     #[command(subcommand)]
     Server(run::Server),
+    /// Serve Meridian's MCP tools on stdin/stdout, for an AI agent that starts MCP servers
+    /// as local processes.
+    ///
+    /// Each call goes to the API's /mcp with this profile's token (or MERIDIAN_TOKEN), so
+    /// the agent can do exactly what that token may: give it an agent token
+    /// (`meridian admin token create --tenant T --role agent [--grant submit] [--grant
+    /// cancel]`). An agent that speaks streamable HTTP can use http://HOST:7373/mcp
+    /// directly instead. See docs/mcp.md.
+    Mcp {
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
     /// Submit a workflow; with --wait, follow it to the end and exit non-zero unless it finished.
     ///
     /// FILE is a workflow (YAML or JSON), or an sbatch script or a Fuzzfile, which is
@@ -284,6 +297,8 @@ fn main() -> ExitCode {
             init_tracing();
             finish(runtime().block_on(run::server(which)).map(|_| 0))
         }
+        // Logs go to stderr at most: stdout is the protocol.
+        Command::Mcp { server } => finish(runtime().block_on(mcp_cli::serve(&server))),
         Command::Admin(which) => {
             init_tracing();
             finish(runtime().block_on(accounting_cli::admin(which)))
@@ -386,6 +401,7 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
         }
         Command::Up(_)
         | Command::Server(_)
+        | Command::Mcp { .. }
         | Command::Admin(_)
         | Command::Validate { .. }
         | Command::Import(_)

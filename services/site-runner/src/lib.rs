@@ -133,6 +133,10 @@ pub fn subscription_name(site: &str) -> String {
     format!("site-{clean}")
 }
 
+/// How long a health check (or the leak sweep's listing) may take before the site is
+/// reported unhealthy for it (or the sweep is skipped).
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl SiteRunner {
     pub fn new(
         site: impl Into<String>,
@@ -278,7 +282,16 @@ impl SiteRunner {
                 }
             }
         }
-        let (healthy, capacity, message) = match self.adapter.capacity().await {
+        // A backend that does not answer is unhealthy, said with why, not a runner that
+        // never reports.
+        let capacity = match tokio::time::timeout(HEALTH_TIMEOUT, self.adapter.capacity()).await {
+            Ok(answer) => answer,
+            Err(_) => Err(AdapterError::Unavailable(format!(
+                "the site's health check did not answer within {} s",
+                HEALTH_TIMEOUT.as_secs()
+            ))),
+        };
+        let (healthy, capacity, message) = match capacity {
             Ok(c) => (
                 c.healthy,
                 meridian_events::vocabulary::site::Capacity {
@@ -482,7 +495,15 @@ impl SiteRunner {
     /// one the log does not know. Returns whether to sweep again (not when the site cannot
     /// list what it runs).
     async fn sweep(&mut self) -> Result<bool, RunnerError> {
-        let owned = match self.adapter.owned().await {
+        // A backend that does not answer costs one missed sweep, not a stalled runner.
+        let owned = match tokio::time::timeout(HEALTH_TIMEOUT, self.adapter.owned()).await {
+            Err(_) => {
+                tracing::warn!(site = %self.site, "leak sweep: the site did not list its jobs within {} s", HEALTH_TIMEOUT.as_secs());
+                return Ok(true);
+            }
+            Ok(owned) => owned,
+        };
+        let owned = match owned {
             Ok(owned) => owned,
             Err(AdapterError::NotSupported(what)) => {
                 tracing::debug!(site = %self.site, what, "no leak sweep at this site");
