@@ -11,6 +11,10 @@
 #
 # Stop everything with infra/slurm/stop.sh.
 set -euo pipefail
+# The daemons inherit the working directory: from a test's (or a CI clone's) directory,
+# which is deleted later, slurmrestd fails its next submission ("getcwd failed") and
+# exits. Every path below is absolute.
+cd /
 
 log() { echo "slurm/start.sh: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

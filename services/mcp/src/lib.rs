@@ -381,7 +381,7 @@ impl Tools {
     }
 
     #[tool(
-        description = "Why a workflow went where it went: each placement decision, with every site's verdict and cost terms, and the site faults that sent it elsewhere.",
+        description = "Why a workflow went where it went: each placement decision (workflow.placement_decided.v1 or _rejected.v1), with every site's verdict and cost terms, and the failures that were a site's fault (job.failed.v1), each of which sent the work to be placed again.",
         annotations(
             read_only_hint = true,
             destructive_hint = false,
@@ -402,19 +402,30 @@ impl Tools {
         Ok(match self.app.events(&who, id).await {
             Ok(list) => {
                 let all = serde_json::to_value(&list).unwrap_or_default();
-                let kept: Vec<serde_json::Value> = all["events"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|e| {
-                        let kind = e["payload"]["type"].as_str().unwrap_or("");
-                        kind.starts_with("workflow.placement_")
-                            || kind.ends_with("site_fault_recorded.v1")
-                            || kind.contains("refused")
-                    })
-                    .cloned()
+                let events = all["events"].as_array().cloned().unwrap_or_default();
+                let of_type =
+                    |e: &serde_json::Value| e["payload"]["type"].as_str().unwrap_or("").to_string();
+                let decisions: Vec<&serde_json::Value> = events
+                    .iter()
+                    .filter(|e| of_type(e).starts_with("workflow.placement_"))
                     .collect();
-                answer(&serde_json::json!({"workflow": id, "decisions": kept}))
+                // The failures that were the site's (a refusal, a lost node, a
+                // preemption): each sent the work to be placed again.
+                let site_faults: Vec<&serde_json::Value> = events
+                    .iter()
+                    .filter(|e| of_type(e) == "job.failed.v1")
+                    .filter(|e| {
+                        serde_json::from_value::<meridian_events::FailureReason>(
+                            e["payload"]["reason"].clone(),
+                        )
+                        .is_ok_and(|r| r.is_site_fault())
+                    })
+                    .collect();
+                answer(&serde_json::json!({
+                    "workflow": id,
+                    "decisions": decisions,
+                    "site_faults": site_faults,
+                }))
             }
             Err(e) => refused(&who, None, e),
         })
