@@ -130,3 +130,14 @@ fn mi250xs_from_rocm_smi_where_amd_smi_is_missing() {
     let e = parse_rocm_smi(r#"{"card0": {"Card Series": "AMD Instinct MI210"}}"#).unwrap_err();
     assert!(e.contains("card0: no Unique ID"), "{e}");
 }
+
+/// Printed by a real H200 (driver 580, `scripts/gpu-check` on 2026-12-04): discovery,
+/// and health where the driver has no retired-pages count for HBM3e (`[N/A]`).
+#[test]
+fn a_real_h200_is_found_and_healthy() {
+    let devices = parse_nvidia_smi(&read("nvidia-smi-h200-real.csv")).unwrap();
+    assert_eq!(summary(&devices), [(0, "nvidia", "H200", 143771)]);
+    assert_eq!(devices[0].uuid, "GPU-0b804062-14c7-5e81-ab52-d5349d69fbd9");
+    let faults = parse_nvidia_health(&read("nvidia-smi-health-h200-real.csv")).unwrap();
+    assert!(faults.is_empty(), "{faults:?}");
+}
