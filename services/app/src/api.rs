@@ -233,8 +233,10 @@ pub struct WorkflowPage {
     pub next: Option<Uuid>,
 }
 
-/// The optional body of `POST /v1/workflows/{id}/cancel`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+/// The optional body of `POST /v1/workflows/{id}/cancel` (and of the MCP `cancel` tool).
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct CancelRequest {
     /// Recorded in the workflow's history; at most 1000 characters.

@@ -130,6 +130,15 @@ fn credentials(request: &Request) -> Result<Credentials, ApiError> {
     })
 }
 
+/// The peer's address for the console's audit records, as the API's own routes take it.
+pub(crate) async fn client_address(mut request: Request, next: Next) -> Response {
+    if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<crate::Peer>>() {
+        let address = meridian_console::ClientAddress(peer.0.ip().to_string());
+        request.extensions_mut().insert(address);
+    }
+    next.run(request).await
+}
+
 /// Every route but health goes through here: the application learns who is calling
 /// (401 without credentials that hold), and the handler gets the [`Principal`].
 pub(crate) async fn authenticate(

@@ -101,6 +101,11 @@ impl Intake {
             )
             .with_state(self.clone())
             .merge(authenticated)
+            // The web console: its pages read their caller from the sign-in cookie.
+            .merge(
+                meridian_console::router(self.app.clone())
+                    .layer(axum::middleware::from_fn(handlers::client_address)),
+            )
             .fallback(handlers::not_found)
             .method_not_allowed_fallback(handlers::method_not_allowed)
     }

@@ -18,19 +18,68 @@ use rmcp::{schemars, tool, tool_handler, tool_router, ErrorData, RoleServer, Ser
 use serde::Deserialize;
 use uuid::Uuid;
 
+/// A workflow, as an agent may hand it over: the document's text (YAML or JSON, as
+/// `meridian validate` and `POST /v1/workflows` read it) or the document as a JSON object.
+/// Its input schema is the API's: the workflow spec's JSON Schema
+/// (`schemas/workflow.schema.json`, generated from `meridian_spec::Workflow`).
+#[derive(Debug)]
+pub struct WorkflowDocument {
+    text: String,
+    json: bool,
+}
+
+impl<'de> Deserialize<'de> for WorkflowDocument {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(text) => Ok(WorkflowDocument { text, json: false }),
+            object @ serde_json::Value::Object(_) => Ok(WorkflowDocument {
+                text: object.to_string(),
+                json: true,
+            }),
+            other => Err(serde::de::Error::custom(format!(
+                "workflow: expected the document as text (YAML or JSON) or as a JSON object; got {}",
+                match other {
+                    serde_json::Value::Null => "null",
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Number(_) => "a number",
+                    _ => "a list",
+                }
+            ))),
+        }
+    }
+}
+
+impl schemars::JsonSchema for WorkflowDocument {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "WorkflowDocument".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let spec = generator.subschema_for::<meridian_spec::Workflow>();
+        schemars::json_schema!({
+            "description": "The workflow: a spec v1 document as YAML or JSON text, or as a JSON object",
+            "anyOf": [
+                {"type": "string", "description": "The document's text, YAML or JSON"},
+                spec
+            ]
+        })
+    }
+}
+
 /// A workflow document.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct Document {
-    /// The workflow, as YAML or JSON (the format of `meridian validate` and
-    /// `POST /v1/workflows`).
-    pub workflow: String,
+    pub workflow: WorkflowDocument,
 }
 
 /// A submission.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct Submit {
-    /// The workflow, as YAML or JSON.
-    pub workflow: String,
+    pub workflow: WorkflowDocument,
     /// The same key and document again returns the first submission (a retry is safe).
     #[serde(default)]
     pub idempotency_key: Option<String>,
@@ -53,14 +102,13 @@ pub struct Logs {
     pub job: Option<String>,
 }
 
-/// A cancel.
+/// A cancel: the workflow, and the API's cancel request (`POST /v1/workflows/{id}/cancel`).
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct Cancel {
     /// The workflow's id.
     pub id: String,
-    /// Why, for the record.
-    #[serde(default)]
-    pub reason: Option<String>,
+    #[serde(flatten)]
+    pub request: meridian_app::api::CancelRequest,
 }
 
 /// The workflows to list.
@@ -228,7 +276,7 @@ impl Tools {
         Parameters(doc): Parameters<Document>,
     ) -> Result<CallToolResult, ErrorData> {
         let who = caller(&ctx)?;
-        Ok(match meridian_spec::parse(&doc.workflow) {
+        Ok(match meridian_spec::parse(&doc.workflow.text) {
             Ok(spec) => answer(&serde_json::json!({
                 "valid": true,
                 "name": spec.name,
@@ -253,7 +301,7 @@ impl Tools {
         Parameters(doc): Parameters<Document>,
     ) -> Result<CallToolResult, ErrorData> {
         let who = caller(&ctx)?;
-        Ok(match meridian_spec::parse(&doc.workflow) {
+        Ok(match meridian_spec::parse(&doc.workflow.text) {
             Ok(spec) => answered(&who, None, self.app.quote(&who, &spec).await),
             Err(e) => refused(&who, None, AppError::from(e)),
         })
@@ -275,8 +323,8 @@ impl Tools {
     ) -> Result<CallToolResult, ErrorData> {
         let who = caller(&ctx)?;
         let submission = meridian_app::workflows::Submission {
-            document: s.workflow,
-            declared_json: false,
+            document: s.workflow.text,
+            declared_json: s.workflow.json,
             idempotency_key: s.idempotency_key,
             traceparent: None,
         };
@@ -469,7 +517,7 @@ impl Tools {
             &ctx,
             &c.id,
             Some(Grant::Cancel),
-            |app, who, id| async move { app.cancel(&who, id, c.reason, None).await },
+            |app, who, id| async move { app.cancel(&who, id, c.request.reason, None).await },
         )
         .await
     }

@@ -107,6 +107,12 @@ enum Command {
         #[command(flatten)]
         server: client::ServerArg,
     },
+    /// Print the web console's address and the token to sign in with (this profile's, or
+    /// MERIDIAN_TOKEN). The console is served by the API at its root; see docs/console.md.
+    Console {
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
     /// Submit a workflow; with --wait, follow it to the end and exit non-zero unless it finished.
     ///
     /// FILE is a workflow (YAML or JSON), or an sbatch script or a Fuzzfile, which is
@@ -299,6 +305,7 @@ fn main() -> ExitCode {
         }
         // Logs go to stderr at most: stdout is the protocol.
         Command::Mcp { server } => finish(runtime().block_on(mcp_cli::serve(&server))),
+        Command::Console { server } => finish(console(&server)),
         Command::Admin(which) => {
             init_tracing();
             finish(runtime().block_on(accounting_cli::admin(which)))
@@ -402,6 +409,7 @@ async fn remote(verb: Command) -> anyhow::Result<i32> {
         Command::Up(_)
         | Command::Server(_)
         | Command::Mcp { .. }
+        | Command::Console { .. }
         | Command::Admin(_)
         | Command::Validate { .. }
         | Command::Import(_)
@@ -423,6 +431,21 @@ fn quiet_on_closed_pipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// `meridian console`: where the console is and what to sign in with.
+fn console(server: &client::ServerArg) -> anyhow::Result<i32> {
+    let url = profile::server(server.server.as_deref());
+    let url = url.trim_end_matches('/');
+    println!("Open {url}/ in a browser.");
+    match profile::token_for(url) {
+        Some(token) => println!("Sign in with this token (keep it to yourself): {token}"),
+        None => println!(
+            "No token for {url} here: sign in with one an admin issued \
+             (`meridian admin token create --tenant TENANT --role researcher`)."
+        ),
+    }
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -357,6 +357,10 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         "Meridian is up: API on {server}, data in {}, local site with {cpus} CPUs{gpus_text}. Ctrl-C stops it.",
         args.data_dir.display()
     );
+    eprintln!(
+        "Web console: {}/ (sign in with the token `meridian console` prints).",
+        server.trim_end_matches('/')
+    );
     match profile_note {
         Some(note) => eprintln!("{note}"),
         None => {

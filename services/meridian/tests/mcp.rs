@@ -46,6 +46,19 @@ async fn connect(server: &str, token: &str) -> RunningService<RoleClient, ()> {
     ().serve(transport).await.expect("an MCP session")
 }
 
+/// `GOOD` as the JSON object an agent may send instead of text.
+fn good_object() -> Value {
+    json!({
+        "version": "v1",
+        "name": "from-an-agent",
+        "jobs": {"hello": {
+            "image": "host",
+            "command": ["sh", "-c", "echo hello from an agent"],
+            "resources": {"cpus": 1, "memory": "64MiB", "walltime": "5m"}
+        }}
+    })
+}
+
 /// A tool's answer: whether it is an error, and its text.
 async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> (bool, String) {
     let args = args.as_object().cloned().unwrap_or_default();
@@ -129,6 +142,29 @@ fn an_agent_lists_validates_quotes_submits_follows_and_is_refused_what_its_token
             Some(true)
         );
 
+        // The workflow's input schema is the API's: text, or the spec's own schema.
+        let submit_tool = tools.iter().find(|t| t.name == "submit").unwrap();
+        let schema = serde_json::to_value(&*submit_tool.input_schema).unwrap();
+        let any_of = schema["properties"]["workflow"]["anyOf"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{schema:#}"));
+        assert_eq!(any_of[0]["type"], "string", "{schema:#}");
+        let spec = any_of[1]["$ref"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap();
+        assert!(
+            schema["$defs"][spec]["properties"]["jobs"].is_object(),
+            "{schema:#}"
+        );
+        let cancel_schema = serde_json::to_value(&*cancel.input_schema).unwrap();
+        assert!(
+            cancel_schema["properties"]["reason"].is_object(),
+            "{cancel_schema:#}"
+        );
+
         // A typo is named at its field; the fixed document validates and is quoted.
         let (error, text) = call(
             &client,
@@ -142,6 +178,21 @@ fn an_agent_lists_validates_quotes_submits_follows_and_is_refused_what_its_token
         );
         let (error, text) = call(&client, "validate", json!({"workflow": GOOD})).await;
         assert!(!error && text.contains("\"valid\": true"), "{text}");
+        // The same document as a JSON object, a typo in it named at its field too.
+        let mut object = good_object();
+        let (error, text) = call(&client, "validate", json!({ "workflow": object })).await;
+        assert!(!error && text.contains("\"valid\": true"), "{text}");
+        object["jobs"]["hello"]["resources"]["cpus"] = json!("one");
+        let (error, text) = call(&client, "validate", json!({ "workflow": object })).await;
+        assert!(
+            error && text.contains("jobs.hello.resources.cpus"),
+            "{text}"
+        );
+        let (error, text) = call(&client, "validate", json!({"workflow": 5})).await;
+        assert!(
+            error && text.contains("workflow: expected the document as text"),
+            "{text}"
+        );
         let (error, text) = call(&client, "quote", json!({"workflow": GOOD})).await;
         assert!(!error && text.contains("\"local\""), "{text}");
         let (error, text) = call(&client, "list_sites", json!({})).await;

@@ -1,0 +1,141 @@
+//! The sites page: every site, connected or not, its health and why, its capacity by
+//! GPU model, shapes and prices; admins drain and undrain from it.
+
+use axum::extract::rejection::{FormRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use maud::html;
+use meridian_app::{Action, Principal};
+use serde::Deserialize;
+
+use crate::layout::{failed, page, refusal, state, time};
+use crate::Console;
+
+pub(crate) async fn list(
+    State(console): State<Console>,
+    Extension(who): Extension<Principal>,
+) -> Response {
+    let sites = match console.app.sites(&who).await {
+        Ok(s) => s.sites,
+        Err(e) => return failed(&who, e),
+    };
+    let admin = who.may(Action::ChangeSites);
+    let devices: Vec<_> = sites
+        .iter()
+        .flat_map(|s| s.devices.iter().map(move |d| (s, d)))
+        .collect();
+    // Devices and those in service, by site and model.
+    let mut by_model = std::collections::BTreeMap::<(&str, String), (u32, u32)>::new();
+    for (s, d) in &devices {
+        let e = by_model
+            .entry((s.name.as_str(), format!("{} {}", d.vendor, d.model)))
+            .or_default();
+        e.0 += 1;
+        if d.cordoned.is_none() {
+            e.1 += 1;
+        }
+    }
+    let body = html! {
+        h1 { "Sites" }
+        @if sites.is_empty() { p.empty { "No sites yet. " code { "meridian up" } " runs a local one; " code { "meridian site apply" } " adds others." } }
+        @else {
+            table #sites {
+                thead { tr { th { "Site" } th { "Kind" } th { "Region" } th { "State" } th { "Connected" } th.num { "Reliability" } th { "Shapes" } th { "Prices" } th { "Why" } @if admin { th {} } } }
+                tbody {
+                    @for s in &sites {
+                        tr data-site=(s.name) {
+                            td { strong { (s.name) } }
+                            td { (s.kind) }
+                            td { (s.region) " " span.note { (s.jurisdiction) } }
+                            td { (state(&s.state)) }
+                            td { @if s.connected { "yes" } @else { span.warn { "no" } } }
+                            td.num { (format!("{:.2}", s.reliability)) }
+                            td { @for shape in &s.shapes { code { (shape) } " " } }
+                            td { @if let Some(p) = &s.prices { (p.currency) " since " (time(&p.effective_from)) br; span.note { (p.source) } } @else { "none" } }
+                            td.reason { @if let Some(r) = &s.reason { (r) } }
+                            @if admin {
+                                td {
+                                    @if s.state == "drained" {
+                                        form method="post" action={ "/sites/" (s.name) "/undrain" } { button type="submit" { "Undrain" } }
+                                    } @else {
+                                        form method="post" action={ "/sites/" (s.name) "/drain" } {
+                                            input type="text" name="reason" placeholder="why" maxlength="500";
+                                            button.danger type="submit" { "Drain" }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !devices.is_empty() {
+                h2 { "GPUs" }
+                table #capacity {
+                    thead { tr { th { "Site" } th { "Model" } th.num { "Devices" } th.num { "In service" } } }
+                    tbody { @for ((site, model), (all, ok)) in &by_model { tr { td { (site) } td { (model) } td.num { (all) } td.num { (ok) } } } }
+                }
+                table #devices {
+                    thead { tr { th { "Site" } th { "Device" } th { "Model" } th.num { "Memory" } th { "State" } } }
+                    tbody {
+                        @for (s, d) in &devices {
+                            tr {
+                                td { (s.name) } td { code { (d.id) } } td { (d.vendor) " " (d.model) }
+                                td.num { (d.memory_bytes >> 30) " GiB" }
+                                td { @match &d.cordoned { Some(c) => { span.warn { "cordoned by " (c.by) " at " (time(&c.at)) ": " (c.reason) } } None => { "in service" } } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    page("Sites", Some(&who), body).into_response()
+}
+
+#[derive(Deserialize)]
+pub(crate) struct DrainForm {
+    reason: Option<String>,
+}
+
+fn site_name(path: Result<Path<String>, PathRejection>) -> Result<String, String> {
+    path.map(|Path(n)| n).map_err(|e| e.body_text())
+}
+
+pub(crate) async fn drain(
+    State(console): State<Console>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<String>, PathRejection>,
+    form: Result<Form<DrainForm>, FormRejection>,
+) -> Response {
+    let name = match site_name(path) {
+        Ok(n) => n,
+        Err(e) => return refusal(StatusCode::NOT_FOUND, Some(&who), &e),
+    };
+    let reason = form
+        .ok()
+        .and_then(|Form(f)| f.reason)
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    match console.app.drain(&who, &name, reason).await {
+        Ok(_) => Redirect::to("/sites").into_response(),
+        Err(e) => failed(&who, e),
+    }
+}
+
+pub(crate) async fn undrain(
+    State(console): State<Console>,
+    Extension(who): Extension<Principal>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let name = match site_name(path) {
+        Ok(n) => n,
+        Err(e) => return refusal(StatusCode::NOT_FOUND, Some(&who), &e),
+    };
+    match console.app.undrain(&who, &name).await {
+        Ok(_) => Redirect::to("/sites").into_response(),
+        Err(e) => failed(&who, e),
+    }
+}
