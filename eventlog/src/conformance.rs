@@ -370,6 +370,60 @@ pub async fn subscription_resumes_without_loss_or_reordering(open: Open) {
     assert_eq!(other.len(), 51, "each subscription has its own position");
 }
 
+/// A `next` dropped while it waits (a `select!` that took another branch) loses
+/// nothing: a commit that lands meanwhile comes with the next call, and acknowledging
+/// later commits never acknowledges one unseen. Both for a durable subscription and a
+/// tail.
+pub async fn a_dropped_next_loses_nothing(open: Open) {
+    let log = open().await;
+    let a = workflow();
+    append_ok(&*log, vec![event(a, 1, json!(1))]).await;
+    let mut sub = log.subscribe("dropped").await.unwrap();
+    let mut tail = log.tail(0).await.unwrap();
+    let first = sub.next(10, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(first.len(), 1);
+    sub.ack(first[0].position).await.unwrap();
+    assert_eq!(
+        tail.next(10, Duration::from_secs(5)).await.unwrap().len(),
+        1
+    );
+    for s in 2..=4u64 {
+        // Both wait, and are given up on, before the commit lands.
+        assert!(tokio::time::timeout(
+            Duration::from_millis(150),
+            sub.next(10, Duration::from_secs(5))
+        )
+        .await
+        .is_err());
+        assert!(tokio::time::timeout(
+            Duration::from_millis(150),
+            tail.next(10, Duration::from_secs(5))
+        )
+        .await
+        .is_err());
+        append_ok(&*log, vec![event(a, s, json!(s))]).await;
+        let got = sub.next(10, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(
+            got.iter()
+                .map(|c| c.events[0].payload.clone())
+                .collect::<Vec<_>>(),
+            vec![json!(s)],
+            "the commit that landed while a next was dropped comes with the next call"
+        );
+        sub.ack(got[0].position).await.unwrap();
+        let got = tail.next(10, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1, "the tail too");
+    }
+    // Nothing was acknowledged unseen: a new reader of the name has nothing left.
+    drop(sub);
+    let mut again = log.subscribe("dropped").await.unwrap();
+    assert!(again
+        .next(10, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
 pub async fn tail_follows_from_a_position(open: Open) {
     let log = open().await;
     let a = workflow();
@@ -420,6 +474,7 @@ macro_rules! conformance_suite {
             invalid_batches_change_nothing, large_and_non_ascii_payloads,
             replay_returns_everything_in_order,
             subscription_resumes_without_loss_or_reordering,
+            a_dropped_next_loses_nothing,
             tail_follows_from_a_position);
     };
     (@tests $fresh:expr; $($check:ident),*) => {

@@ -22,7 +22,7 @@ use async_nats::jetstream::stream::{
     self, DirectGetErrorKind, LastRawMessageErrorKind, StorageType,
 };
 use async_trait::async_trait;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use meridian_events::{AggregateRef, RawEnvelope};
 
 use crate::{
@@ -35,6 +35,7 @@ const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
 /// `replicas: 3` (R1 file storage can lose acknowledged writes on power loss).
 #[derive(Debug, Clone)]
 pub struct NatsConfig {
+    /// One server, or several of a cluster comma-separated.
     pub url: String,
     pub stream: String,
     pub subject_prefix: String,
@@ -81,13 +82,68 @@ fn decode_commit(position: u64, payload: &[u8]) -> Result<Vec<RawEnvelope>, LogE
     })
 }
 
+/// A replicated stream answers reads only once it has a leader and its replicas are
+/// current: just created (or just after a server came back) it may not, and a direct
+/// read would time out. Waits for that, bounded, so a service starting with the cluster
+/// does not fail its first read.
+async fn wait_for_replicas(stream: &stream::Stream, config: &NatsConfig) -> Result<(), LogError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut info = stream.clone();
+    loop {
+        let why = match info.info().await {
+            Ok(i) => match &i.cluster {
+                Some(c)
+                    if c.leader.is_some()
+                        && c.replicas.len() + 1 >= config.replicas
+                        && c.replicas.iter().all(|r| r.current) =>
+                {
+                    return Ok(())
+                }
+                Some(c) if c.leader.is_none() => "no leader yet".to_string(),
+                Some(c) if c.replicas.len() + 1 < config.replicas => format!(
+                    "{} of {} replicas known",
+                    c.replicas.len() + 1,
+                    config.replicas
+                ),
+                Some(c) => format!(
+                    "replicas not current: {}",
+                    c.replicas
+                        .iter()
+                        .filter(|r| !r.current)
+                        .map(|r| r.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => return Ok(()),
+            },
+            Err(e) => e.to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(LogError::Unavailable(format!(
+                "stream {} at R{} is not ready after 60 s: {why}",
+                config.stream, config.replicas
+            )));
+        }
+        tracing::info!(stream = %config.stream, %why, "waiting for the stream's replicas");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 impl NatsLog {
     /// Connects and creates the stream when it does not exist yet.
+    /// `config.url` may name several servers of a cluster, comma-separated; the client
+    /// connects to one and moves to another when it goes.
     pub async fn connect(config: NatsConfig) -> Result<NatsLog, LogError> {
+        let servers = config
+            .url
+            .split(',')
+            .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| LogError::Unavailable(format!("invalid NATS URL {}: {e}", config.url)))?;
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(config.request_timeout)
             .request_timeout(Some(config.request_timeout))
-            .connect(&config.url)
+            .connect(servers)
             .await
             .map_err(|e| LogError::Unavailable(format!("cannot connect to {}: {e}", config.url)))?;
         let js = async_nats::jetstream::ContextBuilder::new()
@@ -109,6 +165,9 @@ impl NatsLog {
             .map_err(|e| {
                 LogError::Unavailable(format!("cannot create stream {}: {e}", config.stream))
             })?;
+        if config.replicas > 1 {
+            wait_for_replicas(&stream, &config).await?;
+        }
         Ok(NatsLog {
             js,
             stream,
@@ -225,6 +284,15 @@ impl NatsLog {
                 None => break,
             };
             let position = msg.info().map_err(unavailable)?.stream_sequence;
+            // An ordered consumer that resets (a server went, a gap) starts again after
+            // what it delivered; never hand back a commit twice or out of order.
+            if position < start
+                || commits
+                    .last()
+                    .is_some_and(|c: &Commit| c.position >= position)
+            {
+                continue;
+            }
             commits.push(Commit {
                 position,
                 events: decode_commit(position, &msg.payload)?,
@@ -256,7 +324,14 @@ impl NatsLog {
                 .await
             {
                 Ok(msg) => msg,
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(commits),
+                // The leader holds commits up to `last`, but a replica that has not caught
+                // up may answer a direct get (a cluster's followers answer them too): read
+                // the rest in order, which waits for them, rather than return a history
+                // cut short (a reader would act on a state that is not the log's).
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
+                    commits.extend(self.read_ordered(subject, next, last, usize::MAX).await?);
+                    return Ok(commits);
+                }
                 Err(e) => return Err(unavailable(e)),
             };
             commits.push(Commit {
@@ -347,8 +422,11 @@ impl EventLog for NatsLog {
                     size: events.iter().map(|e| e.payload.to_string().len()).sum(),
                     limit: MAX_COMMIT_BYTES,
                 }),
-                PublishErrorKind::StreamNotFound => Err(LogError::Backend(format!(
-                    "no stream {} takes subject {}",
+                // No server answered for the stream: in a cluster, while its leader is
+                // elected or its servers come back. The stream exists (connect made it),
+                // so this passes; a caller retries it as any outage.
+                PublishErrorKind::StreamNotFound => Err(LogError::Unavailable(format!(
+                    "no server answered for stream {} (subject {}); retry",
                     self.config.stream,
                     self.subject(aggregate)
                 ))),
@@ -382,39 +460,14 @@ impl EventLog for NatsLog {
 
     async fn subscribe(&self, name: &str) -> Result<Box<dyn Subscription>, LogError> {
         check_name(name)?;
-        let config = |deliver_policy| pull::Config {
-            durable_name: Some(name.to_string()),
-            ack_policy: AckPolicy::All,
-            ack_wait: self.config.ack_wait,
-            max_ack_pending: 20_000,
-            deliver_policy,
-            ..Default::default()
-        };
-        let start = match self.stream.consumer_info(name).await {
-            // Commits delivered but never acknowledged belong to a reader that died.
-            // Waiting out ack_wait would let newer commits overtake them, so rewind the
-            // durable to its ack floor and deliver them again, in order, at once.
-            Ok(info) if info.delivered.stream_sequence > info.ack_floor.stream_sequence => {
-                self.stream
-                    .delete_consumer(name)
-                    .await
-                    .map_err(unavailable)?;
-                Some(info.ack_floor.stream_sequence + 1)
-            }
-            Ok(_) => None,
-            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => Some(1),
-            Err(e) => return Err(unavailable(e)),
-        };
-        let consumer: consumer::Consumer<pull::Config> = match start {
-            Some(start_sequence) => self
-                .stream
-                .create_consumer(config(DeliverPolicy::ByStartSequence { start_sequence }))
-                .await
-                .map_err(unavailable)?,
-            None => self.stream.get_consumer(name).await.map_err(unavailable)?,
-        };
+        let consumer = open_durable(&self.stream, name, self.config.ack_wait).await?;
         Ok(Box::new(NatsSubscription {
+            stream: self.stream.clone(),
+            name: name.to_string(),
+            ack_wait: self.config.ack_wait,
             consumer,
+            messages: None,
+            broken: false,
             unacked: VecDeque::new(),
         }))
     }
@@ -447,34 +500,34 @@ struct NatsTail {
 
 #[async_trait]
 impl Subscription for NatsTail {
+    /// Cancellation-safe: the only await is for the first commit, before anything is
+    /// taken; the rest is taken without awaiting.
     async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
         let mut out = Vec::new();
-        let deadline = tokio::time::Instant::now() + wait;
-        while out.len() < max.max(1) {
-            // Wait for the first commit; after that take only what is already there.
-            let limit = if out.is_empty() {
-                deadline.saturating_duration_since(tokio::time::Instant::now())
-            } else {
-                Duration::ZERO
-            };
-            let next = match tokio::time::timeout(limit, self.messages.next()).await {
-                Ok(next) => next,
-                Err(_) => break,
-            };
-            let msg = match next {
+        let first = match tokio::time::timeout(wait, self.messages.next()).await {
+            Ok(next) => next,
+            Err(_) => return Ok(out),
+        };
+        let mut next = Some(first);
+        while let Some(item) = next {
+            let msg = match item {
                 Some(Ok(msg)) => msg,
                 Some(Err(e)) => return Err(unavailable(e)),
                 None => return Err(LogError::Unavailable("the tail's consumer ended".into())),
             };
             let position = msg.info().map_err(unavailable)?.stream_sequence;
-            if position <= self.after {
-                continue;
+            if position > self.after {
+                self.after = position;
+                out.push(Commit {
+                    position,
+                    events: decode_commit(position, &msg.payload)?,
+                });
             }
-            self.after = position;
-            out.push(Commit {
-                position,
-                events: decode_commit(position, &msg.payload)?,
-            });
+            next = if out.len() < max.max(1) {
+                self.messages.next().now_or_never()
+            } else {
+                None
+            };
         }
         Ok(out)
     }
@@ -484,68 +537,130 @@ impl Subscription for NatsTail {
     }
 }
 
+/// The durable consumer `name`, resuming after its last acknowledged commit.
+async fn open_durable(
+    stream: &stream::Stream,
+    name: &str,
+    ack_wait: Duration,
+) -> Result<consumer::Consumer<pull::Config>, LogError> {
+    let config = |deliver_policy| pull::Config {
+        durable_name: Some(name.to_string()),
+        ack_policy: AckPolicy::All,
+        ack_wait,
+        max_ack_pending: 20_000,
+        deliver_policy,
+        ..Default::default()
+    };
+    let start = match stream.consumer_info(name).await {
+        // Commits delivered but never acknowledged belong to a reader that died (or to
+        // this one's stream that broke). Waiting out ack_wait would let newer commits
+        // overtake them, and a cumulative ack of those would acknowledge them unseen: so
+        // rewind the durable to its ack floor and deliver them again, in order, at once.
+        Ok(info) if info.delivered.stream_sequence > info.ack_floor.stream_sequence => {
+            stream.delete_consumer(name).await.map_err(unavailable)?;
+            Some(info.ack_floor.stream_sequence + 1)
+        }
+        Ok(_) => None,
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => Some(1),
+        Err(e) => return Err(unavailable(e)),
+    };
+    match start {
+        Some(start_sequence) => stream
+            .create_consumer(config(DeliverPolicy::ByStartSequence { start_sequence }))
+            .await
+            .map_err(unavailable),
+        None => stream.get_consumer(name).await.map_err(unavailable),
+    }
+}
+
+/// A durable subscription. Its messages come from one pull stream kept for the
+/// subscription's life: a `next` dropped while it waits (a `select!` that took another
+/// branch) loses nothing, because a commit the server delivers meanwhile waits in the
+/// stream for the next call. (A pull request per call would leave the server delivering
+/// into a request nobody reads; with cumulative acks the next ack would then acknowledge
+/// a commit no one saw.)
 struct NatsSubscription {
+    stream: stream::Stream,
+    name: String,
+    ack_wait: Duration,
     consumer: consumer::Consumer<pull::Config>,
+    messages: Option<std::pin::Pin<Box<pull::Stream>>>,
+    /// The last stream failed: the consumer is reopened (rewound) before the next one.
+    broken: bool,
     /// Delivered, not yet acknowledged, in position order.
     unacked: VecDeque<(u64, async_nats::jetstream::Message)>,
 }
 
 impl NatsSubscription {
-    async fn take(
-        &mut self,
-        mut batch: impl futures::Stream<Item = Result<async_nats::jetstream::Message, impl std::fmt::Display>>
-            + Unpin,
-        out: &mut Vec<Commit>,
-    ) -> Result<(), LogError> {
-        while let Some(msg) = batch.next().await {
-            let msg = msg.map_err(unavailable)?;
+    async fn messages(&mut self) -> Result<&mut std::pin::Pin<Box<pull::Stream>>, LogError> {
+        if self.messages.is_none() {
+            if self.broken {
+                // What the broken stream delivered and nobody acknowledged is delivered
+                // again, first.
+                self.consumer = open_durable(&self.stream, &self.name, self.ack_wait).await?;
+                self.broken = false;
+            }
+            let stream = self
+                .consumer
+                .stream()
+                .max_messages_per_batch(256)
+                .heartbeat(Duration::from_secs(5))
+                .expires(Duration::from_secs(30))
+                .messages()
+                .await
+                .map_err(unavailable)?;
+            self.messages = Some(Box::pin(stream));
+        }
+        Ok(self.messages.as_mut().expect("set above"))
+    }
+}
+
+#[async_trait]
+impl Subscription for NatsSubscription {
+    /// Cancellation-safe: the awaits come before anything is taken from the stream; the
+    /// rest is taken without awaiting.
+    async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
+        let mut out = Vec::new();
+        let messages = self.messages().await?;
+        let first = match tokio::time::timeout(wait, messages.next()).await {
+            Ok(next) => next,
+            Err(_) => return Ok(out),
+        };
+        let mut taken = Vec::new();
+        let mut next = Some(first);
+        while let Some(item) = next {
+            match item {
+                Some(Ok(msg)) => taken.push(msg),
+                Some(Err(e)) => {
+                    // The stream is done for; the next call opens another, which resumes
+                    // after the last acknowledged commit.
+                    self.messages = None;
+                    self.broken = true;
+                    self.unacked.clear();
+                    return Err(unavailable(e));
+                }
+                None => {
+                    self.messages = None;
+                    self.broken = true;
+                    self.unacked.clear();
+                    return Err(LogError::Unavailable(
+                        "the subscription's stream ended".into(),
+                    ));
+                }
+            }
+            next = if taken.len() < max.max(1) {
+                messages.next().now_or_never()
+            } else {
+                None
+            };
+        }
+        for msg in taken {
             let position = msg.info().map_err(unavailable)?.stream_sequence;
             out.push(Commit {
                 position,
                 events: decode_commit(position, &msg.payload)?,
             });
             self.unacked.push_back((position, msg));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Subscription for NatsSubscription {
-    async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
-        let max = max.max(1);
-        let mut out = Vec::new();
-        // What is there now, without waiting...
-        let ready = self
-            .consumer
-            .fetch()
-            .max_messages(max)
-            .messages()
-            .await
-            .map_err(unavailable)?;
-        self.take(ready, &mut out).await?;
-        if !out.is_empty() || wait.is_zero() {
-            return Ok(out);
-        }
-        // ...else wait for the first commit, then take whatever followed it.
-        let first = self
-            .consumer
-            .batch()
-            .max_messages(1)
-            .expires(wait.max(Duration::from_millis(100)))
-            .messages()
-            .await
-            .map_err(unavailable)?;
-        self.take(first, &mut out).await?;
-        if !out.is_empty() && max > 1 {
-            let rest = self
-                .consumer
-                .fetch()
-                .max_messages(max - 1)
-                .messages()
-                .await
-                .map_err(unavailable)?;
-            self.take(rest, &mut out).await?;
         }
         Ok(out)
     }

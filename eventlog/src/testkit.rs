@@ -152,17 +152,7 @@ impl NatsServer {
 
     /// JetStream's health endpoint says 200 once streams can be used.
     fn healthy(&self) -> bool {
-        let Ok(mut conn) = TcpStream::connect(("127.0.0.1", self.monitor_port)) else {
-            return false;
-        };
-        let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
-        let request = "GET /healthz?js-enabled-only=true HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if conn.write_all(request.as_bytes()).is_err() {
-            return false;
-        }
-        let mut response = String::new();
-        let _ = conn.read_to_string(&mut response);
-        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+        healthz(self.monitor_port, "/healthz?js-enabled-only=true")
     }
 }
 
@@ -182,4 +172,154 @@ pub fn nats_url_or_start() -> Result<(String, Option<NatsServer>), String> {
             Ok((server.url(), Some(server)))
         }
     }
+}
+
+/// A three-server JetStream cluster on loopback, each server run from the production
+/// config (`infra/nats/cluster.conf`) with its own ports and store, so tests run the
+/// file operators run. Servers can be killed and restarted one at a time.
+pub struct NatsCluster {
+    binary: PathBuf,
+    config: PathBuf,
+    nodes: Vec<ClusterNode>,
+}
+
+struct ClusterNode {
+    name: String,
+    port: u16,
+    monitor_port: u16,
+    cluster_port: u16,
+    store: tempfile_dir::TempDir,
+    child: Option<Child>,
+}
+
+impl NatsCluster {
+    /// Starts `size` servers from `config` and waits until each answers its health check
+    /// (JetStream up, the cluster's meta leader known).
+    pub fn start(config: &std::path::Path, size: usize) -> Result<NatsCluster, String> {
+        let binary = find_server()?;
+        let mut nodes = Vec::new();
+        for i in 1..=size {
+            nodes.push(ClusterNode {
+                name: format!("nats-{i}"),
+                port: free_port().map_err(|e| e.to_string())?,
+                monitor_port: free_port().map_err(|e| e.to_string())?,
+                cluster_port: free_port().map_err(|e| e.to_string())?,
+                store: tempfile_dir::TempDir::new("meridian-nats-cluster")
+                    .map_err(|e| e.to_string())?,
+                child: None,
+            });
+        }
+        let mut cluster = NatsCluster {
+            binary,
+            config: config.to_path_buf(),
+            nodes,
+        };
+        for i in 0..size {
+            cluster.spawn(i)?;
+        }
+        for i in 0..size {
+            cluster.wait_ready(i, Duration::from_secs(30))?;
+        }
+        Ok(cluster)
+    }
+
+    /// Every server's client URL, comma-separated, as a NATS client takes them.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Server `i`'s monitoring address (`host:port`), for `/jsz`, `/healthz` and the like.
+    pub fn monitor(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.nodes[i].monitor_port)
+    }
+
+    /// Kills server `i` (SIGKILL), keeping its store.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts server `i` again on its ports and store, and waits until it is healthy.
+    pub fn resume(&mut self, i: usize) -> Result<(), String> {
+        self.kill(i);
+        self.spawn(i)?;
+        self.wait_ready(i, Duration::from_secs(30))
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), String> {
+        let routes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.cluster_port))
+            .collect();
+        let node = &self.nodes[i];
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("-c")
+            .arg(&self.config)
+            .env("NATS_SERVER_NAME", &node.name)
+            .env("NATS_LISTEN", format!("127.0.0.1:{}", node.port))
+            .env("NATS_MONITOR", format!("127.0.0.1:{}", node.monitor_port))
+            .env(
+                "NATS_CLUSTER_LISTEN",
+                format!("127.0.0.1:{}", node.cluster_port),
+            )
+            .env("NATS_STORE_DIR", node.store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, route) in routes.iter().enumerate() {
+            command.env(format!("NATS_ROUTE_{}", k + 1), route);
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
+        self.nodes[i].child = Some(child);
+        Ok(())
+    }
+
+    fn wait_ready(&mut self, i: usize, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let node = &mut self.nodes[i];
+        while Instant::now() < deadline {
+            if let Some(child) = node.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("{} exited at start: {status}", node.name));
+                }
+            }
+            if healthz(node.monitor_port, "/healthz") {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!("{} not healthy after {limit:?}", node.name))
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}
+
+/// Whether the monitoring endpoint `path` on `port` answers 200.
+fn healthz(port: u16, path: &str) -> bool {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    if conn.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = conn.read_to_string(&mut response);
+    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
 }

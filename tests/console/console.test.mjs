@@ -57,6 +57,24 @@ function freePort() {
   });
 }
 
+/** One CSV record's fields (RFC 4180 quoting; the export has no newlines in fields). */
+function csvLine(line) {
+  const fields = [];
+  let field = "", quoted = false;
+  for (let i = 0; i < line.length; i++) {
+    const c = line[i];
+    if (quoted) {
+      if (c === '"' && line[i + 1] === '"') { field += '"'; i++; }
+      else if (c === '"') quoted = false;
+      else field += c;
+    } else if (c === '"') quoted = true;
+    else if (c === ",") { fields.push(field); field = ""; }
+    else field += c;
+  }
+  fields.push(field);
+  return fields;
+}
+
 /** Runs the CLI against the server (with `token`, or the admin profile's). */
 function meridian(args, token) {
   const env = { ...process.env, MERIDIAN_CONFIG_DIR: join(dir, "config"), MERIDIAN_SERVER: server };
@@ -143,15 +161,19 @@ test("a researcher finds a typo at its line, fixes it, quotes, submits, and watc
 
   await Promise.all([page.waitForURL(/\/workflows\/[0-9a-f-]{36}$/), page.click("button[value=submit]")]);
   workflowPath = new URL(page.url()).pathname;
-  // The page refreshes itself while the workflow runs.
+  // The page refreshes itself while the workflow runs, the array's progress with it...
+  await page.locator("[data-node='hello'] .note", { hasText: /tasks: [0-2] of 3 done/ }).waitFor({ timeout: 30_000 });
   await page.locator("#live[data-state='finished']").waitFor({ timeout: 60_000 });
+  // ...and once it has ended, reloads whole: the final state in the title, no Cancel.
+  await page.locator("h1 .state.finished").waitFor({ timeout: 10_000 });
+  assert.equal(await page.locator("button.danger", { hasText: "Cancel" }).count(), 0);
   // The DAG: prep, then the three-task array after it, every task done.
   assert.match(await page.locator("[data-node='prep']").innerText(), /succeeded/);
   const array = await page.locator("[data-node='hello']").innerText();
   assert.match(array, /succeeded/);
   assert.match(array, /tasks: 3 of 3 done/);
   assert.match(array, /after prep/);
-  // Output and bill come with a reload (the ledger follows the log by a moment).
+  // The bill may need another reload: the ledger follows the log by a moment.
   for (let i = 0; i < 50; i++) {
     await page.reload();
     if ((await page.locator("#bill-lines").count()) > 0) break;
@@ -189,12 +211,21 @@ test("an admin drains a site, sees why work runs where it does, and undrains it"
   await page.goto(`${server}/sites`);
   const row = page.locator("#sites tr[data-site='local']");
   await row.locator("input[name=reason]").fill("disk replacement");
-  await Promise.all([page.waitForURL(/\/sites$/), row.locator("button", { hasText: "Drain" }).click()]);
-  assert.match(await row.innerText(), /drained/);
+  await Promise.all([
+    page.waitForResponse((r) => r.url().endsWith("/sites/local/drain")),
+    row.locator("button", { hasText: "Drain" }).click(),
+  ]);
+  await page.waitForLoadState();
+  await row.locator(".state.drained").waitFor();
   const listed = JSON.parse(meridian(["site", "list", "-o", "json"]));
   assert.equal(listed.sites.find((s) => s.name === "local").state, "drained");
   await shot(page, "sites");
-  await Promise.all([page.waitForURL(/\/sites$/), row.locator("button", { hasText: "Undrain" }).click()]);
+  await Promise.all([
+    page.waitForResponse((r) => r.url().endsWith("/sites/local/undrain")),
+    row.locator("button", { hasText: "Undrain" }).click(),
+  ]);
+  await page.waitForLoadState();
+  await row.locator("button", { hasText: "Drain" }).waitFor();
   assert.doesNotMatch(await row.innerText(), /drained/);
   // The placement explanation, each cost term a column.
   await page.goto(`${server}${workflowPath}`);
@@ -212,6 +243,7 @@ test("finance downloads the month's export, and it is the CLI's", async () => {
   const month = new Date().toISOString().slice(0, 7);
   const text = await page.locator("main").innerText();
   assert.match(text, /alpha/);
+  // The tenant's total on the page is the sum of the export's BilledCost.
   assert.equal(await page.locator("svg#per-day-USD rect").count() > 0, true);
   await shot(page, "finance");
   const [download] = await Promise.all([page.waitForEvent("download"), page.click("#download")]);
@@ -219,6 +251,14 @@ test("finance downloads the month's export, and it is the CLI's", async () => {
   await download.saveAs(saved);
   const exported = meridian(["export", "focus", "--period", month], tokens.finance);
   assert.equal(readFileSync(saved, "utf8"), exported);
+  const [head, ...rows] = exported.trim().split("\n").map(csvLine);
+  const column = head.indexOf("BilledCost");
+  const alpha = rows.filter((r) => r[0] === "alpha");
+  assert.ok(alpha.length > 0, exported);
+  const shownTitle = await page.locator("#by-tenant tr[data-key='alpha'] .amount").getAttribute("title");
+  const shown = Number(shownTitle.split(" ")[0]);
+  const summed = alpha.reduce((t, r) => t + Number(r[column]), 0);
+  assert.ok(Math.abs(shown - summed) < 1e-12, `page ${shownTitle} vs export ${summed}`);
   assert.match(exported, /from-the-console|alpha/);
   // Finance does not submit or manage tokens.
   for (const path of ["/workflows/new", "/tenants"]) {

@@ -23,12 +23,14 @@ pub(crate) fn bars(id: &str, caption: &str, values: &[(String, Decimal)], unit: 
     // Bars at most 48 wide, so that one bar does not look like a wall.
     let bar = (slot * 0.7).clamp(1.0, 48.0);
     let mut svg = format!(
-        "<svg id=\"{id}\" class=\"chart\" role=\"img\" aria-label=\"{}\" viewBox=\"0 0 {width} {height}\" width=\"100%\">",
+        "<svg id=\"{}\" class=\"chart\" role=\"img\" aria-label=\"{}\" viewBox=\"0 0 {width} {height}\" width=\"100%\">",
+        escape(id),
         escape(caption)
     );
     let area = height - top - bottom;
     for (i, (label, value)) in values.iter().enumerate() {
-        let v = value.to_f64().unwrap_or(0.0);
+        // Credits (negative days) draw no bar; their amount is in the title and tables.
+        let v = value.to_f64().unwrap_or(0.0).max(0.0);
         let h = if max > 0.0 { area * v / max } else { 0.0 };
         let x = i as f64 * slot + (slot - bar) / 2.0;
         let y = top + area - h;

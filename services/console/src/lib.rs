@@ -36,8 +36,8 @@ pub(crate) struct Console {
 }
 
 /// The console's pages at `/`, for the API's router (outside its token layer: the
-/// console reads its caller from the sign-in cookie). The API adds the peer's address
-/// to each request as a [`ClientAddress`] extension, for the audit trail.
+/// console reads its caller from the sign-in cookie). The API adds what it knows of the
+/// connection to each request as a [`Client`] extension.
 pub fn router(app: App) -> Router {
     let console = Console { app };
     let signed_in = Router::new()
@@ -71,9 +71,14 @@ pub fn router(app: App) -> Router {
         .with_state(console)
 }
 
-/// The peer's address, as the transport saw it, for the audit trail.
-#[derive(Debug, Clone)]
-pub struct ClientAddress(pub String);
+/// What the transport knows of the connection: the peer's address (for the audit
+/// trail) and whether the browser reached the API securely (the sign-in cookie is then
+/// `Secure`).
+#[derive(Debug, Clone, Default)]
+pub struct Client {
+    pub address: Option<String>,
+    pub secure: bool,
+}
 
 const HTMX: &str = include_str!("../assets/htmx.min.js");
 const CSS: &str = include_str!("../assets/console.css");
@@ -105,39 +110,112 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
         .into_response()
 }
 
-/// Refuses a form posted from another site. The cookie is `SameSite=Strict` already,
-/// so a browser would not send it; this also covers browsers that ignore that. Every
-/// page also forbids being framed by another site.
+/// Refuses a form posted from anywhere but the console's own pages: from another site,
+/// and from another port of the same host (which the same-site cookie does not keep
+/// out). Browsers say where a request comes from with `Sec-Fetch-Site` or `Origin`; a
+/// client that sends neither is not a browser acting for someone else. Every answer
+/// forbids framing, caching of signed-in pages, and content-type sniffing.
 async fn same_origin(request: Request, next: Next) -> Response {
-    if request.method() == axum::http::Method::POST {
-        let headers = request.headers();
-        let cross_site = headers
-            .get("sec-fetch-site")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v == "cross-site");
-        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
-        let foreign_origin = match (headers.get(header::ORIGIN), host) {
-            (Some(origin), Some(host)) => origin.to_str().map_or(true, |o| {
-                o.split_once("://").map(|(_, rest)| rest) != Some(host)
-            }),
-            _ => false,
-        };
-        if cross_site || foreign_origin {
-            return layout::refusal(
-                axum::http::StatusCode::FORBIDDEN,
-                None,
-                "This form was sent from another site; the console takes forms from its own pages only.",
-            );
-        }
+    if request.method() == axum::http::Method::POST && !from_own_page(request.headers()) {
+        return layout::refusal(
+            axum::http::StatusCode::FORBIDDEN,
+            None,
+            "This form was sent from another page than the console's own; the console takes forms from its own pages only.",
+        );
     }
+    let asset = request.uri().path().starts_with("/assets/");
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
-            "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
+            "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
         ),
     );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    if !asset {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
     response
+}
+
+/// Whether a form comes from the console's own pages.
+fn from_own_page(headers: &axum::http::HeaderMap) -> bool {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = text("sec-fetch-site") {
+        return site == "same-origin" || site == "none";
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let Some(origin) = origin.to_str().ok().and_then(|o| o.split_once("://")) else {
+        return false;
+    };
+    // Behind a TLS proxy the browser's host is the proxy's: the one it forwards.
+    let host = text("x-forwarded-host").or(text(header::HOST.as_str()));
+    host.is_some_and(|h| origin.1.eq_ignore_ascii_case(h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::from_own_page;
+    use axum::http::HeaderMap;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn forms_from_elsewhere_are_told_apart() {
+        assert!(from_own_page(&headers(&[(
+            "sec-fetch-site",
+            "same-origin"
+        )])));
+        // Another port of the same host is same-site, not same-origin.
+        assert!(!from_own_page(&headers(&[("sec-fetch-site", "same-site")])));
+        assert!(!from_own_page(&headers(&[(
+            "sec-fetch-site",
+            "cross-site"
+        )])));
+        assert!(from_own_page(&headers(&[
+            ("origin", "http://127.0.0.1:7373"),
+            ("host", "127.0.0.1:7373")
+        ])));
+        assert!(from_own_page(&headers(&[
+            ("origin", "https://Meridian.example"),
+            ("host", "meridian.example")
+        ])));
+        assert!(!from_own_page(&headers(&[
+            ("origin", "http://127.0.0.1:8000"),
+            ("host", "127.0.0.1:7373")
+        ])));
+        // An origin with nothing to compare it with is refused, not let through.
+        assert!(!from_own_page(&headers(&[(
+            "origin",
+            "http://127.0.0.1:7373"
+        )])));
+        assert!(!from_own_page(&headers(&[
+            ("origin", "null"),
+            ("host", "x")
+        ])));
+        assert!(from_own_page(&headers(&[
+            ("origin", "https://meridian.example.org"),
+            ("host", "10.0.0.5:7373"),
+            ("x-forwarded-host", "meridian.example.org")
+        ])));
+        // Not a browser: no cookie would be sent for someone else.
+        assert!(from_own_page(&headers(&[])));
+    }
 }

@@ -19,6 +19,8 @@ pub fn line_of(doc: &str, path: &str) -> Option<usize> {
     let mut parent_indent: Option<usize> = None;
     for key in &keys {
         let mut hit = None;
+        // Only the parent's direct children count: the lines at the first child's indent.
+        let mut child_indent = None;
         for (i, line) in lines.iter().enumerate().skip(from) {
             let trimmed = line.trim_start();
             if trimmed.is_empty() || trimmed.starts_with('#') {
@@ -27,6 +29,9 @@ pub fn line_of(doc: &str, path: &str) -> Option<usize> {
             let indent = line.len() - trimmed.len();
             if parent_indent.is_some_and(|p| indent <= p) {
                 break;
+            }
+            if *child_indent.get_or_insert(indent) != indent {
+                continue;
             }
             let item = trimmed.trim_start_matches("- ");
             let name = match key {
@@ -52,6 +57,7 @@ pub fn line_of(doc: &str, path: &str) -> Option<usize> {
             (Segment::Index(n), _) => {
                 // The n-th `- ` item under the current key, when written as a block list.
                 let mut seen = 0;
+                let mut item_indent = None;
                 for (i, line) in lines.iter().enumerate().skip(from) {
                     let trimmed = line.trim_start();
                     let indent = line.len() - trimmed.len();
@@ -61,7 +67,9 @@ pub fn line_of(doc: &str, path: &str) -> Option<usize> {
                     if parent_indent.is_some_and(|p| indent <= p) && !trimmed.starts_with("- ") {
                         break;
                     }
-                    if trimmed.starts_with("- ") || trimmed == "-" {
+                    let item = trimmed.starts_with("- ") || trimmed == "-";
+                    // Only the list's own items, not those of lists inside them.
+                    if item && *item_indent.get_or_insert(indent) == indent {
                         if seen == *n {
                             found = Some(i + 1);
                             from = i + 1;
@@ -135,6 +143,14 @@ mod tests {
         assert_eq!(line_of(DOC, "jobs.train.resources.cpus"), Some(13));
         // `image` under train, not prep's.
         assert_eq!(line_of(DOC, "jobs.train.image"), Some(10));
+    }
+
+    #[test]
+    fn a_key_is_a_direct_child_not_a_deeper_one_of_the_same_name() {
+        let doc = "jobs:\n  t:\n    resources:\n      gpus:\n        memory: 80GiB\n      memory: 1GiB\n    command:\n      - - nested\n      - second\n";
+        assert_eq!(line_of(doc, "jobs.t.resources.memory"), Some(6));
+        assert_eq!(line_of(doc, "jobs.t.resources.gpus.memory"), Some(5));
+        assert_eq!(line_of(doc, "jobs.t.command[1]"), Some(9));
     }
 
     #[test]

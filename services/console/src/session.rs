@@ -13,7 +13,7 @@ use meridian_app::{AppError, Credentials, Principal, Role};
 use serde::Deserialize;
 
 use crate::layout::{self, page};
-use crate::{ClientAddress, Console};
+use crate::{Client, Console};
 
 /// The cookie that holds the signed-in token.
 pub const COOKIE: &str = "meridian_token";
@@ -38,8 +38,8 @@ fn credentials(request: &Request, token: String) -> Credentials {
         user: None,
         source: request
             .extensions()
-            .get::<ClientAddress>()
-            .map(|a| a.0.clone()),
+            .get::<Client>()
+            .and_then(|c| c.address.clone()),
         request: format!("{} {}", request.method(), request.uri().path()),
     }
 }
@@ -67,6 +67,15 @@ pub(crate) async fn signed_in(
         Some(who) => {
             request.extensions_mut().insert(who);
             next.run(request).await
+        }
+        // A page's refresh (htmx) cannot follow a redirect into its own part: it is
+        // told to load the sign-in page instead.
+        None if request.headers().contains_key("hx-request") => {
+            let mut response = StatusCode::UNAUTHORIZED.into_response();
+            response
+                .headers_mut()
+                .insert("hx-redirect", HeaderValue::from_static("/sign-in"));
+            response
         }
         None if request.method() == axum::http::Method::GET => {
             let next = request
@@ -138,7 +147,7 @@ pub(crate) struct SignIn {
 
 pub(crate) async fn sign_in(
     State(console): State<Console>,
-    address: Option<Extension<ClientAddress>>,
+    client: Option<Extension<Client>>,
     form: Result<Form<SignIn>, FormRejection>,
 ) -> Response {
     let Ok(Form(form)) = form else {
@@ -157,9 +166,10 @@ pub(crate) async fn sign_in(
             Some("token: paste a token to sign in."),
         );
     }
+    let client = client.map(|Extension(c)| c).unwrap_or_default();
     let credentials = Credentials {
         bearer: Some(token.clone()),
-        source: address.map(|Extension(a)| a.0),
+        source: client.address.clone(),
         request: "POST /sign-in".into(),
         ..Credentials::default()
     };
@@ -174,8 +184,9 @@ pub(crate) async fn sign_in(
             let mut response = Redirect::to(&to).into_response();
             // A token is printable ASCII without ';' or spaces; anything else is refused
             // above by authentication.
+            let secure = if client.secure { "; Secure" } else { "" };
             if let Ok(value) = HeaderValue::from_str(&format!(
-                "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
+                "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/{secure}"
             )) {
                 response.headers_mut().insert(header::SET_COOKIE, value);
             }
@@ -201,9 +212,13 @@ pub(crate) async fn sign_out() -> Response {
     response
 }
 
-/// A path on this server (not `//elsewhere`), for redirects after sign-in.
+/// A path on this server, for redirects after sign-in: printable ASCII without spaces
+/// or backslashes (browsers drop tabs and newlines, so `/\t/evil` would become
+/// `//evil`), starting with one `/`.
 fn local_path(p: &str) -> bool {
-    p.starts_with('/') && !p.starts_with("//") && !p.contains('\\')
+    p.starts_with('/')
+        && !p.starts_with("//")
+        && p.bytes().all(|b| (0x21..0x7f).contains(&b) && b != b'\\')
 }
 
 fn encode(text: &str) -> String {
@@ -216,4 +231,26 @@ fn encode(text: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_path;
+
+    #[test]
+    fn only_this_servers_paths_are_followed_after_sign_in() {
+        assert!(local_path("/workflows?state=running"));
+        for elsewhere in [
+            "//evil.example",
+            "/\t/evil.example",
+            "/\\evil.example",
+            "https://evil.example",
+            "/a b",
+            "/\n/x",
+            "",
+            "workflows",
+        ] {
+            assert!(!local_path(elsewhere), "{elsewhere:?}");
+        }
+    }
 }

@@ -76,14 +76,15 @@ pub(crate) async fn list(
             button type="submit" { "Show" }
             @if who.may(Action::SubmitWorkflow) { a.button href="/workflows/new" { "Submit a workflow" } }
         }
-        @if listed.items.is_empty() {
-            p.empty { "No workflows yet." @if who.may(Action::SubmitWorkflow) { " " a href="/workflows/new" { "Submit one." } } }
-        } @else {
-            // Refreshed in place while the page is open.
+        {
+            // Refreshed in place while the page is open (empty too, so new ones appear).
             table #workflows hx-get=(format!("/workflows{}", wanted.map(|s| format!("?state={}", s.as_str())).unwrap_or_default()))
                 hx-trigger="every 5s" hx-select="#workflows" hx-swap="outerHTML" {
                 thead { tr { th { "Name" } th { "State" } @if who.every_tenant { th { "Tenant" } } th { "Submitted" } th { "Updated" } th { "Id" } } }
                 tbody {
+                    @if listed.items.is_empty() {
+                        tr { td.empty colspan="6" { "No workflows yet." @if who.may(Action::SubmitWorkflow) { " " a href="/workflows/new" { "Submit one." } } } }
+                    }
                     @for w in &listed.items {
                         tr {
                             td { a href={ "/workflows/" (w.id) } { (w.name) } }
@@ -128,16 +129,25 @@ pub(crate) async fn detail(
         Ok(s) => s,
         Err(e) => return failed(&who, e),
     };
-    let events = console
-        .app
-        .events(&who, id)
-        .await
-        .map(|l| l.events)
-        .unwrap_or_default();
+    let events = match console.app.events(&who, id).await {
+        Ok(l) => l.events,
+        Err(e) => {
+            tracing::warn!(workflow = %id, error = %e, "console: cannot read the workflow's events");
+            Vec::new()
+        }
+    };
     let spec = submitted_spec(&events);
     let live = live(&status, spec.as_ref());
     if params.part.as_deref() == Some("live") {
-        return Html(live.into_string()).into_response();
+        let mut response = Html(live.into_string()).into_response();
+        if status.state.is_final() {
+            // The page was open while it ran: load it whole once more, with the final
+            // output, bill and buttons.
+            response
+                .headers_mut()
+                .insert("hx-refresh", axum::http::HeaderValue::from_static("true"));
+        }
+        return response;
     }
     let logs = console.app.logs(&who, id, None).await.ok();
     let bill = if status.state.is_final() || status.tasks.succeeded + status.tasks.failed > 0 {
@@ -297,39 +307,50 @@ fn dag(spec: &meridian_spec::Workflow, runs: &[JobRun]) -> Markup {
 }
 
 fn node(spec: &meridian_spec::Workflow, name: &str, needs: &[&str], runs: &[JobRun]) -> Markup {
-    let mine: Vec<&JobRun> = runs.iter().filter(|r| r.name == name).collect();
-    let array = spec.jobs.get(name).and_then(|j| j.array.as_ref()).is_some();
+    let array = spec.jobs.get(name).and_then(|j| j.array.as_ref());
     // The latest attempt of each task decides its state.
     let mut latest: BTreeMap<Option<u32>, &JobRun> = BTreeMap::new();
-    for r in &mine {
+    for r in runs.iter().filter(|r| r.name == name) {
         let e = latest.entry(r.index).or_insert(r);
         if r.attempt > e.attempt {
             *e = r;
         }
     }
+    // Every task of an array, released or not (runs list only the released ones).
+    let tasks = array.map_or(1, |a| a.len() as usize);
+    let count = |state: &str| {
+        latest
+            .values()
+            .filter(|r| r.state.as_str() == state)
+            .count()
+    };
     let shown = if latest.is_empty() {
-        "waiting".to_string()
-    } else if latest.values().all(|r| r.state.as_str() == "succeeded") {
-        "succeeded".into()
-    } else if latest.values().any(|r| r.state.as_str() == "failed") {
-        "failed".into()
-    } else if latest.values().any(|r| r.state.as_str() == "running") {
-        "running".into()
+        "waiting"
+    } else if count("running") > 0 {
+        "running"
+    } else if count("pending") > 0 || latest.len() < tasks {
+        "pending"
+    } else if count("failed") > 0 {
+        "failed"
+    } else if count("cancelled") > 0 {
+        "cancelled"
+    } else if count("succeeded") == latest.len() {
+        "succeeded"
     } else {
         latest
             .values()
             .next()
-            .map(|r| r.state.as_str().to_string())
-            .unwrap_or_default()
+            .map_or("waiting", |r| r.state.as_str())
     };
     let service = spec.services.contains_key(name);
     html! {
         div class={ "node " (shown) } data-node=(name) {
             strong { (name) } @if service { " (service)" }
-            " " (state(&shown))
-            @if array {
-                @let done = latest.values().filter(|r| r.state.as_str() == "succeeded").count();
-                div.note { "tasks: " (done) " of " (latest.len()) " done" }
+            " " (state(shown))
+            @if array.is_some() {
+                div.note { "tasks: " (count("succeeded")) " of " (tasks) " done"
+                    @if count("running") > 0 { ", " (count("running")) " running" }
+                    @if count("failed") > 0 { ", " (count("failed")) " failed" } }
             }
             @if !needs.is_empty() { div.note { "after " (needs.join(", ")) } }
         }
@@ -511,7 +532,8 @@ fn submit_page(draft: &Draft, checked: Markup) -> Markup {
             label for="workflow" { "Workflow" }
             textarea #workflow name="workflow" rows="18" spellcheck="false"
                 hx-post="/workflows/new/check" hx-trigger="input changed delay:400ms, load" hx-target="#checked" hx-swap="innerHTML" hx-include="#submit" {
-                (draft.workflow)
+                // HTML drops one newline right after <textarea>: keep the document's own.
+                "\n" (draft.workflow)
             }
             div.buttons {
                 button type="submit" name="action" value="check" { "Check and quote" }
@@ -646,14 +668,34 @@ pub(crate) async fn submit(
         let checked = checked(&console, &who, &draft.workflow).await;
         return page("Submit", Some(&who), submit_page(&draft, checked)).into_response();
     }
+    // The form's own key (a UUID it was given), as the API takes keys: at most 200
+    // printable characters.
+    let key = draft
+        .idempotency_key
+        .clone()
+        .filter(|k| (1..=200).contains(&k.len()) && k.bytes().all(|b| (0x20..0x7f).contains(&b)));
     let submission = Submission {
         document: draft.workflow.clone(),
         declared_json: false,
-        idempotency_key: draft.idempotency_key.clone().filter(|k| !k.is_empty()),
+        idempotency_key: key,
         traceparent: None,
     };
     match console.app.submit(&who, submission).await {
         Ok(s) => Redirect::to(&format!("/workflows/{}", s.accepted.id)).into_response(),
+        // The form was submitted before with another document (the browser's Back
+        // button): offer it again as a new submission.
+        Err(AppError::IdempotencyMismatch) => {
+            let draft = Draft {
+                idempotency_key: Some(Uuid::now_v7().to_string()),
+                ..draft
+            };
+            let note = html! { p.error role="alert" { "This form was submitted before with another document; press Submit again to submit this one as a new workflow." } };
+            (
+                StatusCode::CONFLICT,
+                page("Submit", Some(&who), submit_page(&draft, note)),
+            )
+                .into_response()
+        }
         Err(AppError::InvalidWorkflow(_)) => {
             let checked = checked(&console, &who, &draft.workflow).await;
             (

@@ -130,12 +130,23 @@ fn credentials(request: &Request) -> Result<Credentials, ApiError> {
     })
 }
 
-/// The peer's address for the console's audit records, as the API's own routes take it.
+/// What the console needs of the connection: the peer's address (for its audit
+/// records, as the API's own routes take it) and whether it is secure (TLS here, or a
+/// TLS proxy in front that says `X-Forwarded-Proto: https`).
 pub(crate) async fn client_address(mut request: Request, next: Next) -> Response {
-    if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<crate::Peer>>() {
-        let address = meridian_console::ClientAddress(peer.0.ip().to_string());
-        request.extensions_mut().insert(address);
-    }
+    let proxied_tls = request
+        .headers()
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("https"));
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<crate::Peer>>()
+        .map(|ConnectInfo(peer)| *peer);
+    request.extensions_mut().insert(meridian_console::Client {
+        address: peer.map(|p| p.0.ip().to_string()),
+        secure: peer.is_some_and(|p| p.1) || proxied_tls,
+    });
     next.run(request).await
 }
 

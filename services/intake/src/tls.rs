@@ -104,18 +104,19 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-/// The peer of a request, over TCP or TLS: what the audit trail records as its source.
+/// The peer of a request, over TCP or TLS: what the audit trail records as its source,
+/// and whether it came over TLS (the console's cookie is then `Secure`).
 #[derive(Debug, Clone, Copy)]
-pub struct Peer(pub SocketAddr);
+pub struct Peer(pub SocketAddr, pub bool);
 
 impl Connected<IncomingStream<'_, TcpListener>> for Peer {
     fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Peer {
-        Peer(*stream.remote_addr())
+        Peer(*stream.remote_addr(), false)
     }
 }
 
 impl Connected<IncomingStream<'_, TlsListener>> for Peer {
     fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Peer {
-        Peer(*stream.remote_addr())
+        Peer(*stream.remote_addr(), true)
     }
 }

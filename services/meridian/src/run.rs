@@ -505,17 +505,35 @@ pub struct Distributed {
 }
 
 impl Distributed {
+    /// Connects to the log, trying again for up to two minutes while it is unavailable
+    /// (a cluster electing a leader, a server restarting), and saying so each time.
     async fn log(&self) -> anyhow::Result<Arc<dyn EventLog>> {
-        let log = NatsLog::connect(NatsConfig {
+        let config = NatsConfig {
             url: self.nats_url.clone(),
             stream: self.stream.clone(),
             subject_prefix: self.subject_prefix.clone(),
             replicas: self.replicas,
             ..NatsConfig::default()
-        })
-        .await
-        .with_context(|| format!("connecting to the event log at {}", self.nats_url))?;
-        Ok(Arc::new(log))
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+        let mut pause = std::time::Duration::from_millis(500);
+        loop {
+            match NatsLog::connect(config.clone()).await {
+                Ok(log) => return Ok(Arc::new(log)),
+                Err(e @ meridian_eventlog::LogError::Unavailable(_))
+                    if tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tracing::warn!(url = %self.nats_url, error = %e, retry_in = ?pause, "the event log is not available yet");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("connecting to the event log at {}", self.nats_url)
+                    })
+                }
+            }
+        }
     }
 }
 

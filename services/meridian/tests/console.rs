@@ -12,7 +12,7 @@ use common::*;
 use reqwest::header::{COOKIE, LOCATION, ORIGIN, SET_COOKIE};
 use reqwest::StatusCode;
 
-const HELLO: &str = "version: v1\nname: console-hello\njobs:\n  hello:\n    image: host\n    command: [sh, -c, \"echo hello from the console\"]\n    resources: {cpus: 1, memory: 64MiB, walltime: 5m}\n";
+const HELLO: &str = "version: v1\nname: console-hello\njobs:\n  hello:\n    image: host\n    command: [sh, -c, \"echo hello from the console; echo '<script>alert(1)</script>'\"]\n    resources: {cpus: 1, memory: 64MiB, walltime: 5m}\n";
 
 fn token(server: &str, tenant: Option<&str>, role: &str, grants: &[&str]) -> String {
     let mut args = vec!["admin", "token", "create", "--role", role];
@@ -189,6 +189,32 @@ fn every_page_does_what_its_token_may_and_nothing_more() {
         for want in ["console-hello", "hello from the console", "Why there", "data-node=\"hello\""] {
             assert!(body.contains(want), "{want} not on the page:\n{body}");
         }
+        // What a job printed is shown as text, never as markup.
+        assert!(body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{body}");
+        assert!(!body.contains("<script>alert"), "{body}");
+        // Not framed, not cached, scripts from the server only.
+        let response = browser
+            .http
+            .get(format!("{server}{page}"))
+            .header(COOKIE, browser.cookie.clone().unwrap())
+            .send()
+            .await
+            .unwrap();
+        let header = |name: &str| response.headers()[name].to_str().unwrap().to_string();
+        assert_eq!(header("x-frame-options"), "DENY");
+        assert_eq!(header("cache-control"), "no-store");
+        assert!(header("content-security-policy").contains("default-src 'self'"));
+        // After signing in, only this server's pages are followed.
+        let mut wary = Browser::new(&server);
+        let response = wary
+            .http
+            .post(format!("{server}/sign-in"))
+            .form(&[("token", alpha.as_str()), ("next", "/\t/evil.example")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.headers()[LOCATION], "/workflows");
+        wary.cookie = None;
         // Whole pages, nothing fetched from elsewhere.
         for path in [page.as_str(), "/workflows", "/sites", "/workflows/new"] {
             let (_, body, _) = browser.get(path).await;
@@ -214,6 +240,17 @@ fn every_page_does_what_its_token_may_and_nothing_more() {
             .await
             .unwrap();
         assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+        // From another port of the same host (same site, not same origin) too.
+        let forged = browser
+            .http
+            .post(format!("{server}/workflows/{id}/cancel"))
+            .header("sec-fetch-site", "same-site")
+            .header(COOKIE, browser.cookie.clone().unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+        assert_eq!(wait_state(&server, &id, &["finished"])["state"], "finished");
 
         // Another tenant's researcher: not found, to read or to cancel.
         let mut other = Browser::new(&server);
@@ -388,12 +425,23 @@ fn each_page_and_form_is_refused_to_the_roles_that_may_not_use_it() {
                         .await
                 };
                 if allowed.contains(role) {
+                    // Pages answer 200, forms redirect (303); a cancel of a workflow that
+                    // has ended is a 409 that says so.
+                    let expected: &[StatusCode] = if path.ends_with("/cancel") {
+                        &[StatusCode::SEE_OTHER, StatusCode::CONFLICT]
+                    } else if *method == "GET" || path.ends_with("/check") {
+                        &[StatusCode::OK]
+                    } else {
+                        &[StatusCode::SEE_OTHER]
+                    };
                     assert!(
-                        status != StatusCode::FORBIDDEN
-                            && status != StatusCode::UNAUTHORIZED
-                            && !status.is_server_error(),
+                        expected.contains(&status),
                         "{role} {method} {path}: {status}\n{body}"
                     );
+                    if path.ends_with("/drain") {
+                        let sites = cli_json(&server, &["site", "list"]);
+                        assert_eq!(sites["sites"][0]["state"], "drained", "{sites:#}");
+                    }
                 } else {
                     assert_eq!(
                         status,
