@@ -398,6 +398,11 @@ pub mod job_logs {
         pub captured_at: String,
     }
 
+    /// Creates the table.
+    pub async fn migrate(store: &Store) -> Result<(), StoreError> {
+        store.migrate(SCHEMA).await
+    }
+
     pub async fn save(store: &Store, log: &JobLog) -> Result<(), StoreError> {
         store.migrate(SCHEMA).await?;
         sqlx::query(

@@ -42,6 +42,17 @@ pub use projection::{StatusProjection, NAME as PROJECTION_NAME};
 /// (a big array), and the counts always cover every task.
 pub const MAX_LISTED_RUNS: usize = 1000;
 
+/// Every statement that creates the application's tables (idempotency keys, the audit
+/// trail, the status read model); each is idempotent.
+pub fn schema() -> Vec<&'static str> {
+    idempotency::SCHEMA
+        .iter()
+        .chain(audit::SCHEMA)
+        .chain(StatusProjection.schema())
+        .copied()
+        .collect()
+}
+
 /// The application: the log, the store, and the catalogue read model over them. Cheap
 /// to clone; clones share everything.
 #[derive(Clone)]
@@ -89,12 +100,7 @@ impl App {
     pub async fn migrate(&self) -> Result<(), AppError> {
         self.schema
             .get_or_try_init(|| async {
-                let statements = idempotency::SCHEMA
-                    .iter()
-                    .chain(audit::SCHEMA)
-                    .chain(StatusProjection.schema())
-                    .copied()
-                    .collect::<Vec<_>>();
+                let statements = schema();
                 // PostgreSQL can fail a `CREATE ... IF NOT EXISTS` that races the same
                 // statement from the projection runner; the second try sees the table.
                 if self.store.migrate(&statements).await.is_ok() {

@@ -357,6 +357,15 @@ impl Target {
 
 #[derive(clap::Subcommand)]
 pub enum Admin {
+    /// Create every table of Meridian's services in the database (read models, ledger,
+    /// job output, run reports, idempotency keys, audit trail), then exit. Services create
+    /// their own at start too; this lets a deployment do it first, once, with a role
+    /// that may create tables, and run the services with one that may not.
+    Migrate {
+        /// The database (PostgreSQL, or sqlite://PATH).
+        #[arg(long, env = "MERIDIAN_DATABASE_URL")]
+        database_url: String,
+    },
     /// Drop a read model and rebuild it from the log.
     #[command(subcommand)]
     Rebuild(Rebuild),
@@ -620,6 +629,7 @@ fn meter(text: &str) -> anyhow::Result<Meter> {
 /// `meridian admin ...`.
 pub async fn admin(which: Admin) -> anyhow::Result<i32> {
     match which {
+        Admin::Migrate { database_url } => migrate(&database_url).await,
         Admin::Rebuild(Rebuild::Accounting { target }) => rebuild(target).await,
         Admin::Token(verb) => crate::access_cli::token(verb).await,
         Admin::Budget(args) => crate::access_cli::set_budget(args).await,
@@ -832,5 +842,38 @@ async fn rebuild(target: RebuildTarget) -> anyhow::Result<i32> {
         rebuilt.position,
         started.elapsed().as_secs_f64()
     );
+    Ok(0)
+}
+
+/// `meridian admin migrate`: every service's tables, in one run.
+async fn migrate(database_url: &str) -> anyhow::Result<i32> {
+    use meridian_store::Projection;
+    let store = meridian_store::Store::connect(database_url)
+        .await
+        .with_context(|| format!("connecting to the database {database_url}"))?;
+    let steps: [(&str, Vec<&'static str>); 2] = [
+        (
+            "intake: idempotency keys, audit trail, status read model",
+            meridian_app::schema(),
+        ),
+        (
+            "accounting: the ledger",
+            meridian_accounting::Ledger.schema().to_vec(),
+        ),
+    ];
+    for (what, statements) in steps {
+        store
+            .migrate(&statements)
+            .await
+            .with_context(|| format!("creating the tables of {what}"))?;
+        eprintln!("created (or found) the tables of {what}");
+    }
+    meridian_store::job_logs::migrate(&store)
+        .await
+        .context("creating the job output table")?;
+    meridian_store::run_reports::migrate(&store)
+        .await
+        .context("creating the run reports table")?;
+    eprintln!("created (or found) the tables of the adapters: job output, run reports");
     Ok(0)
 }

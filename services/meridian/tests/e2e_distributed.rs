@@ -107,3 +107,64 @@ fn distributed_services_run_a_dag_fail_a_job_cancel_and_bill() {
     cancel_running(&d.server, d.dir.path());
     garbage_is_refused(&d.server, d.dir.path());
 }
+
+/// `meridian admin migrate` creates every service's tables in a new database, again
+/// without harm, and says what is wrong with a database it cannot reach.
+#[test]
+fn admin_migrate_creates_every_table_once() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let database = rt
+        .block_on(meridian_store::testing::fresh_postgres())
+        .expect("PostgreSQL (set MERIDIAN_TEST_POSTGRES)");
+    let migrate = |url: &str| {
+        std::process::Command::new(BIN)
+            .args(["admin", "migrate", "--database-url", url])
+            .output()
+            .unwrap()
+    };
+    for _ in 0..2 {
+        let out = migrate(&database);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let listed = std::process::Command::new("psql")
+        .args([
+            database.as_str(),
+            "-Atc",
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'",
+        ])
+        .output()
+        .expect("psql");
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let tables: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    for want in [
+        "intake_workflows",
+        "intake_idempotency",
+        "audit_records",
+        "ledger_charges",
+        "ledger_applied",
+        "job_logs",
+        "run_reports",
+        "projection_positions",
+    ] {
+        assert!(tables.iter().any(|t| t == want), "no {want} in {tables:?}");
+    }
+    let out = migrate("postgres://nobody@127.0.0.1:1/none");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("connecting to the database"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rt.block_on(meridian_store::testing::drop_postgres(&database));
+}

@@ -15,7 +15,7 @@ use meridian_domain::catalog_file::{offline_catalog, SiteSpec};
 use meridian_domain::placement::decide;
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
-use meridian_eventlog::testkit::nats_url_or_start;
+use meridian_eventlog::testkit::{nats_url_or_start, NatsCluster};
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand, Workflow, WorkflowCommand};
 use meridian_events::vocabulary::site::{Shape, ShapeGpus};
@@ -139,14 +139,16 @@ fn latency(quick: bool) {
     }
 }
 
-async fn throughput(quick: bool) {
-    let (url, _server) = nats_url_or_start().expect("a nats-server");
+/// Workflows submitted to placed per second, through the router, on the log at `url`
+/// with the stream at `replicas`.
+async fn throughput(quick: bool, url: String, replicas: usize) -> (usize, Duration) {
     let unique = Uuid::now_v7().simple().to_string();
     let log: Arc<dyn EventLog> = Arc::new(
         NatsLog::connect(NatsConfig {
             url,
             stream: format!("BENCH_{unique}"),
             subject_prefix: format!("bench.{unique}"),
+            replicas,
             ..NatsConfig::default()
         })
         .await
@@ -243,16 +245,31 @@ async fn throughput(quick: bool) {
     let elapsed = start.elapsed();
     let _ = stop.send(true);
     let _ = router.await;
-    println!(
-        "\n| router over JetStream, 10 sites × 50 shapes | workflows | seconds | placements/s |\n| --- | ---: | ---: | ---: |\n| submit → placement_decided (plus the first release and dispatch) | {workflows} | {:.2} | {:.0} |",
-        elapsed.as_secs_f64(),
-        workflows as f64 / elapsed.as_secs_f64()
-    );
+    (workflows, elapsed)
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     latency(quick);
-    throughput(quick).await;
+    // One server (R1), then the production shape: three servers run from
+    // infra/nats/cluster.conf on this machine, the stream at R3.
+    let (url, _server) = nats_url_or_start().expect("a nats-server");
+    let single = throughput(quick, url, 1).await;
+    drop(_server);
+    let config =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra/nats/cluster.conf");
+    let cluster = NatsCluster::start(&config, 3).expect("a three-server cluster");
+    let three = throughput(quick, cluster.urls(), 3).await;
+    println!("\n| router over JetStream, 10 sites × 50 shapes, submit → placement_decided (plus the first release and dispatch) | workflows | seconds | placements/s |\n| --- | ---: | ---: | ---: |");
+    for (label, (workflows, elapsed)) in [
+        ("one server, R1", single),
+        ("three servers on this machine, R3", three),
+    ] {
+        println!(
+            "| {label} | {workflows} | {:.2} | {:.0} |",
+            elapsed.as_secs_f64(),
+            workflows as f64 / elapsed.as_secs_f64()
+        );
+    }
 }
