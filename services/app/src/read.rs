@@ -312,3 +312,23 @@ pub(crate) fn status_from_log(id: Uuid, loaded: &Loaded<Workflow>) -> Option<Wor
         transfers: Vec::new(),
     })
 }
+
+/// How many workflows are in each state (every state, those with none at 0), for
+/// metrics.
+pub async fn count_by_state(
+    store: &Store,
+) -> Result<std::collections::BTreeMap<String, u64>, ReadError> {
+    let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM intake_workflows GROUP BY state")
+        .fetch_all(store.pool())
+        .await?;
+    let mut counts: std::collections::BTreeMap<String, u64> = WorkflowState::ALL
+        .iter()
+        .map(|s| (s.as_str().to_string(), 0))
+        .collect();
+    for row in rows {
+        let state = state_column(&row)?;
+        let n: i64 = row.try_get("n")?;
+        counts.insert(state.as_str().to_string(), n as u64);
+    }
+    Ok(counts)
+}

@@ -93,8 +93,7 @@ enum Command {
     /// Run everything in one process: embedded log and store, a local site, the API.
     Up(run::UpArgs),
     /// Run one service of a distributed deployment (NATS JetStream + PostgreSQL).
-    #[command(subcommand)]
-    Server(run::Server),
+    Server(run::ServerArgs),
     /// Serve Meridian's MCP tools on stdin/stdout, for an AI agent that starts MCP servers
     /// as local processes.
     ///

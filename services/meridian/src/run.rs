@@ -133,6 +133,17 @@ impl Tasks {
         self.spawn("data mover", async move { Ok(mover.run(stop).await?) });
     }
 
+    /// `/healthz`, `/readyz` and `/metrics` on `listener`.
+    pub fn ops(&mut self, listener: tokio::net::TcpListener, ops: meridian_ops::Ops) {
+        let mut stop = self.shutdown();
+        self.spawn("health and metrics", async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            Ok(meridian_ops::serve(ops, listener, stopped).await?)
+        });
+    }
+
     /// Runs until Ctrl-C (or SIGTERM), or until a task fails; then stops the rest.
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let mut failure = None;
@@ -556,6 +567,18 @@ impl Database {
     }
 }
 
+/// `meridian server [--ops-listen ADDR] SERVICE`.
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// Serve /healthz, /readyz and /metrics (Prometheus text format) on this address,
+    /// e.g. 127.0.0.1:9464: liveness, readiness (the log answers and each read model is
+    /// caught up) and figures for monitoring. See docs/running.md.
+    #[arg(long, global = true, env = "MERIDIAN_OPS_LISTEN", value_name = "ADDR")]
+    pub ops_listen: Option<SocketAddr>,
+    #[command(subcommand)]
+    pub which: Server,
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub enum Server {
     /// The federation API and its status read model.
@@ -693,9 +716,21 @@ impl CredentialKey {
 }
 
 /// `meridian server NAME`: one service in this process.
-pub async fn server(which: Server) -> anyhow::Result<()> {
+pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let mut tasks = Tasks::new();
-    match which {
+    let mut ops_listener =
+        match args.ops_listen {
+            Some(listen) => Some(tokio::net::TcpListener::bind(listen).await.with_context(
+                || format!("cannot listen on {listen} for health and metrics (--ops-listen)"),
+            )?),
+            None => None,
+        };
+    let mut ops = |ops: meridian_ops::Ops, tasks: &mut Tasks| {
+        if let Some(listener) = ops_listener.take() {
+            tasks.ops(listener, ops);
+        }
+    };
+    match args.which {
         Server::Intake {
             log,
             db,
@@ -719,12 +754,46 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                 tracing::info!(path = %path.display(), "wrote the first admin token");
             }
             let listen = api.listen;
+            let store = app.store().clone();
+            let counted = store.clone();
+            let workflows: meridian_ops::Probe = Arc::new(move || {
+                let store = counted.clone();
+                Box::pin(async move {
+                    match meridian_app::read::count_by_state(&store).await {
+                        Ok(counts) => vec![(
+                            "meridian_workflows",
+                            "Workflows by state, from the status read model.",
+                            meridian_ops::by("state", counts),
+                        )],
+                        Err(e) => {
+                            tracing::warn!(error = %e, "metrics: cannot count workflows");
+                            Vec::new()
+                        }
+                    }
+                })
+            });
+            ops(
+                meridian_ops::Ops::new("intake", app.log().clone())
+                    .projection(store, meridian_intake::PROJECTION_NAME)
+                    .probe(workflows),
+                &mut tasks,
+            );
             tasks.intake(app, bind(listen).await?, api.tls()?);
             tracing::info!(%listen, "intake is up");
         }
-        Server::Router { log } => tasks.router(log.log().await?),
+        Server::Router { log } => {
+            let log = log.log().await?;
+            ops(meridian_ops::Ops::new("router", log.clone()), &mut tasks);
+            tasks.router(log);
+        }
         Server::Accounting { log, db } => {
-            tasks.accounting(log.log().await?, db.store().await?);
+            let (log, store) = (log.log().await?, db.store().await?);
+            ops(
+                meridian_ops::Ops::new("accounting", log.clone())
+                    .projection(store.clone(), meridian_accounting::NAME),
+                &mut tasks,
+            );
+            tasks.accounting(log, store);
         }
         Server::Adapter {
             site,
@@ -762,6 +831,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                     Some(vec![site.clone()]),
                     secrets.load()?,
                 );
+                ops(meridian_ops::Ops::new("adapter", log.clone()), &mut tasks);
                 tasks.site(&site, adapter, log, store, call_back);
                 return tasks.wait().await;
             }
@@ -784,6 +854,7 @@ pub async fn server(which: Server) -> anyhow::Result<()> {
                 Some(vec![site.clone()]),
                 secrets.load()?,
             );
+            ops(meridian_ops::Ops::new("adapter", log.clone()), &mut tasks);
             tasks.site(&site, adapter, log, store, call_back);
             // Keep the lock for as long as the site runs.
             let result = tasks.wait().await;

@@ -8,6 +8,8 @@ use meridian_eventlog::testkit::NatsServer;
 
 struct Deployment {
     server: String,
+    /// Each service's `--ops-listen` address.
+    ops: Vec<(&'static str, String)>,
     dir: tempfile::TempDir,
     database: String,
     _procs: Vec<Proc>,
@@ -41,6 +43,10 @@ fn deploy() -> Deployment {
     // One credential key for the intake and the adapter, made before either starts.
     std::fs::write(dir.path().join("credential.key"), "ab".repeat(32)).unwrap();
     let server = format!("http://127.0.0.1:{port}");
+    let ops: Vec<(&'static str, String)> = ["intake", "router", "accounting", "adapter"]
+        .into_iter()
+        .map(|s| (s, format!("127.0.0.1:{}", free_port())))
+        .collect();
     let procs = vec![
         Proc::spawn(
             "intake",
@@ -48,6 +54,8 @@ fn deploy() -> Deployment {
             &[
                 "server",
                 "intake",
+                "--ops-listen",
+                &ops[0].1,
                 "--listen",
                 &listen,
                 "--admin-token-file",
@@ -57,14 +65,26 @@ fn deploy() -> Deployment {
             ],
             &env,
         ),
-        Proc::spawn("router", dir.path(), &["server", "router"], &env),
-        Proc::spawn("accounting", dir.path(), &["server", "accounting"], &env),
+        Proc::spawn(
+            "router",
+            dir.path(),
+            &["server", "router", "--ops-listen", &ops[1].1],
+            &env,
+        ),
+        Proc::spawn(
+            "accounting",
+            dir.path(),
+            &["server", "--ops-listen", &ops[2].1, "accounting"],
+            &env,
+        ),
         Proc::spawn(
             "adapter",
             dir.path(),
             &[
                 "server",
                 "adapter",
+                "--ops-listen",
+                &ops[3].1,
                 "--site",
                 "local",
                 "--cpus",
@@ -92,6 +112,7 @@ fn deploy() -> Deployment {
     }
     Deployment {
         server,
+        ops,
         dir,
         database,
         _procs: procs,
@@ -106,6 +127,68 @@ fn distributed_services_run_a_dag_fail_a_job_cancel_and_bill() {
     failing_job(&d.server, d.dir.path());
     cancel_running(&d.server, d.dir.path());
     garbage_is_refused(&d.server, d.dir.path());
+    health_and_metrics(d);
+}
+
+/// Each service's `/healthz`, `/readyz` and `/metrics`; readiness goes when the log does.
+fn health_and_metrics(mut d: Deployment) {
+    let get = |address: &str, path: &str| http_get(address, path).unwrap_or_default();
+    let status = |response: &str| response.split_whitespace().nth(1).unwrap_or("").to_string();
+    for (service, address) in &d.ops {
+        assert_eq!(status(&get(address, "/healthz")), "200", "{service}");
+        // Ready once its read models have caught up with the log.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let ready = get(address, "/readyz");
+            if status(&ready) == "200" {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{service}: {ready}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let metrics = get(address, "/metrics");
+        assert!(
+            metrics.contains(&format!(
+                "meridian_log_reachable{{service=\"{service}\"}} 1"
+            )),
+            "{service}: {metrics}"
+        );
+        assert!(
+            metrics.contains("# TYPE meridian_log_head gauge"),
+            "{metrics}"
+        );
+    }
+    let intake = get(&d.ops[0].1, "/metrics");
+    let finished = intake
+        .lines()
+        .find(|l| l.starts_with("meridian_workflows{service=\"intake\",state=\"finished\"}"))
+        .unwrap_or_else(|| panic!("{intake}"));
+    assert!(!finished.ends_with(" 0"), "{finished}");
+    assert!(
+        intake.contains("meridian_projection_lag_events{service=\"intake\",projection="),
+        "{intake}"
+    );
+    let accounting = get(&d.ops[2].1, "/metrics");
+    assert!(
+        accounting.contains(&format!(
+            "meridian_projection_position{{service=\"accounting\",projection=\"{}\"}}",
+            meridian_accounting::NAME
+        )),
+        "{accounting}"
+    );
+    // Without the log, a service is alive but not ready, and says why.
+    d._nats.kill();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let ready = get(&d.ops[1].1, "/readyz");
+        if status(&ready) == "503" {
+            assert!(ready.contains("the event log"), "{ready}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{ready}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(status(&get(&d.ops[1].1, "/healthz")), "200");
 }
 
 /// `meridian admin migrate` creates every service's tables in a new database, again
