@@ -1,208 +1,242 @@
-//! Golden tests of what the adapter asks a cluster to create, one file per case under
-//! `tests/golden/`. Each file is also decoded strictly into its `k8s-openapi` type: a
-//! field the Kubernetes API does not have fails the test. `MERIDIAN_UPDATE_GOLDEN=1`
-//! writes the files again after a deliberate change; review the diff.
+//! The deployment manifests in `infra/kubernetes/` as Kubernetes would take them: every
+//! document decoded into k8s-openapi's types with nothing dropped (a misspelt or
+//! misplaced field would be, silently, by the API server too), and what Meridian needs of
+//! them: probes on each service's /healthz and /readyz, resource requests, a Service that
+//! selects the intake, a NetworkPolicy that lets the API and metrics in, and the
+//! adapter running as the account its Role binds.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
-use meridian_adapter_core::{ArrayRequest, ArrayTask, Gpus, JobRequest, Resources, ServiceRequest};
-use meridian_adapter_kubernetes::config::{KubernetesConfig, Profile};
-use meridian_adapter_kubernetes::gpu::{self, NodeGpus};
-use meridian_adapter_kubernetes::manifest;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use uuid::Uuid;
+use serde_json::Value;
 
-const JOB: Uuid = Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_0001);
-const WORKFLOW: Uuid = Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_00aa);
-const BATCH: Uuid = Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_00bb);
-
-fn config() -> KubernetesConfig {
-    let mut c = KubernetesConfig::new("meridian");
-    c.service_account = Some("meridian-jobs".into());
-    c.image_pull_secrets = vec!["registry-credentials".into()];
-    c.priority_class = Some("research".into());
-    c.storage_class = Some("fast-rwx".into());
-    c
+fn documents(file: &str) -> Vec<Value> {
+    let path = format!(
+        "{}/../../infra/kubernetes/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
 }
 
-fn request(name: &str, command: &[&str]) -> JobRequest {
-    JobRequest {
-        job_id: JOB,
-        workflow_id: WORKFLOW,
-        name: name.into(),
-        array_index: None,
-        image: Some("docker://ghcr.io/example/align:1.4".into()),
-        command: command.iter().map(|s| s.to_string()).collect(),
-        env: BTreeMap::from([("SAMPLE".into(), "s01".into())]),
-        cwd: None,
-        resources: Resources {
-            nodes: 1,
-            cpus: 4,
-            memory_bytes: 16 << 30,
-            walltime: Duration::from_secs(2 * 3600),
-            gpus: None,
-        },
-        service: None,
-        mounts: BTreeMap::new(),
-        volume_sizes: BTreeMap::new(),
-        tenant: Some("genomics".into()),
-        shape: None,
-        report_to: None,
-        slurm: None,
+/// `sub` is contained in `all`: every key and value of the manifest survived decoding.
+fn contained(sub: &Value, all: &Value, at: &str) -> Result<(), String> {
+    match (sub, all) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let there = b.get(k).ok_or_else(|| {
+                    format!("{at}.{k}: dropped when decoded (misspelt or misplaced?)")
+                })?;
+                contained(v, there, &format!("{at}.{k}"))?;
+            }
+            Ok(())
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .try_for_each(|(i, (x, y))| contained(x, y, &format!("{at}[{i}]"))),
+        // Quantities and ports may be written as numbers or strings.
+        (Value::Number(n), Value::String(s)) | (Value::String(s), Value::Number(n))
+            if n.to_string() == *s =>
+        {
+            Ok(())
+        }
+        (a, b) if a == b => Ok(()),
+        (a, b) => Err(format!("{at}: {a} became {b}")),
     }
 }
 
-fn golden<T: Serialize + DeserializeOwned>(case: &str, object: &T) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(format!("{case}.json"));
-    let produced = serde_json::to_string_pretty(object).unwrap() + "\n";
-    if std::env::var_os("MERIDIAN_UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, &produced).unwrap();
+fn decode<T: DeserializeOwned + Serialize>(doc: &Value, at: &str) -> T {
+    let typed: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{at}: {e}"));
+    let back = serde_json::to_value(&typed).unwrap();
+    contained(doc, &back, at).unwrap_or_else(|e| panic!("{e}"));
+    typed
+}
+
+#[derive(Default)]
+struct Decoded {
+    deployments: Vec<Deployment>,
+    services: Vec<Service>,
+    policies: Vec<NetworkPolicy>,
+    accounts: Vec<ServiceAccount>,
+    bindings: Vec<RoleBinding>,
+    config_maps: Vec<ConfigMap>,
+}
+
+fn all() -> Decoded {
+    let mut out = Decoded::default();
+    for file in ["rbac.yaml", "meridian.yaml"] {
+        for (i, doc) in documents(file).iter().enumerate() {
+            let kind = doc["kind"].as_str().unwrap_or("").to_string();
+            let at = format!("{file} #{i} ({kind})");
+            match kind.as_str() {
+                "Namespace" => drop(decode::<Namespace>(doc, &at)),
+                "ServiceAccount" => out.accounts.push(decode(doc, &at)),
+                "Role" => drop(decode::<Role>(doc, &at)),
+                "RoleBinding" => out.bindings.push(decode(doc, &at)),
+                "ClusterRole" => drop(decode::<ClusterRole>(doc, &at)),
+                "ClusterRoleBinding" => drop(decode::<ClusterRoleBinding>(doc, &at)),
+                "ConfigMap" => out.config_maps.push(decode(doc, &at)),
+                "Deployment" => out.deployments.push(decode(doc, &at)),
+                "Service" => out.services.push(decode(doc, &at)),
+                "NetworkPolicy" => out.policies.push(decode(doc, &at)),
+                other => panic!("{at}: no check for kind {other:?}"),
+            }
+        }
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; run with MERIDIAN_UPDATE_GOLDEN=1", path.display()));
+    out
+}
+
+#[test]
+fn every_document_decodes_into_its_kubernetes_type_with_nothing_dropped() {
+    let d = all();
     assert_eq!(
-        produced,
-        expected,
-        "{case}: the manifest changed; if that is meant, run with MERIDIAN_UPDATE_GOLDEN=1 \
-         and review the diff of {}",
-        path.display()
+        d.deployments.len(),
+        4,
+        "intake, router, accounting, adapter"
     );
-    // Strict decoding: what the golden file says must survive a trip through the API's
-    // own types, so it has no field Kubernetes would drop or refuse.
-    let value: serde_json::Value = serde_json::from_str(&expected).unwrap();
-    let decoded: T = serde_json::from_value(value.clone())
-        .unwrap_or_else(|e| panic!("{case}: not a valid object: {e}"));
-    assert_eq!(
-        serde_json::to_value(&decoded).unwrap(),
-        value,
-        "{case}: a field of the golden file is not in the Kubernetes API"
+    assert_eq!(d.services.len(), 1);
+    assert_eq!(d.policies.len(), 1);
+}
+
+#[test]
+fn a_manifest_with_a_misplaced_field_is_caught() {
+    let doc: Value = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+        "spec": {"selector": {}, "template": {"spec": {"containers": [
+            {"name": "c", "image": "i", "livenesProbe": {"httpGet": {"path": "/healthz", "port": 1}}}
+        ]}}}
+    });
+    let typed: Deployment = serde_json::from_value(doc.clone()).unwrap();
+    let back = serde_json::to_value(&typed).unwrap();
+    let e = contained(&doc, &back, "doc").unwrap_err();
+    assert!(e.contains("livenesProbe"), "{e}");
+}
+
+#[test]
+fn each_service_is_probed_sized_reachable_and_runs_as_what_rbac_grants() {
+    let d = all();
+    for deployment in &d.deployments {
+        let name = deployment.metadata.name.clone().unwrap();
+        let pod = deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        for c in &pod.containers {
+            let ports: Vec<String> = c
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| p.name.clone())
+                .collect();
+            for (probe, path) in [
+                (c.liveness_probe.as_ref(), "/healthz"),
+                (c.readiness_probe.as_ref(), "/readyz"),
+            ] {
+                let get = probe
+                    .and_then(|p| p.http_get.as_ref())
+                    .unwrap_or_else(|| panic!("{name}: no {path} probe"));
+                assert_eq!(get.path.as_deref(), Some(path), "{name}");
+                let port = match &get.port {
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => {
+                        s.clone()
+                    }
+                    other => panic!("{name}: probe port {other:?}: name the port"),
+                };
+                assert!(
+                    ports.contains(&port),
+                    "{name}: probe on {port}, ports {ports:?}"
+                );
+            }
+            let requests = c
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .unwrap_or_else(|| panic!("{name}: no resource requests"));
+            assert!(requests.contains_key("cpu") && requests.contains_key("memory"));
+            let security = c.security_context.as_ref().unwrap();
+            assert_eq!(security.allow_privilege_escalation, Some(false), "{name}");
+            assert_eq!(security.read_only_root_filesystem, Some(true), "{name}");
+            // The args are Meridian's: a `server` subcommand.
+            assert_eq!(c.args.as_ref().unwrap()[0], "server", "{name}");
+        }
+    }
+    // The Service selects exactly the intake's pods.
+    let intake = d
+        .deployments
+        .iter()
+        .find(|x| x.metadata.name.as_deref() == Some("meridian-intake"))
+        .unwrap();
+    let labels: BTreeMap<String, String> = intake
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    let selector = d.services[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .clone()
+        .unwrap();
+    assert!(
+        selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        "{selector:?}"
     );
-}
-
-#[test]
-fn a_plain_job() {
-    let mut job = request("align", &["align", "--sample", "$SAMPLE", "--threads=4"]);
-    job.image = None;
-    job.cwd = Some("/work".into());
-    let manifest = manifest::job(&config(), &job, None).unwrap();
-    golden("job", &manifest);
-}
-
-#[test]
-fn a_job_admitted_by_kueue() {
-    let mut c = config();
-    c.kueue_queue = Some("research-queue".into());
-    let manifest = manifest::job(&c, &request("align", &["align"]), None).unwrap();
-    golden("job-kueue", &manifest);
-}
-
-#[test]
-fn an_array_with_a_cap() {
-    let mut template = request("shard", &["process", "--shard", "${ARRAY_INDEX}"]);
-    template.array_index = Some(4);
-    let tasks = (4..7)
-        .map(|index| ArrayTask {
-            index,
-            job_id: Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_1000 + index as u128),
-        })
-        .collect();
-    let array = ArrayRequest {
-        batch_id: BATCH,
-        template,
-        tasks,
-        cap: 2,
-    };
-    let manifest = manifest::array_job(&config(), &array, None).unwrap();
-    golden("array", &manifest);
-}
-
-#[test]
-fn an_nvidia_h100_job_on_coreweave() {
-    let mut c = config();
-    c.profile = Profile::Coreweave;
-    let mut job = request("train", &["python", "train.py"]);
-    job.resources.gpus = Some(Gpus {
-        count: 8,
-        vendor: "nvidia".into(),
-        model: Some("H100".into()),
-    });
-    let placed = gpu::place(job.resources.gpus.as_ref().unwrap(), &c, &[]).unwrap();
-    let manifest = manifest::job(&c, &job, Some(&placed)).unwrap();
-    golden("coreweave-h100", &manifest);
-}
-
-#[test]
-fn an_amd_mi300x_job() {
-    let c = config();
-    let nodes = [NodeGpus {
-        labels: BTreeMap::from([(
-            "amd.com/gpu.product-name".into(),
-            "AMD_Instinct_MI300X_OAM".into(),
-        )]),
-        nvidia: 0,
-        amd: 8,
-    }];
-    let mut job = request("train", &["python", "train.py"]);
-    job.image = Some("docker://docker.io/rocm/pytorch:latest".into());
-    job.resources.gpus = Some(Gpus {
-        count: 2,
-        vendor: "any".into(),
-        model: Some("MI300X".into()),
-    });
-    let placed = gpu::place(job.resources.gpus.as_ref().unwrap(), &c, &nodes).unwrap();
-    let manifest = manifest::job(&c, &job, Some(&placed)).unwrap();
-    golden("amd-mi300x", &manifest);
-}
-
-#[test]
-fn a_service() {
-    let mut job = request("api", &["serve", "--port", "8080"]);
-    job.service = Some(ServiceRequest {
-        port: 8080,
-        min_replicas: 2,
-        max_replicas: 4,
-        max_restarts: 3,
-    });
-    let (deployment, service): (Deployment, Service) =
-        manifest::service(&config(), &job, None).unwrap();
-    golden("service-deployment", &deployment);
-    golden("service-service", &service);
-}
-
-#[test]
-fn volumes_become_claims_mounted_where_the_job_says() {
-    let mut job = request("align", &["align", "--out", "/results"]);
-    job.mounts = BTreeMap::from([
-        ("reference".into(), "/ref".into()),
-        ("results".into(), "/results".into()),
-    ]);
-    job.volume_sizes = BTreeMap::from([
-        ("reference".into(), 100 << 30),
-        ("results".into(), 500 << 30),
-    ]);
-    let claims: Vec<PersistentVolumeClaim> = manifest::claims(&config(), &job).unwrap();
-    assert_eq!(claims.len(), 2);
-    golden("volume-claim", &claims[0]);
-    let manifest: Job = manifest::job(&config(), &job, None).unwrap();
-    golden("job-with-volumes", &manifest);
-}
-
-#[test]
-fn what_no_cluster_can_run_is_refused_with_its_reason() {
-    let mut job = request("mpi", &["mpirun", "x"]);
-    job.resources.nodes = 4;
-    let err = manifest::job(&config(), &job, None).unwrap_err();
-    assert!(err.contains("one node"), "{err}");
-    let mut job = request("data", &["cat"]);
-    job.mounts = BTreeMap::from([("scratch".into(), "/scratch".into())]);
-    let err = manifest::claims(&config(), &job).unwrap_err();
-    assert!(err.contains("volume scratch has no declared size"), "{err}");
+    // The policy lets the API and the metrics port in.
+    let policy = serde_json::to_string(&d.policies[0]).unwrap();
+    assert!(
+        policy.contains("7373") && policy.contains("9464"),
+        "{policy}"
+    );
+    // The adapter runs as the account rbac.yaml binds.
+    let adapter = d
+        .deployments
+        .iter()
+        .find(|x| x.metadata.name.as_deref() == Some("meridian-adapter-k8s"))
+        .unwrap();
+    let account = adapter
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .service_account_name
+        .clone()
+        .unwrap();
+    assert!(d
+        .accounts
+        .iter()
+        .any(|a| a.metadata.name.as_deref() == Some(account.as_str())));
+    assert!(d
+        .bindings
+        .iter()
+        .any(|b| b.subjects.iter().flatten().any(|s| s.name == account)));
+    // Its site configuration is there.
+    assert!(d
+        .config_maps
+        .iter()
+        .any(|c| c.metadata.name.as_deref() == Some("meridian-site-k8s")));
 }
