@@ -6,8 +6,8 @@
 #
 #   infra/systemd/check.sh target/debug/meridian
 set -euo pipefail
-cd "$(dirname "$0")"
 bin=$(realpath "${1:?the meridian binary to check the units against}")
+cd "$(dirname "$0")"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 set -a

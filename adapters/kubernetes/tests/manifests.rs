@@ -56,6 +56,14 @@ fn contained(sub: &Value, all: &Value, at: &str) -> Result<(), String> {
     }
 }
 
+/// A Deployment's pod template's spec.
+fn pod(d: &Deployment) -> &k8s_openapi::api::core::v1::PodSpec {
+    d.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("a pod template")
+}
+
 fn decode<T: DeserializeOwned + Serialize>(doc: &Value, at: &str) -> T {
     let typed: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{at}: {e}"));
     let back = serde_json::to_value(&typed).unwrap();
@@ -128,15 +136,7 @@ fn each_service_is_probed_sized_reachable_and_runs_as_what_rbac_grants() {
     let d = all();
     for deployment in &d.deployments {
         let name = deployment.metadata.name.clone().unwrap();
-        let pod = deployment
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap();
-        for c in &pod.containers {
+        for c in &pod(deployment).containers {
             let ports: Vec<String> = c
                 .ports
                 .iter()
@@ -215,17 +215,7 @@ fn each_service_is_probed_sized_reachable_and_runs_as_what_rbac_grants() {
         .iter()
         .find(|x| x.metadata.name.as_deref() == Some("meridian-adapter-k8s"))
         .unwrap();
-    let account = adapter
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .service_account_name
-        .clone()
-        .unwrap();
+    let account = pod(adapter).service_account_name.clone().unwrap();
     assert!(d
         .accounts
         .iter()

@@ -38,6 +38,21 @@ fn tenant(params: &MonthParams) -> Option<&str> {
     params.tenant.as_deref().filter(|t| !t.is_empty())
 }
 
+/// The month asked for and its FOCUS rows, or the page that says why not.
+async fn month_export(
+    console: &Console,
+    who: &Principal,
+    params: &MonthParams,
+) -> Result<(Period, focus::Export), Response> {
+    let period = period(params).map_err(|e| refusal(StatusCode::BAD_REQUEST, Some(who), &e))?;
+    let export = console
+        .app
+        .export_focus(who, period, tenant(params))
+        .await
+        .map_err(|e| failed(who, e))?;
+    Ok((period, export))
+}
+
 /// Exact sums in each currency by a key.
 #[derive(Default)]
 struct Sums(BTreeMap<(String, String), Decimal>);
@@ -62,17 +77,9 @@ pub(crate) async fn month(
     Extension(who): Extension<Principal>,
     Query(params): Query<MonthParams>,
 ) -> Response {
-    let period = match period(&params) {
-        Ok(p) => p,
-        Err(e) => return refusal(StatusCode::BAD_REQUEST, Some(&who), &e),
-    };
-    let export = match console
-        .app
-        .export_focus(&who, period, tenant(&params))
-        .await
-    {
-        Ok(e) => e,
-        Err(e) => return failed(&who, e),
+    let (period, export) = match month_export(&console, &who, &params).await {
+        Ok(found) => found,
+        Err(refused) => return refused,
     };
     let (mut totals, mut tenants, mut sites, mut categories, mut days, mut workflows) = (
         Sums::default(),
@@ -210,17 +217,9 @@ pub(crate) async fn focus_csv(
     Extension(who): Extension<Principal>,
     Query(params): Query<MonthParams>,
 ) -> Response {
-    let period = match period(&params) {
-        Ok(p) => p,
-        Err(e) => return refusal(StatusCode::BAD_REQUEST, Some(&who), &e),
-    };
-    let export = match console
-        .app
-        .export_focus(&who, period, tenant(&params))
-        .await
-    {
-        Ok(e) => e,
-        Err(e) => return failed(&who, e),
+    let (period, export) = match month_export(&console, &who, &params).await {
+        Ok(found) => found,
+        Err(refused) => return refused,
     };
     let name = match tenant(&params) {
         Some(t) => format!("focus-{period}-{t}.csv"),

@@ -124,6 +124,13 @@ pub(crate) fn time(text: &str) -> Markup {
     html! { time datetime=(text) { (shown) } }
 }
 
+/// A form's optional `reason`, trimmed; none when blank.
+pub(crate) fn reason(reason: Option<String>) -> Option<String> {
+    reason
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty())
+}
+
 /// Text that is already HTML-safe (a generated SVG).
 pub(crate) fn raw(svg: String) -> PreEscaped<String> {
     PreEscaped(svg)

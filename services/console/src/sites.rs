@@ -114,11 +114,7 @@ pub(crate) async fn drain(
         Ok(n) => n,
         Err(e) => return refusal(StatusCode::NOT_FOUND, Some(&who), &e),
     };
-    let reason = form
-        .ok()
-        .and_then(|Form(f)| f.reason)
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty());
+    let reason = crate::layout::reason(form.ok().and_then(|Form(f)| f.reason));
     match console.app.drain(&who, &name, reason).await {
         Ok(_) => Redirect::to("/sites").into_response(),
         Err(e) => failed(&who, e),

@@ -723,11 +723,7 @@ pub(crate) async fn cancel(
         Ok(id) => id,
         Err(e) => return refusal(StatusCode::NOT_FOUND, Some(&who), &e),
     };
-    let reason = form
-        .ok()
-        .and_then(|Form(f)| f.reason)
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty());
+    let reason = crate::layout::reason(form.ok().and_then(|Form(f)| f.reason));
     match console.app.cancel(&who, id, reason, None).await {
         Ok(_) => Redirect::to(&format!("/workflows/{id}")).into_response(),
         Err(e) => failed(&who, e),

@@ -104,24 +104,7 @@ impl Browser {
 #[test]
 fn every_page_does_what_its_token_may_and_nothing_more() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
-        "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--local-cpus",
-            "2",
-        ],
-        &[],
-    );
-    wait_ready(&server, &[&proc]);
+    let (server, proc) = up_in(dir.path());
     let alpha = token(&server, Some("alpha"), "researcher", &[]);
     let beta = token(&server, Some("beta"), "researcher", &[]);
     let finance = token(&server, None, "finance", &[]);
@@ -326,24 +309,7 @@ fn every_page_does_what_its_token_may_and_nothing_more() {
 #[test]
 fn each_page_and_form_is_refused_to_the_roles_that_may_not_use_it() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
-        "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--local-cpus",
-            "2",
-        ],
-        &[],
-    );
-    wait_ready(&server, &[&proc]);
+    let (server, proc) = up_in(dir.path());
     let file = write(dir.path(), "hello.yaml", HELLO);
     let id = submit(&server, &file);
     let roles: Vec<(&str, String)> = vec![

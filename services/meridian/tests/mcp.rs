@@ -78,24 +78,7 @@ async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) 
 #[test]
 fn an_agent_lists_validates_quotes_submits_follows_and_is_refused_what_its_token_does_not_grant() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
-        "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--local-cpus",
-            "2",
-        ],
-        &[],
-    );
-    wait_ready(&server, &[&proc]);
+    let (server, proc) = up_in(dir.path());
     let reader = token(&server, &[]);
     let submitter = token(&server, &["submit"]);
 

@@ -882,3 +882,27 @@ pub fn run_bootstrap(dir: &Path, script: &[u8], off: &Path, power_off: &str) {
         String::from_utf8_lossy(&ran.stderr)
     );
 }
+
+/// `meridian up` on a free port in `dir` with a two-CPU local site, once it answers:
+/// its address and its process.
+pub fn up_in(dir: &Path) -> (String, Proc) {
+    let port = free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let proc = Proc::spawn(
+        "up",
+        dir,
+        &[
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &listen,
+            "--local-cpus",
+            "2",
+        ],
+        &[],
+    );
+    wait_ready(&server, &[&proc]);
+    (server, proc)
+}
