@@ -104,7 +104,7 @@ impl Browser {
 #[test]
 fn every_page_does_what_its_token_may_and_nothing_more() {
     let dir = tempfile::tempdir().unwrap();
-    let (server, proc) = up_in(dir.path());
+    let (server, _proc) = up_in(dir.path());
     let alpha = token(&server, Some("alpha"), "researcher", &[]);
     let beta = token(&server, Some("beta"), "researcher", &[]);
     let finance = token(&server, None, "finance", &[]);
