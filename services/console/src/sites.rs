@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use maud::html;
 use meridian_app::{Action, Principal};
+use meridian_events::money::{ComputePricing, PriceSheet};
 use serde::Deserialize;
 
 use crate::layout::{failed, page, refusal, state, time};
@@ -19,6 +20,17 @@ pub(crate) async fn list(
 ) -> Response {
     let sites = match console.app.sites(&who).await {
         Ok(s) => s.sites,
+        Err(e) => return failed(&who, e),
+    };
+    // The prices in force at each site, from the catalogue the application keeps (the
+    // caller may read sites: `sites` above checked).
+    let now = chrono::Utc::now();
+    let prices: Vec<(String, PriceSheet)> = match console.app.catalog().await {
+        Ok(catalog) => catalog
+            .sites
+            .iter()
+            .filter_map(|(name, site)| site.prices_at(now).map(|p| (name.clone(), p.clone())))
+            .collect(),
         Err(e) => return failed(&who, e),
     };
     let admin = who.may(Action::ChangeSites);
@@ -71,6 +83,26 @@ pub(crate) async fn list(
                     }
                 }
             }
+            @if !prices.is_empty() {
+                h2 { "Prices in force" }
+                table #prices {
+                    thead { tr { th { "Site" } th { "Offer" } th { "Compute" } th.num { "Storage per GiB-hour" } th.num { "Egress per GB" } } }
+                    tbody {
+                        @for (site, sheet) in &prices {
+                            @for offer in &sheet.compute {
+                                tr data-site=(site) {
+                                    td { (site) }
+                                    td { code { (offer.offer) } }
+                                    td { (compute(&offer.pricing, sheet.currency.as_str())) }
+                                    td.num { (sheet.storage_per_gib_hour.normalize()) " " (sheet.currency.as_str()) }
+                                    td.num { (sheet.egress_per_gb.normalize()) " " (sheet.currency.as_str())
+                                        @if !sheet.egress_tiers.is_empty() { span.note { " (tiered)" } } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             @if !devices.is_empty() {
                 h2 { "GPUs" }
                 table #capacity {
@@ -93,6 +125,28 @@ pub(crate) async fn list(
         }
     };
     page("Sites", Some(&who), body).into_response()
+}
+
+/// An offer's compute price as it is charged.
+fn compute(pricing: &ComputePricing, currency: &str) -> String {
+    match pricing {
+        ComputePricing::Instance { per_instance_hour } => {
+            format!(
+                "{} {currency} per instance-hour",
+                per_instance_hour.normalize()
+            )
+        }
+        ComputePricing::Resource {
+            per_core_hour,
+            per_gib_memory_hour,
+            per_gpu_hour,
+        } => format!(
+            "{} per core-hour, {} per GiB-hour, {} per GPU-hour ({currency})",
+            per_core_hour.normalize(),
+            per_gib_memory_hour.normalize(),
+            per_gpu_hour.normalize()
+        ),
+    }
 }
 
 #[derive(Deserialize)]

@@ -198,6 +198,12 @@ fn every_page_does_what_its_token_may_and_nothing_more() {
             .unwrap();
         assert_eq!(response.headers()[LOCATION], "/workflows");
         wary.cookie = None;
+        // The sites page shows the prices in force: the local site's placeholders.
+        let (_, sites, _) = browser.get("/sites").await;
+        assert!(
+            sites.contains("Prices in force") && sites.contains("0.01 per core-hour"),
+            "{sites}"
+        );
         // Whole pages, nothing fetched from elsewhere.
         for path in [page.as_str(), "/workflows", "/sites", "/workflows/new"] {
             let (_, body, _) = browser.get(path).await;
