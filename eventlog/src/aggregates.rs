@@ -97,6 +97,8 @@ pub struct Cached<A> {
     pub sequence: u64,
     /// The tenant of the aggregate's first event.
     pub tenant: Option<String>,
+    /// The trace context of the aggregate's first event: the trace its work belongs to.
+    pub traceparent: Option<String>,
 }
 
 impl<A> Cached<A>
@@ -110,6 +112,7 @@ where
         Ok(Cached {
             id,
             tenant: loaded.history.first().map(|e| e.tenant.clone()),
+            traceparent: loaded.history.first().and_then(|e| e.traceparent.clone()),
             state: loaded.state,
             sequence: loaded.sequence,
         })
@@ -123,6 +126,7 @@ where
             state: A::default(),
             sequence: 0,
             tenant: None,
+            traceparent: None,
         }
     }
 
@@ -140,6 +144,9 @@ where
         }
         self.sequence = envelope.sequence;
         self.tenant.get_or_insert_with(|| envelope.tenant.clone());
+        if envelope.sequence == 1 {
+            self.traceparent.clone_from(&envelope.traceparent);
+        }
         true
     }
 

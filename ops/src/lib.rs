@@ -4,7 +4,8 @@
 //! format). Figures are read when scraped — the log's head, each read model's recorded
 //! position and the age of the first commit it has not applied, and whatever a service
 //! adds as a [`Probe`] — so nothing is counted twice and a restarted process reports
-//! the truth at once.
+//! the truth at once; beside them, what the process [`counted`] as it worked. [`trace`]
+//! carries each workflow's trace across the services.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -19,6 +20,9 @@ use axum::routing::get;
 use axum::Router;
 use meridian_eventlog::EventLog;
 use meridian_store::Store;
+
+pub mod counted;
+pub mod trace;
 
 /// A service's own figures, read at each scrape: `(name, help, labels → value)`, all
 /// gauges.
@@ -271,6 +275,7 @@ async fn metrics(State(ops): State<Ops>) -> Response {
             out.gauge(name, help, &samples);
         }
     }
+    counted::write(&mut out.text, &service);
     (
         [(
             header::CONTENT_TYPE,

@@ -30,11 +30,14 @@ use meridian_events::vocabulary::transfer::TransferEvent;
 use meridian_events::vocabulary::workflow::WorkflowEvent;
 use meridian_events::vocabulary::Location;
 use meridian_events::{
-    Allocation, ComputeRate, Event, JobEvent, RawEnvelope, SiteEvent, SiteKind, TenantEvent,
+    AggregateKind, Allocation, ComputeRate, Event, JobEvent, RawEnvelope, SiteEvent, SiteKind,
+    TenantEvent,
 };
+use meridian_ops::trace;
 use meridian_store::{Projection, StoreError, Tx};
 use rust_decimal::Decimal;
 use sqlx::Row;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::period::Period;
@@ -227,7 +230,23 @@ impl Projection for Ledger {
             }
             let event: Event = serde_json::from_value(raw.payload.clone())
                 .map_err(|e| apply_error(commit.position, format!("{}: {e}", raw.event_id)))?;
-            apply_event(tx, commit.position, raw, event).await?;
+            // What is charged shows in the workflow's trace, under the span that
+            // recorded it (a job's end, a volume's release, a transfer).
+            let span = match &event {
+                Event::Job(JobEvent::Dispatched { .. }) | Event::Site(_) | Event::Tenant(_) => {
+                    tracing::Span::none()
+                }
+                _ => {
+                    let span = trace::child_of("bill", raw.traceparent.as_deref());
+                    if raw.aggregate.kind == AggregateKind::Job {
+                        trace::mark_job(&span, raw.aggregate.id);
+                    }
+                    span
+                }
+            };
+            apply_event(tx, commit.position, raw, event)
+                .instrument(span)
+                .await?;
         }
         Ok(())
     }

@@ -7,7 +7,9 @@ use meridian_events::aggregate::{
     Workflow, WorkflowCommand, WorkflowError, WorkflowState as AggregateState,
 };
 use meridian_events::{AggregateKind, AggregateRef, Event, EventContext, WorkflowEvent};
+use meridian_ops::trace;
 use sha2::{Digest, Sha256};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::api::{
@@ -102,7 +104,15 @@ impl App {
         submission: Submission,
     ) -> Result<Submitted, AppError> {
         self.authorize(who, Action::SubmitWorkflow).await?;
-        let result = self.submit_authorized(who, submission).await;
+        // The root of the workflow's trace (or a child of the caller's `traceparent`).
+        let span = trace::child_of("submit workflow", submission.traceparent.as_deref());
+        let result = self
+            .submit_authorized(who, submission)
+            .instrument(span.clone())
+            .await;
+        if let Ok(submitted) = &result {
+            trace::mark_workflow(&span, submitted.accepted.id);
+        }
         let target = match &result {
             Ok(s) => format!("workflow/{}", s.accepted.id),
             Err(_) => "workflow".into(),
@@ -130,7 +140,7 @@ impl App {
             tenant: who.tenant.clone(),
             causation_id: None,
             correlation_id: Uuid::now_v7(),
-            traceparent: submission.traceparent.clone(),
+            traceparent: trace::traceparent_now(submission.traceparent.as_deref()),
         };
         let append = Append {
             spec,

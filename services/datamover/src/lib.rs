@@ -52,7 +52,9 @@ use meridian_events::aggregate::{
 use meridian_events::vocabulary::workflow::StorageClass;
 use meridian_events::vocabulary::{Endpoint, Location};
 use meridian_events::{AggregateKind, Event, EventContext, TransferEvent, WorkflowEvent};
+use meridian_ops::{counted, trace};
 use tokio::sync::watch;
+use tracing::Instrument;
 use uuid::Uuid;
 
 /// One volume held at one site: (workflow, volume, site).
@@ -443,12 +445,27 @@ struct Staging {
 impl Staging {
     /// Carries out every step of `work` for a volume at a site (its ingress, or its
     /// egress once due), then records it done; or records the step that failed, and why.
-    async fn carry_out(
+    async fn carry_out(&self, work: Work, holding: &Holding) -> Result<Carried, LogError> {
+        let loaded = aggregates::load::<Workflow>(&*self.log, holding.0).await?;
+        let traceparent = loaded.history.first().and_then(|e| e.traceparent.clone());
+        let name = match work {
+            Work::Stage => "stage data",
+            Work::Export => "export data",
+        };
+        let span = trace::child_of(name, traceparent.as_deref());
+        trace::mark_workflow(&span, holding.0);
+        self.carry_out_loaded(work, holding, loaded, traceparent)
+            .instrument(span)
+            .await
+    }
+
+    async fn carry_out_loaded(
         &self,
         work: Work,
         (workflow_id, volume, site): &Holding,
+        loaded: aggregates::Loaded<Workflow>,
+        traceparent: Option<String>,
     ) -> Result<Carried, LogError> {
-        let loaded = aggregates::load::<Workflow>(&*self.log, *workflow_id).await?;
         let wf = &loaded.state;
         let wanted = match work {
             Work::Stage => {
@@ -488,6 +505,7 @@ impl Staging {
             .map_or_else(|| "default".to_string(), |e| e.tenant.clone());
         let ctx = EventContext {
             correlation_id: *workflow_id,
+            traceparent: trace::traceparent_now(traceparent.as_deref()),
             ..EventContext::new_chain(tenant)
         };
         let done = async |outcome| {
@@ -672,6 +690,18 @@ impl Staging {
                     .await
                     .map_err(execute_failed)?;
                     tracing::info!(workflow = %workflow_id, volume, site, ?work, bytes = copied.bytes, digest = copied.digest, cached, "copy done");
+                    counted::count(
+                        "meridian_transfer_bytes_total",
+                        "Bytes the data mover copied, by site and direction (in: staged, out: exported).",
+                        &[
+                            ("site", site),
+                            ("direction", match work {
+                                Work::Stage => "in",
+                                Work::Export => "out",
+                            }),
+                        ],
+                        copied.bytes as f64,
+                    );
                     self.transfers
                         .lock()
                         .expect("transfers")

@@ -192,24 +192,10 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// A W3C `traceparent` to carry into the events; an invalid one is ignored, as the
-/// W3C spec says to.
+/// W3C recommendation says to.
 fn traceparent(headers: &HeaderMap) -> Option<String> {
     let value = headers.get(TRACEPARENT)?.to_str().ok()?;
-    let parts: Vec<&str> = value.split('-').collect();
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let ok = parts.len() == 4
-        && hex(parts[0], 2)
-        && parts[0] != "ff"
-        && hex(parts[1], 32)
-        && parts[1] != "0".repeat(32)
-        && hex(parts[2], 16)
-        && parts[2] != "0".repeat(16)
-        && hex(parts[3], 2);
-    ok.then(|| value.to_string())
+    meridian_ops::trace::parse(value).map(|_| value.trim().to_string())
 }
 
 /// The media type of `Content-Type` without parameters, lowercased; `None` if absent.

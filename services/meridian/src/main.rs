@@ -245,15 +245,37 @@ enum SchemaKind {
     Openapi,
 }
 
-fn init_tracing() {
+/// Logs to stderr, and traces to an OpenTelemetry collector when the standard
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` says where; keep what it returns until the process
+/// ends (dropping it sends the last spans).
+fn init_tracing(service: &str) -> Option<meridian_ops::trace::Exporting> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_env("MERIDIAN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,async_nats=warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colour only for a person at a terminal: no escapes in files and journals.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let (traces, exporting, refused) = match meridian_ops::trace::export_layer(service) {
+        Ok(Some((layer, exporting))) => (Some(layer), Some(exporting), None),
+        Ok(None) => (None, None, None),
+        Err(e) => (None, None, Some(e)),
+    };
+    // One filter for both layers: with a filter per layer, spans during which sqlx
+    // logged PostgreSQL notices were never closed for the exporter, so never sent.
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(logs)
+        .with(traces)
         .init();
+    if let Some(e) = refused {
+        tracing::warn!(error = %e, "traces are not exported");
+    }
+    if exporting.is_some() {
+        tracing::info!(service, "exporting traces over OTLP/HTTP");
+    }
+    exporting
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -295,18 +317,18 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Up(args) => {
-            init_tracing();
+            let _traces = init_tracing("meridian");
             finish(runtime().block_on(run::up(args)).map(|_| 0))
         }
         Command::Server(which) => {
-            init_tracing();
+            let _traces = init_tracing(which.which.trace_name());
             finish(runtime().block_on(run::server(which)).map(|_| 0))
         }
         // Logs go to stderr at most: stdout is the protocol.
         Command::Mcp { server } => finish(runtime().block_on(mcp_cli::serve(&server))),
         Command::Console { server } => finish(console(&server)),
         Command::Admin(which) => {
-            init_tracing();
+            let _traces = init_tracing("meridian-admin");
             finish(runtime().block_on(accounting_cli::admin(which)))
         }
         Command::Quote {

@@ -279,6 +279,10 @@ pub struct UpArgs {
     #[arg(long = "adapter", value_name = "NAME=KIND:FILE",
           long_help = format!("Also run the site NAME (from the catalogue) with the adapter KIND configured by FILE, e.g. `hpc=slurm:slurm.yaml`. Repeatable.\n\n{}", crate::adapters::help()))]
     pub adapters: Vec<AdapterSpec>,
+    /// Serve /healthz, /readyz and /metrics (Prometheus text format) on this address,
+    /// e.g. 127.0.0.1:9464, as each `meridian server` does. See docs/running.md.
+    #[arg(long, env = "MERIDIAN_OPS_LISTEN", value_name = "ADDR")]
+    pub ops_listen: Option<SocketAddr>,
 }
 
 /// `meridian up`: everything in one process, no servers needed.
@@ -342,6 +346,20 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         roots.insert("local".into(), root);
     }
     let mut tasks = Tasks::new();
+    if let Some(listen) = args.ops_listen {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| {
+                format!("cannot listen on {listen} for health and metrics (--ops-listen)")
+            })?;
+        tasks.ops(
+            listener,
+            meridian_ops::Ops::new("meridian", log.clone())
+                .projection(store.clone(), meridian_intake::PROJECTION_NAME)
+                .projection(store.clone(), meridian_accounting::NAME)
+                .probe(workflows_probe(store.clone())),
+        );
+    }
     tasks.datamover(log.clone(), roots, None, args.secrets.load()?);
     for (site, adapter) in extra {
         tasks.site(
@@ -385,6 +403,26 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         }
     }
     tasks.wait().await
+}
+
+/// Workflows by state, from the status read model, for `/metrics`.
+fn workflows_probe(store: Store) -> meridian_ops::Probe {
+    Arc::new(move || {
+        let store = store.clone();
+        Box::pin(async move {
+            match meridian_app::read::count_by_state(&store).await {
+                Ok(counts) => vec![(
+                    "meridian_workflows",
+                    "Workflows by state, from the status read model.",
+                    meridian_ops::by("state", counts),
+                )],
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: cannot count workflows");
+                    Vec::new()
+                }
+            }
+        })
+    })
 }
 
 /// Issues an admin token and writes the client profile with it; says where, and how to
@@ -643,6 +681,18 @@ pub enum Server {
     },
 }
 
+impl Server {
+    /// The service's name in traces (`meridian-router`).
+    pub fn trace_name(&self) -> &'static str {
+        match self {
+            Server::Intake { .. } => "meridian-intake",
+            Server::Router { .. } => "meridian-router",
+            Server::Accounting { .. } => "meridian-accounting",
+            Server::Adapter { .. } => "meridian-adapter",
+        }
+    }
+}
+
 /// The secrets a workflow's data steps may name for their credentials.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SecretsFile {
@@ -755,23 +805,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
             }
             let listen = api.listen;
             let store = app.store().clone();
-            let counted = store.clone();
-            let workflows: meridian_ops::Probe = Arc::new(move || {
-                let store = counted.clone();
-                Box::pin(async move {
-                    match meridian_app::read::count_by_state(&store).await {
-                        Ok(counts) => vec![(
-                            "meridian_workflows",
-                            "Workflows by state, from the status read model.",
-                            meridian_ops::by("state", counts),
-                        )],
-                        Err(e) => {
-                            tracing::warn!(error = %e, "metrics: cannot count workflows");
-                            Vec::new()
-                        }
-                    }
-                })
-            });
+            let workflows = workflows_probe(store.clone());
             ops(
                 meridian_ops::Ops::new("intake", app.log().clone())
                     .projection(store, meridian_intake::PROJECTION_NAME)

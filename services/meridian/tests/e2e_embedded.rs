@@ -45,8 +45,31 @@ fn up() -> Up {
 
 #[test]
 fn embedded_dag_with_an_array_runs_in_order_within_its_cap_and_is_billed() {
-    let up = up();
+    let ops = format!("127.0.0.1:{}", free_port());
+    let up = up_with(
+        tempfile::tempdir().unwrap(),
+        free_port(),
+        &["--ops-listen", &ops],
+    );
     dag_and_array(&up.server, up.dir.path());
+    // `meridian up --ops-listen` serves what each `meridian server` does, for all of them.
+    let ready = http_get(&ops, "/readyz").unwrap();
+    assert!(ready.contains(" 200 OK"), "{ready}");
+    let metrics = http_get(&ops, "/metrics").unwrap();
+    for line in [
+        "meridian_workflows{service=\"meridian\",state=\"finished\"} 1",
+        "meridian_placements_total{service=\"meridian\",site=\"local\"} 1",
+        "meridian_placement_seconds_count{service=\"meridian\",outcome=\"placed\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    assert!(
+        metrics.contains(&format!(
+            "meridian_projection_position{{service=\"meridian\",projection=\"{}\"}}",
+            meridian_accounting::NAME
+        )),
+        "{metrics}"
+    );
 }
 
 #[test]

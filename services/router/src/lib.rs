@@ -28,7 +28,9 @@ use meridian_events::{
     AggregateKind, ArrayBatch, Envelope, Event, EventContext, JobEvent, JobOutcome, SiteEvent,
     TaskRef, TenantEvent, WorkflowEvent,
 };
+use meridian_ops::{counted, trace};
 use tokio::sync::watch;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use meridian_domain::{placement, Catalog};
@@ -578,6 +580,12 @@ impl Router {
             return Ok(());
         };
         tracing::info!(workflow = %id, from = %current, to = %placed.site, "re-placed after a site fault");
+        counted::count(
+            "meridian_replacements_total",
+            "Workflows placed again after site faults, by the site they left.",
+            &[("site", &current)],
+            1.0,
+        );
         self.record_placement(id, *placed).await?;
         // The new site has no reason to wait.
         self.not_before.remove(&id);
@@ -752,7 +760,9 @@ impl Router {
         for e in &loaded.history {
             self.note_settlement(id, e);
         }
-        let tenant = loaded.history.first().map(|e| e.tenant.clone());
+        let first = loaded.history.first();
+        let tenant = first.map(|e| e.tenant.clone());
+        let traceparent = first.and_then(|e| e.traceparent.clone());
         self.workflows.insert(
             id,
             Cached {
@@ -760,6 +770,7 @@ impl Router {
                 state: loaded.state,
                 sequence: loaded.sequence,
                 tenant,
+                traceparent,
             },
         );
         Ok(())
@@ -783,8 +794,9 @@ impl Router {
     fn context(workflow: &Cached<Workflow>) -> EventContext {
         let tenant = workflow.tenant.clone().unwrap_or_else(|| "default".into());
         let mut ctx = EventContext::new_chain(tenant);
-        // Everything a workflow causes shares its id as the correlation id.
+        // Everything a workflow causes shares its id as the correlation id, and its trace.
         ctx.correlation_id = workflow.id;
+        ctx.traceparent = trace::traceparent_now(workflow.traceparent.as_deref());
         ctx
     }
 
@@ -814,8 +826,16 @@ impl Router {
         }
     }
 
-    /// Brings workflow `id` forward as far as its state allows.
+    /// Brings workflow `id` forward as far as its state allows, in a span of the
+    /// workflow's trace.
     async fn reconcile(&mut self, id: Uuid) -> Result<(), RouterError> {
+        let traceparent = self.workflow(id).await?.traceparent.clone();
+        let span = trace::child_of("route workflow", traceparent.as_deref());
+        trace::mark_workflow(&span, id);
+        self.reconcile_now(id).instrument(span).await
+    }
+
+    async fn reconcile_now(&mut self, id: Uuid) -> Result<(), RouterError> {
         let state = self.workflow(id).await?.state.state();
         if state != Some(WorkflowState::Submitted) {
             self.unplaced.remove(&id);
@@ -871,7 +891,32 @@ impl Router {
             }
             return Ok(());
         }
-        match placement::decide_for(&spec, tenant.as_deref(), &self.catalog, Utc::now()) {
+        let span = tracing::info_span!("place", otel.name = "place workflow");
+        self.decide_placement(id, &spec, tenant)
+            .instrument(span)
+            .await
+    }
+
+    async fn decide_placement(
+        &mut self,
+        id: Uuid,
+        spec: &meridian_spec::Workflow,
+        tenant: Option<String>,
+    ) -> Result<(), RouterError> {
+        let started = std::time::Instant::now();
+        let decision = placement::decide_for(spec, tenant.as_deref(), &self.catalog, Utc::now());
+        let outcome = match &decision {
+            placement::Decision::Waiting { .. } => "waiting",
+            placement::Decision::Placed(_) => "placed",
+            placement::Decision::Rejected { .. } => "rejected",
+        };
+        counted::observe(
+            "meridian_placement_seconds",
+            "Time to decide a workflow's placement, by outcome.",
+            &[("outcome", outcome)],
+            started.elapsed().as_secs_f64(),
+        );
+        match decision {
             placement::Decision::Waiting { sites, .. } => {
                 self.unplaced.insert(id);
                 let reason = format!(
@@ -892,6 +937,12 @@ impl Router {
             }
             placement::Decision::Placed(placed) => {
                 tracing::info!(workflow = %id, site = %placed.site, split = !placed.job_sites.is_empty(), estimate = %placed.estimated_cost.amount, "placed");
+                counted::count(
+                    "meridian_placements_total",
+                    "Workflows placed, by the site chosen.",
+                    &[("site", &placed.site)],
+                    1.0,
+                );
                 self.last_refusal = None;
                 self.record_placement(id, *placed).await?;
                 if self.workflow(id).await?.state.state() == Some(WorkflowState::Submitted) {
@@ -921,6 +972,14 @@ impl Router {
             }
             placement::Decision::Rejected { rejections } => {
                 self.unplaced.remove(&id);
+                for r in &rejections {
+                    counted::count(
+                        "meridian_placement_refusals_total",
+                        "Sites that refused a workflow no site could run, by site.",
+                        &[("site", &r.site)],
+                        1.0,
+                    );
+                }
                 let reason = format!(
                     "no site can run it: {}",
                     rejections

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+mod counted;
 mod devices;
 mod shapes;
 
@@ -35,10 +36,12 @@ use meridian_events::{
     AggregateKind, Allocation, ArrayBatch, Envelope, Event, EventContext, FailureReason, JobEvent,
     WorkflowEvent,
 };
+use meridian_ops::trace;
 use meridian_store::job_logs::{self, JobLog};
 use meridian_store::Store;
 use rust_decimal::Decimal;
 use tokio::sync::watch;
+use tracing::Instrument;
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -144,9 +147,11 @@ impl SiteRunner {
         log: Arc<dyn EventLog>,
         store: Option<Store>,
     ) -> SiteRunner {
+        let site = site.into();
+        let adapter: Arc<dyn SiteAdapter> = Arc::new(counted::Counted::new(&site, adapter));
         let refresh_at_start = adapter.refresh_shapes_at_start();
         SiteRunner {
-            site: site.into(),
+            site,
             adapter,
             log,
             store,
@@ -774,6 +779,13 @@ impl SiteRunner {
     async fn command(&mut self, id: Uuid, command: JobCommand) -> Result<(), RunnerError> {
         let log = self.log.clone();
         let tracked = self.jobs.get_mut(&id).expect("tracked");
+        // Inside `submit job` when submitting; else a span of its own in the job's trace.
+        let span = if tracing::Span::current().is_none() {
+            trace::child_of("job progress", tracked.job.traceparent.as_deref())
+        } else {
+            tracing::Span::current()
+        };
+        trace::mark_job(&span, id);
         let ctx = EventContext::new_chain(tracked.tenant.clone());
         let ctx = EventContext {
             correlation_id: tracked
@@ -781,9 +793,15 @@ impl SiteRunner {
                 .state
                 .dispatch()
                 .map_or(ctx.correlation_id, |d| d.workflow_id),
+            traceparent: trace::traceparent_of(&span, tracked.job.traceparent.as_deref()),
             ..ctx
         };
-        match tracked.job.execute(&*log, &ctx, |_| command.clone()).await {
+        match tracked
+            .job
+            .execute(&*log, &ctx, |_| command.clone())
+            .instrument(span)
+            .await
+        {
             Ok(_) => Ok(()),
             // Someone (a previous run of this runner) already recorded it.
             Err(ExecuteError::Rejected(
@@ -821,7 +839,12 @@ impl SiteRunner {
         }
         match self.jobs[&id].backend.clone() {
             Some(backend) => Ok(Some(backend)),
-            None => self.submit(id).await.map(|()| None),
+            None => {
+                let traceparent = self.jobs[&id].job.traceparent.clone();
+                let span = trace::child_of("submit job", traceparent.as_deref());
+                trace::mark_job(&span, id);
+                self.submit(id).instrument(span).await.map(|()| None)
+            }
         }
     }
 

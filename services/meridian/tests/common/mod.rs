@@ -460,7 +460,8 @@ jobs:
 "#;
 
 /// A DAG with a task array runs in order, within the array's cap, and is billed.
-pub fn dag_and_array(server: &str, dir: &Path) {
+/// Returns the workflow's id.
+pub fn dag_and_array(server: &str, dir: &Path) -> String {
     let file = write(dir, "dag.yaml", DAG);
     let status = submit_wait(server, &file);
     assert_eq!(status["state"], "finished", "{status:#}");
@@ -484,6 +485,7 @@ pub fn dag_and_array(server: &str, dir: &Path) {
 
     let bill = bill(server, id, 8);
     check_bill(&bill, 1, Decimal::from_str("0.0625").unwrap());
+    id.to_string()
 }
 
 /// No task of job `job` (by name prefix) started while `cap` others of it ran.
