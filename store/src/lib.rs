@@ -135,6 +135,10 @@ impl Store {
             sqlx::query("SELECT pg_advisory_xact_lock(7373)")
                 .execute(&mut *tx)
                 .await?;
+            // `IF NOT EXISTS` on what exists is no news: keep its notices out of the logs.
+            sqlx::query("SET LOCAL client_min_messages = warning")
+                .execute(&mut *tx)
+                .await?;
         }
         for statement in statements {
             sqlx::query(statement).execute(&mut *tx).await?;

@@ -869,10 +869,26 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
                 tasks.site(&site, adapter, log, store, call_back);
                 return tasks.wait().await;
             }
-            let root =
-                root.unwrap_or_else(|| PathBuf::from("meridian-data").join("sites").join(&site));
-            let _lock = lock_data_dir(&root)?;
-            let mut config = LocalConfig::new(root);
+            // A local site's configuration file (as `meridian up --adapter NAME=local:FILE`
+            // takes) when given; --root and --cpus stand over it.
+            let mut config = match &adapter_config {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path).with_context(|| {
+                        format!("cannot read the adapter configuration {}", path.display())
+                    })?;
+                    meridian_adapter_core::registry::parse_config::<LocalConfig>(&text)
+                        .with_context(|| format!("{}", path.display()))?
+                }
+                None => LocalConfig::new(PathBuf::new()),
+            };
+            if let Some(root) = root {
+                config.root = root;
+            } else if config.root == LocalConfig::default().root
+                || config.root.as_os_str().is_empty()
+            {
+                config.root = PathBuf::from("meridian-data").join("sites").join(&site);
+            }
+            let _lock = lock_data_dir(&config.root)?;
             if let Some(cpus) = cpus {
                 config.cpus = cpus;
             }

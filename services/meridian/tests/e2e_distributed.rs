@@ -167,6 +167,11 @@ fn deploy() -> Deployment {
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ];
     let root = dir.path().join("site");
+    std::fs::write(
+        dir.path().join("local.yaml"),
+        format!("root: {}\ncpus: 2\n", root.display()),
+    )
+    .unwrap();
     // One credential key for the intake and the adapter, made before either starts.
     std::fs::write(dir.path().join("credential.key"), "ab".repeat(32)).unwrap();
     let server = format!("http://127.0.0.1:{port}");
@@ -214,10 +219,9 @@ fn deploy() -> Deployment {
                 &ops[3].1,
                 "--site",
                 "local",
-                "--cpus",
-                "2",
-                "--root",
-                root.to_str().unwrap(),
+                // A local site's own file, as the systemd unit passes it.
+                "--adapter-config",
+                "local.yaml",
                 "--credential-key-file",
                 "credential.key",
                 "--server",
@@ -227,6 +231,10 @@ fn deploy() -> Deployment {
         ),
     ];
     wait_ready(&server, &procs.iter().collect::<Vec<_>>());
+    assert!(
+        root.is_dir(),
+        "the local site keeps its jobs where its file says"
+    );
     // The adapter registers its site at start; placement needs it in the catalogue.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !procs[3].output().contains("registered the local site") {
