@@ -145,6 +145,9 @@ pub struct Catalog {
     /// `u64::MAX` once that whole commit is in. With `position` it orders every event
     /// in the log, so [`Catalog::observe_at`] can tell one it already counted.
     sequence: u64,
+    /// Placement's memory of each site's cheapest fit per request; forgotten for a site
+    /// whenever its shapes, prices or cordons change.
+    pub(crate) fits: crate::placement::FitCache,
 }
 
 impl Catalog {
@@ -382,6 +385,14 @@ impl Catalog {
         else {
             return;
         };
+        // What placement learnt of the site holds until its shapes, prices or devices
+        // change; reports of health and heartbeats change none of them.
+        if !matches!(
+            event,
+            SiteEvent::Heartbeat { .. } | SiteEvent::HealthReported { .. }
+        ) {
+            self.fits.forget(&site.name);
+        }
         match event {
             SiteEvent::Registered { .. } => {}
             SiteEvent::PricesChanged { prices } => {

@@ -15,10 +15,11 @@ use meridian_events::vocabulary::workflow::{
     VolumeMove,
 };
 use meridian_events::vocabulary::AcceleratorVendor;
-use meridian_events::{Allocation, ComputeRate, Money, StorageRate};
+use meridian_events::{Allocation, ComputeRate, Currency, Money, StorageRate};
 use meridian_spec::{GpuVendor, Resources, Size, Walltime, Workflow};
 use rust_decimal::Decimal;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::catalog::{labels, Catalog, SiteEntry};
 
@@ -189,146 +190,360 @@ fn misfit(site: &SiteEntry, job: &str, resources: &Resources) -> Option<String> 
     None
 }
 
+/// Why a shape cannot run a task: kept as the facts, written out only when shown (a
+/// full catalogue has thousands of shapes that do not fit, and most reasons are never
+/// read).
+enum Misfit<'a> {
+    Cpus(&'a Shape, u32),
+    Memory(&'a Shape, Size),
+    Nodes(&'a Shape, u32),
+    Walltime(&'a Shape, u64, Walltime),
+    NoGpus(&'a Shape, u32),
+    Vendor(&'a Shape, AcceleratorVendor, GpuVendor),
+    Model(&'a Shape, &'a str, &'a str),
+    GpuCount(&'a Shape, u32, u32),
+    Cordoned(&'a Shape, u32, u32, u32),
+    GpuMemory(&'a Shape, u64, Size),
+}
+
+impl std::fmt::Display for Misfit<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let vendor_name = |v: AcceleratorVendor| match v {
+            AcceleratorVendor::Nvidia => "NVIDIA",
+            AcceleratorVendor::Amd => "AMD",
+        };
+        match self {
+            Misfit::Cpus(s, need) => write!(f, "{} has {} CPUs, needs {need}", s.name, s.cpus),
+            Misfit::Memory(s, need) => write!(
+                f,
+                "{} has {} of memory, needs {need}",
+                s.name,
+                Size::from_bytes(s.memory_bytes)
+            ),
+            Misfit::Nodes(s, need) => write!(
+                f,
+                "{} runs at most {} node(s) per job, needs {need}",
+                s.name, s.max_nodes
+            ),
+            Misfit::Walltime(s, limit, need) => write!(
+                f,
+                "{} runs jobs of at most {}, needs {need}",
+                s.name,
+                Walltime::from_secs(*limit)
+            ),
+            Misfit::NoGpus(s, need) => write!(f, "{} has no GPUs, needs {need}", s.name),
+            Misfit::Vendor(s, have, want) => write!(
+                f,
+                "{} has {} GPUs, needs {}",
+                s.name,
+                vendor_name(*have),
+                want.as_str()
+            ),
+            Misfit::Model(s, have, want) => write!(f, "{} has {have}, needs {want}", s.name),
+            Misfit::GpuCount(s, have, want) => {
+                write!(f, "{} has {have} GPUs per node, needs {want}", s.name)
+            }
+            Misfit::Cordoned(s, have, cordoned, want) => write!(
+                f,
+                "{} has {have} GPUs, {cordoned} of them cordoned, needs {want}",
+                s.name
+            ),
+            Misfit::GpuMemory(s, have, want) => write!(
+                f,
+                "{}'s GPUs have {}, need {want}",
+                s.name,
+                Size::from_bytes(*have)
+            ),
+        }
+    }
+}
+
 /// Why `shape` cannot run a task of `resources`, if it cannot.
 /// `cordoned`: how many of the shape's GPUs its site has cordoned (the local site's
 /// faulty devices), which no job gets.
-fn shape_misfit(shape: &Shape, resources: &Resources, cordoned: u32) -> Option<String> {
+fn shape_misfit<'a>(
+    shape: &'a Shape,
+    resources: &'a Resources,
+    cordoned: u32,
+) -> Option<Misfit<'a>> {
     if resources.cpus > shape.cpus {
-        return Some(format!(
-            "{} has {} CPUs, needs {}",
-            shape.name, shape.cpus, resources.cpus
-        ));
+        return Some(Misfit::Cpus(shape, resources.cpus));
     }
     if resources.memory.bytes() > shape.memory_bytes {
-        return Some(format!(
-            "{} has {} of memory, needs {}",
-            shape.name,
-            Size::from_bytes(shape.memory_bytes),
-            resources.memory
-        ));
+        return Some(Misfit::Memory(shape, resources.memory));
     }
     if resources.nodes > shape.max_nodes {
-        return Some(format!(
-            "{} runs at most {} node(s) per job, needs {}",
-            shape.name, shape.max_nodes, resources.nodes
-        ));
+        return Some(Misfit::Nodes(shape, resources.nodes));
     }
     if let Some(limit) = shape.max_walltime_secs {
         if resources.walltime.secs() > limit {
-            return Some(format!(
-                "{} runs jobs of at most {}, needs {}",
-                shape.name,
-                Walltime::from_secs(limit),
-                resources.walltime
-            ));
+            return Some(Misfit::Walltime(shape, limit, resources.walltime));
         }
     }
     let Some(want) = &resources.gpus else {
         return None;
     };
     let Some(have) = &shape.gpus else {
-        return Some(format!("{} has no GPUs, needs {}", shape.name, want.count));
+        return Some(Misfit::NoGpus(shape, want.count));
     };
     let vendor_ok = match want.vendor {
         GpuVendor::Any => true,
         GpuVendor::Nvidia => have.vendor == AcceleratorVendor::Nvidia,
         GpuVendor::Amd => have.vendor == AcceleratorVendor::Amd,
     };
-    let vendor_name = |v: AcceleratorVendor| match v {
-        AcceleratorVendor::Nvidia => "NVIDIA",
-        AcceleratorVendor::Amd => "AMD",
-    };
     if !vendor_ok {
-        return Some(format!(
-            "{} has {} GPUs, needs {}",
-            shape.name,
-            vendor_name(have.vendor),
-            want.vendor.as_str()
-        ));
+        return Some(Misfit::Vendor(shape, have.vendor, want.vendor));
     }
     if let Some(model) = &want.model {
-        if !have
+        let prefix = have
             .model
-            .to_ascii_lowercase()
-            .starts_with(&model.to_ascii_lowercase())
-        {
-            return Some(format!("{} has {}, needs {model}", shape.name, have.model));
+            .get(..model.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(model));
+        if !prefix {
+            return Some(Misfit::Model(shape, &have.model, model));
         }
     }
     if want.count > have.count {
-        return Some(format!(
-            "{} has {} GPUs per node, needs {}",
-            shape.name, have.count, want.count
-        ));
+        return Some(Misfit::GpuCount(shape, have.count, want.count));
     }
     if want.count > have.count.saturating_sub(cordoned) {
-        return Some(format!(
-            "{} has {} GPUs, {cordoned} of them cordoned, needs {}",
-            shape.name, have.count, want.count
-        ));
+        return Some(Misfit::Cordoned(shape, have.count, cordoned, want.count));
     }
     if let Some(memory) = want.memory {
         if memory.bytes() > have.memory_bytes {
-            return Some(format!(
-                "{}'s GPUs have {}, need {memory}",
-                shape.name,
-                Size::from_bytes(have.memory_bytes)
-            ));
+            return Some(Misfit::GpuMemory(shape, have.memory_bytes, memory));
         }
     }
     None
 }
 
+/// Each site's cheapest fit for a request, kept between decisions: pricing every shape
+/// of a full cloud catalogue again for each workflow was most of a decision's time. An
+/// entry holds while its site's shapes, price sheets and cordons stay as they were: the
+/// catalogue forgets a site's entries at every event that changes them, and an entry
+/// names the price sheet it was priced with. A copy of the catalogue starts empty.
+#[derive(Default)]
+pub struct FitCache {
+    /// Request → site → its fit.
+    fits: std::sync::Mutex<
+        std::collections::HashMap<Request, std::collections::HashMap<String, Fit>>,
+    >,
+}
+
+/// Fits kept at most; past it the cache starts again (a guard against a stream of
+/// requests that never repeat).
+const FITS_KEPT: usize = 100_000;
+
+impl FitCache {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<Request, std::collections::HashMap<String, Fit>>,
+    > {
+        self.fits.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What is known for each of `requests`, by site, taken out for one decision (a
+    /// decision made meanwhile on the same catalogue learns afresh).
+    fn take(&self, requests: &[Request]) -> Vec<std::collections::HashMap<String, Fit>> {
+        let mut fits = self.lock();
+        requests
+            .iter()
+            .map(|r| fits.remove(r).unwrap_or_default())
+            .collect()
+    }
+
+    /// Puts back what [`FitCache::take`] took, with what the decision learnt.
+    fn put_back(&self, requests: Vec<Request>, known: Vec<std::collections::HashMap<String, Fit>>) {
+        let mut fits = self.lock();
+        if fits.values().map(|sites| sites.len()).sum::<usize>() >= FITS_KEPT {
+            fits.clear();
+        }
+        for (request, sites) in requests.into_iter().zip(known) {
+            fits.insert(request, sites);
+        }
+    }
+
+    /// Drops what was learnt of `site`: its shapes, prices or cordons changed.
+    pub(crate) fn forget(&self, site: &str) {
+        for sites in self.lock().values_mut() {
+            sites.remove(site);
+        }
+    }
+
+    /// How many fits are kept.
+    pub fn len(&self) -> usize {
+        self.lock().values().map(|sites| sites.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Clone for FitCache {
+    fn clone(&self) -> Self {
+        FitCache::default()
+    }
+}
+
+impl std::fmt::Debug for FitCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FitCache({} fits)", self.len())
+    }
+}
+
+/// What a shape search depends on besides the site (its shapes, cordons and sheet):
+/// one job's request, made once per decision.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Request {
+    nodes: u32,
+    cpus: u32,
+    memory: u64,
+    walltime: u64,
+    gpus: Option<(u32, &'static str, Option<String>, Option<u64>)>,
+    tasks: u32,
+    spot: bool,
+}
+
+impl Request {
+    fn new(resources: &Resources, tasks: u32, spot: bool) -> Request {
+        Request {
+            nodes: resources.nodes,
+            cpus: resources.cpus,
+            memory: resources.memory.bytes(),
+            walltime: resources.walltime.secs(),
+            gpus: resources.gpus.as_ref().map(|g| {
+                (
+                    g.count,
+                    g.vendor.as_str(),
+                    g.model.clone(),
+                    g.memory.map(|m| m.bytes()),
+                )
+            }),
+            tasks,
+            spot,
+        }
+    }
+}
+
+/// A shape search's outcome, with the price sheet it was priced with: the rate and cost
+/// of the cheapest fit, or the first three reasons shapes did not fit and how many more
+/// there were.
+#[derive(Clone)]
+struct Fit {
+    sheet: DateTime<Utc>,
+    found: Found,
+}
+
+type Found = Result<(Arc<ComputeRate>, Decimal), Arc<(Vec<String>, usize)>>;
+
 /// The cheapest way to run `tasks` tasks of `resources` on one of `site`'s shapes: the
-/// rate and the compute cost, or why no shape fits.
+/// rate and the compute cost, or why no shape fits. Learnt once per site, request and
+/// price sheet: `known` is what the [`FitCache`] holds for this request, by site.
 fn cheapest_shape(
     site: &SiteEntry,
     sheet: &meridian_events::PriceSheet,
     job: &str,
-    resources: &Resources,
-    tasks: u32,
-    spot: bool,
-) -> Result<(ComputeRate, Decimal), String> {
-    let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(tasks);
-    let mut best: Option<(ComputeRate, Decimal)> = None;
-    let mut misfits = Vec::new();
-    for shape in &site.shapes {
-        let cordoned = shape
-            .gpus
-            .as_ref()
-            .map_or(0, |g| site.cordoned_of(&g.model));
-        if let Some(why) = shape_misfit(shape, resources, cordoned) {
-            misfits.push(why);
-            continue;
-        }
-        let offers = std::iter::once(&shape.offer)
-            .chain(spot.then_some(shape.spot_offer.as_ref()).flatten());
-        for offer in offers {
-            let Some(rate) = sheet.compute_rate(offer) else {
-                misfits.push(format!("{} has no price for offer {offer}", shape.name));
-                continue;
+    (resources, tasks, spot): (&Resources, u32, bool),
+    known: &mut std::collections::HashMap<String, Fit>,
+) -> Result<(Arc<ComputeRate>, Decimal), String> {
+    let found = match known
+        .get(&site.name)
+        .filter(|fit| fit.sheet == sheet.effective_from)
+    {
+        Some(fit) => fit.found.clone(),
+        None => {
+            let found = match search_shapes(site, sheet, resources, tasks, spot) {
+                Ok((rate, cost)) => Ok((Arc::new(rate), cost)),
+                Err(why) => Err(Arc::new(why)),
             };
-            let Ok(cost) = rate.cost(&allocation(resources), seconds) else {
-                continue;
-            };
-            if best.as_ref().is_none_or(|(_, c)| cost.amount < *c) {
-                best = Some((rate, cost.amount));
-            }
+            known.insert(
+                site.name.clone(),
+                Fit {
+                    sheet: sheet.effective_from,
+                    found: found.clone(),
+                },
+            );
+            found
         }
-    }
-    best.ok_or_else(|| {
-        let shown: Vec<String> = misfits.iter().take(3).cloned().collect();
-        let more = misfits.len().saturating_sub(3);
+    };
+    found.map_err(|why| {
+        let (shown, more) = &*why;
         format!(
             "no shape fits job {job}: {}{}",
             shown.join("; "),
-            if more > 0 {
+            if *more > 0 {
                 format!("; and {more} more")
             } else {
                 String::new()
             }
         )
     })
+}
+
+/// Every shape of `site` against `resources`: the cheapest fitting offer, priced.
+fn search_shapes(
+    site: &SiteEntry,
+    sheet: &meridian_events::PriceSheet,
+    resources: &Resources,
+    tasks: u32,
+    spot: bool,
+) -> Result<(ComputeRate, Decimal), (Vec<String>, usize)> {
+    let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(tasks);
+    let allocation = allocation(resources);
+    // The sheet's offers by name; the first of a name counts, as `compute_rate` finds it.
+    let by_offer: std::collections::HashMap<&str, &meridian_events::ComputeOffer> = sheet
+        .compute
+        .iter()
+        .rev()
+        .map(|o| (o.offer.as_str(), o))
+        .collect();
+    let mut best: Option<(&str, Decimal)> = None;
+    let (mut shown, mut misfits) = (Vec::new(), 0usize);
+    let mut note = |why: &dyn std::fmt::Display| {
+        if shown.len() < 3 {
+            shown.push(why.to_string());
+        }
+        misfits += 1;
+    };
+    for shape in &site.shapes {
+        let cordoned = shape
+            .gpus
+            .as_ref()
+            .map_or(0, |g| site.cordoned_of(&g.model));
+        if let Some(why) = shape_misfit(shape, resources, cordoned) {
+            note(&why);
+            continue;
+        }
+        let offers = std::iter::once(&shape.offer)
+            .chain(spot.then_some(shape.spot_offer.as_ref()).flatten());
+        for offer in offers {
+            let Some(priced) = by_offer.get(offer.as_str()) else {
+                note(&format_args!(
+                    "{} has no price for offer {offer}",
+                    shape.name
+                ));
+                continue;
+            };
+            let Ok(cost) = priced.pricing.amount(&allocation, seconds) else {
+                continue;
+            };
+            if best.is_none_or(|(_, c)| cost < c) {
+                best = Some((priced.offer.as_str(), cost));
+            }
+        }
+    }
+    match best {
+        Some((offer, cost)) => Ok((
+            sheet
+                .compute_rate(offer)
+                .expect("the offer comes from this sheet"),
+            cost,
+        )),
+        None => Err((shown, misfits.saturating_sub(3))),
+    }
 }
 
 /// Decides where `spec` runs at `now` among the catalogue's sites, with no tenant policy
@@ -342,7 +557,7 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
 struct SiteOffer<'c> {
     site: &'c SiteEntry,
     sheet: &'c meridian_events::PriceSheet,
-    jobs: BTreeMap<String, Result<(ComputeRate, Decimal), String>>,
+    jobs: BTreeMap<&'c str, Result<(Arc<ComputeRate>, Decimal), String>>,
 }
 
 /// Egress estimates through volume tiers: the tenant's month so far out of each source,
@@ -497,9 +712,10 @@ fn over_budget(total: &Money, spec: &Workflow, policy: &PlacementPolicy) -> Opti
 fn offer<'c>(
     site: &'c SiteEntry,
     sheet: &'c meridian_events::PriceSheet,
-    work: &[(String, &Resources, u32)],
+    work: &'c [(String, &Resources, u32)],
     spot: bool,
     every_job: bool,
+    known: &mut [std::collections::HashMap<String, Fit>],
 ) -> Result<SiteOffer<'c>, String> {
     let mut jobs = BTreeMap::new();
     if site.shapes.is_empty() {
@@ -508,9 +724,11 @@ fn offer<'c>(
             .compute
             .first()
             .ok_or("its price sheet has no compute offer")?;
-        let rate = sheet
-            .compute_rate(&offer.offer)
-            .expect("the offer comes from this sheet");
+        let rate = Arc::new(
+            sheet
+                .compute_rate(&offer.offer)
+                .expect("the offer comes from this sheet"),
+        );
         for (job, resources, tasks) in work {
             let priced = match misfit(site, job, resources) {
                 Some(reason) => Err(reason),
@@ -522,16 +740,16 @@ fn offer<'c>(
                 }
             };
             let misfit = priced.is_err();
-            jobs.insert(job.clone(), priced);
+            jobs.insert(job.as_str(), priced);
             if misfit && !every_job {
                 break;
             }
         }
     } else {
-        for (job, resources, tasks) in work {
-            let priced = cheapest_shape(site, sheet, job, resources, *tasks, spot);
+        for ((job, resources, tasks), known) in work.iter().zip(known) {
+            let priced = cheapest_shape(site, sheet, job, (resources, *tasks, spot), known);
             let misfit = priced.is_err();
-            jobs.insert(job.clone(), priced);
+            jobs.insert(job.as_str(), priced);
             if misfit && !every_job {
                 break;
             }
@@ -603,14 +821,18 @@ fn decide_among(
     let work = workloads(spec);
     let spot = spec.placement.spot && policy.spot_allowed;
     let may_split = spec.placement.split && work.len() > 1;
-    let mut candidates = Vec::new();
-    let mut offers: Vec<SiteOffer> = Vec::new();
-    let mut priced: Vec<(
-        Money,
-        &SiteEntry,
-        StorageRate,
-        BTreeMap<String, ComputeRate>,
-    )> = Vec::new();
+    let requests: Vec<Request> = work
+        .iter()
+        .map(|(_, resources, tasks)| Request::new(resources, *tasks, spot))
+        .collect();
+    let mut known = catalog.fits.take(&requests);
+    // The workflow's span, for storage at every site.
+    let span = Decimal::from(span_seconds(spec));
+    let mut candidates = Vec::with_capacity(catalog.sites.len());
+    let mut offers: Vec<SiteOffer> = Vec::with_capacity(catalog.sites.len());
+    // Each site that can run the whole workflow: its total, the site, and its offer's
+    // place in `offers` (rates are copied out for the chosen site only).
+    let mut priced: Vec<(Money, &SiteEntry, usize)> = Vec::with_capacity(catalog.sites.len());
     for site in catalog.sites.values() {
         let reject = |reason: String| Candidate {
             site: site.name.clone(),
@@ -625,7 +847,7 @@ fn decide_among(
             candidates.push(reject("has no prices in force".into()));
             continue;
         };
-        let site_offer = match offer(site, sheet, &work, spot, may_split) {
+        let site_offer = match offer(site, sheet, &work, spot, may_split, &mut known) {
             Ok(o) => o,
             Err(reason) => {
                 candidates.push(reject(reason));
@@ -633,35 +855,31 @@ fn decide_among(
             }
         };
         let whole = site_offer.jobs.values().try_fold(
-            (Decimal::ZERO, Vec::new()),
-            |(sum, mut rates), r| {
+            (Decimal::ZERO, None::<Currency>, false),
+            |(sum, first, mixed), r| {
                 let (rate, cost) = r.as_ref().map_err(Clone::clone)?;
-                rates.push(rate.clone());
-                Ok::<_, String>((sum + cost, rates))
+                let first = first.unwrap_or(rate.currency);
+                Ok::<_, String>((sum + cost, Some(first), mixed || rate.currency != first))
             },
         );
-        // What fits here, for the split plan too.
-        let job_rates: BTreeMap<String, ComputeRate> = site_offer
-            .jobs
-            .iter()
-            .filter_map(|(job, r)| r.as_ref().ok().map(|(rate, _)| (job.clone(), rate.clone())))
-            .collect();
+        // What fits here counts for the split plan too.
         offers.push(site_offer);
-        let (compute, rates) = match whole {
-            Ok(w) => w,
+        let offer_at = offers.len() - 1;
+        let (compute, currency) = match whole {
+            Ok((_, None, _)) => {
+                candidates.push(reject("the workflow has nothing to run".into()));
+                continue;
+            }
+            Ok((_, Some(_), true)) => {
+                candidates.push(reject("its offers are priced in several currencies".into()));
+                continue;
+            }
+            Ok((compute, Some(currency), false)) => (compute, currency),
             Err(reason) => {
                 candidates.push(reject(reason));
                 continue;
             }
         };
-        let Some(rate) = rates.first().cloned() else {
-            candidates.push(reject("the workflow has nothing to run".into()));
-            continue;
-        };
-        if rates.iter().any(|r| r.currency != rate.currency) {
-            candidates.push(reject("its offers are priced in several currencies".into()));
-            continue;
-        }
         let mut meter = EgressMeter::new(catalog, tenant, now);
         let data_in = spec
             .volumes
@@ -669,10 +887,10 @@ fn decide_among(
             .map(|v| ingress_cost(v, catalog, site, &mut meter))
             .sum();
         let terms = CostTerms {
-            currency: rate.currency,
+            currency,
             compute,
             data_in,
-            storage: storage_estimate(spec, sheet),
+            storage: storage_estimate(spec, span, sheet),
             data_out: egress_estimate(spec, site, &mut meter),
             data_between: Decimal::ZERO,
         };
@@ -693,8 +911,9 @@ fn decide_among(
             verdict: Verdict::Fitted,
             cost: Some(terms),
         });
-        priced.push((total, site, sheet.storage_rate(), job_rates));
+        priced.push((total, site, offer_at));
     }
+    catalog.fits.put_back(requests, known);
 
     // Sites priced in different currencies are not compared by amount alone (there are
     // no exchange rates yet): currency orders first. `prefer: cheapest` then takes the
@@ -705,25 +924,46 @@ fn decide_among(
     let queue = |s: &SiteEntry| s.capacity.as_ref().map_or(0, |c| c.pending_jobs);
     let unreliability = |s: &SiteEntry| ((1.0 - s.reliability()) * 1e6) as u64;
     let short = |s: &SiteEntry| gpu_shortfall(s, &work);
-    priced.sort_by(|a, b| {
-        let currency = a.0.currency.to_string().cmp(&b.0.currency.to_string());
+    // Each site's shortfall, queue and unreliability, worked out once rather than at
+    // every comparison.
+    let mut keyed: Vec<(_, (Money, &SiteEntry, usize))> = priced
+        .into_iter()
+        .map(|p| ((short(p.1), queue(p.1), unreliability(p.1)), p))
+        .collect();
+    keyed.sort_by(|(ka, a), (kb, b)| {
+        let (short_a, queue_a, unreliable_a) = ka;
+        let (short_b, queue_b, unreliable_b) = kb;
+        let currency = a.0.currency.cmp(&b.0.currency);
         let by_cost = a.0.amount.cmp(&b.0.amount);
-        let by_speed = short(a.1)
-            .cmp(&short(b.1))
-            .then(queue(a.1).cmp(&queue(b.1)))
-            .then(unreliability(a.1).cmp(&unreliability(b.1)));
+        let by_speed = short_a
+            .cmp(short_b)
+            .then(queue_a.cmp(queue_b))
+            .then(unreliable_a.cmp(unreliable_b));
         let order = match spec.placement.prefer {
             meridian_spec::Preference::Cheapest => by_cost.then(
-                unreliability(a.1)
-                    .cmp(&unreliability(b.1))
-                    .then(short(a.1).cmp(&short(b.1)))
-                    .then(queue(a.1).cmp(&queue(b.1))),
+                unreliable_a
+                    .cmp(unreliable_b)
+                    .then(short_a.cmp(short_b))
+                    .then(queue_a.cmp(queue_b)),
             ),
             meridian_spec::Preference::Fastest => by_speed.then(by_cost),
         };
         currency.then(order).then(a.1.name.cmp(&b.1.name))
     });
-    let best = priced.into_iter().next();
+    // The chosen site's rates: what fits there, every job.
+    let best = keyed.into_iter().next().map(|(_, (total, site, at))| {
+        let offer = &offers[at];
+        let job_rates: BTreeMap<String, ComputeRate> = offer
+            .jobs
+            .iter()
+            .filter_map(|(job, r)| {
+                r.as_ref()
+                    .ok()
+                    .map(|(rate, _)| (job.to_string(), ComputeRate::clone(rate)))
+            })
+            .collect();
+        (total, site, offer.sheet.storage_rate(), job_rates)
+    });
 
     let split = may_split.then(|| {
         if !policy.split_allowed {
@@ -1032,7 +1272,7 @@ fn split_plan_in(
                 .or_default()
                 .insert(chosen.site.name.as_str());
         }
-        job_rates.insert(job.to_string(), rate.clone());
+        job_rates.insert(job.to_string(), ComputeRate::clone(rate));
         sheets.insert(chosen.site.name.clone(), chosen.sheet.storage_rate());
         jobs.push(JobPlacement {
             job: job.to_string(),
@@ -1141,8 +1381,14 @@ fn span_seconds(spec: &Workflow) -> u64 {
 
 /// Storage: every volume held from placement until the workflow ends, estimated over
 /// its span without queue waits ([`span_seconds`]), at the site's storage rate.
-fn storage_estimate(spec: &Workflow, sheet: &meridian_events::PriceSheet) -> Decimal {
-    let span = Decimal::from(span_seconds(spec));
+fn storage_estimate(
+    spec: &Workflow,
+    span: Decimal,
+    sheet: &meridian_events::PriceSheet,
+) -> Decimal {
+    if spec.volumes.is_empty() {
+        return Decimal::ZERO;
+    }
     let rate = sheet.storage_rate();
     spec.volumes
         .values()

@@ -199,12 +199,12 @@ pub struct ComputeRate {
     pub source: String,
 }
 
-impl ComputeRate {
-    /// What `allocation` costs for `seconds` at this rate.
-    pub fn cost(&self, allocation: &Allocation, seconds: Decimal) -> Result<Money, MoneyError> {
+impl ComputePricing {
+    /// What `allocation` costs for `seconds` at these prices, in their currency.
+    pub fn amount(&self, allocation: &Allocation, seconds: Decimal) -> Result<Decimal, MoneyError> {
         // Multiply everything first and divide once, so the only inexact step is one
         // division at 28 significant digits.
-        let amount = match &self.pricing {
+        Ok(match self {
             ComputePricing::Instance { per_instance_hour } => {
                 let n = mul(mul(*per_instance_hour, allocation.nodes)?, seconds)?;
                 div(n, SECONDS_PER_HOUR)?
@@ -228,8 +228,17 @@ impl ComputeRate {
                     BYTES_PER_GIB * SECONDS_PER_HOUR,
                 )?
             }
-        };
-        Ok(Money::new(amount, self.currency))
+        })
+    }
+}
+
+impl ComputeRate {
+    /// What `allocation` costs for `seconds` at this rate.
+    pub fn cost(&self, allocation: &Allocation, seconds: Decimal) -> Result<Money, MoneyError> {
+        Ok(Money::new(
+            self.pricing.amount(allocation, seconds)?,
+            self.currency,
+        ))
     }
 
     /// What `allocation` costs from `started_at` to `ended_at` at this rate.
