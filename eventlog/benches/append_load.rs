@@ -174,6 +174,12 @@ async fn main() {
     ));
     let (t, l) = appends(nats.clone(), 1, n(2_000)).await;
     rows.push(Row::new("Meridian JetStream append, one writer", t, l));
+    let (t, l) = appends(sqlite.clone(), 256, n(40)).await;
+    rows.push(Row::new(
+        "Meridian SQLite append (synchronous=FULL), 256 aggregates in parallel",
+        t,
+        l,
+    ));
     let (t, l) = appends(sqlite.clone(), 16, n(200)).await;
     rows.push(Row::new(
         "Meridian SQLite append (synchronous=FULL), 16 aggregates in parallel",

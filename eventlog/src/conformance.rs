@@ -170,6 +170,89 @@ pub async fn concurrent_writers_one_wins(open: Open) {
     }
 }
 
+/// Many appends at once through one handle (a backend may commit them together): new
+/// aggregates, pairs racing on one aggregate, and a retry of a stored batch. Each gets
+/// the answer it would get alone, and the log holds exactly the stored ones, each at its
+/// own position.
+pub async fn many_appends_at_once_through_one_handle(open: Open) {
+    let log = open().await;
+    let earlier = workflow();
+    let stored_batch = vec![event(earlier, 1, json!("first"))];
+    let earlier_position = append_ok(&*log, stored_batch.clone()).await;
+
+    let fresh: Vec<AggregateRef> = (0..48).map(|_| workflow()).collect();
+    let raced: Vec<AggregateRef> = (0..8).map(|_| workflow()).collect();
+    let mut tasks = Vec::new();
+    for (i, a) in fresh.iter().enumerate() {
+        let (log, e) = (log.clone(), event(*a, 1, json!({ "fresh": i })));
+        tasks.push((
+            "fresh",
+            *a,
+            tokio::spawn(async move { log.append(vec![e]).await }),
+        ));
+    }
+    for a in &raced {
+        for writer in 0..2 {
+            let (log, e) = (log.clone(), event(*a, 1, json!({ "writer": writer })));
+            tasks.push((
+                "raced",
+                *a,
+                tokio::spawn(async move { log.append(vec![e]).await }),
+            ));
+        }
+    }
+    let retry = log.clone();
+    tasks.push((
+        "retry",
+        earlier,
+        tokio::spawn(async move { retry.append(stored_batch).await }),
+    ));
+
+    let mut positions = HashSet::new();
+    let mut winners: BTreeMap<Uuid, usize> = BTreeMap::new();
+    for (what, aggregate, task) in tasks {
+        match (what, task.await.unwrap()) {
+            ("fresh", Ok(Appended::Stored { position })) => {
+                assert!(
+                    positions.insert(position),
+                    "position {position} given twice"
+                );
+            }
+            ("raced", Ok(Appended::Stored { position })) => {
+                assert!(
+                    positions.insert(position),
+                    "position {position} given twice"
+                );
+                *winners.entry(aggregate.id).or_default() += 1;
+            }
+            ("raced", Err(LogError::Conflict { .. })) => {}
+            ("retry", Ok(Appended::Duplicate { position })) => {
+                assert_eq!(position, earlier_position)
+            }
+            (what, other) => panic!("{what}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        raced.len(),
+        "each raced aggregate has one winner"
+    );
+    assert!(winners.values().all(|n| *n == 1), "{winners:?}");
+    let all = read_all(&*log, 1000).await;
+    assert_eq!(
+        all.len(),
+        1 + fresh.len() + raced.len(),
+        "exactly the stored commits"
+    );
+    for (i, commit) in all.iter().enumerate() {
+        assert_eq!(commit.position, i as u64 + 1, "positions without gaps");
+    }
+    for a in fresh.iter().chain(&raced) {
+        assert_eq!(log.read_aggregate(*a).await.unwrap().len(), 1);
+    }
+    assert_eq!(log.read_aggregate(earlier).await.unwrap().len(), 1);
+}
+
 pub async fn duplicate_event_id_stored_once(open: Open) {
     let log = open().await;
     let a = workflow();
@@ -470,7 +553,8 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@tests $fresh;
             empty_log, append_then_read, long_history_reads_back_whole,
             conflict_on_stale_sequence,
-            concurrent_writers_one_wins, duplicate_event_id_stored_once,
+            concurrent_writers_one_wins, many_appends_at_once_through_one_handle,
+            duplicate_event_id_stored_once,
             invalid_batches_change_nothing, large_and_non_ascii_payloads,
             replay_returns_everything_in_order,
             subscription_resumes_without_loss_or_reordering,

@@ -1,6 +1,9 @@
 //! The embedded backend: one SQLite file, no server. Appends run in `BEGIN IMMEDIATE`
 //! transactions so the expected-sequence check and the insert are one atomic step, and
 //! every commit is fsynced (`synchronous=FULL`): an acknowledged append survives a crash.
+//! Appends are committed in groups: one writer takes every append waiting when it is
+//! free, each in a savepoint of its own (a conflict undoes that append alone), and
+//! commits them with one fsync; each caller is answered only after that commit.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -11,7 +14,7 @@ use async_trait::async_trait;
 use meridian_events::{AggregateRef, RawEnvelope};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::{
     check_batch, check_name, Appended, Commit, EventLog, LogError, Subscription, MAX_COMMIT_BYTES,
@@ -19,6 +22,9 @@ use crate::{
 
 /// How often a waiting subscription looks for commits written by another process.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Appends committed together at most (one transaction, one fsync).
+const GROUP: usize = 256;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS events (
@@ -46,7 +52,18 @@ pub struct SqliteLog {
 struct Inner {
     pool: SqlitePool,
     /// Wakes this process's subscriptions when it appends.
-    appended: Notify,
+    appended: Arc<Notify>,
+    /// To the writer that commits appends in groups.
+    writer: mpsc::Sender<Pending>,
+}
+
+/// An append waiting for the writer, checked and encoded already.
+struct Pending {
+    events: Vec<RawEnvelope>,
+    encoded: Vec<String>,
+    aggregate: AggregateRef,
+    expected: u64,
+    reply: oneshot::Sender<Result<Appended, LogError>>,
 }
 
 fn backend(e: sqlx::Error) -> LogError {
@@ -79,10 +96,15 @@ impl SqliteLog {
             .execute(&pool)
             .await
             .map_err(backend)?;
+        let appended = Arc::new(Notify::new());
+        let (writer, pending) = mpsc::channel(GROUP * 4);
+        // Ends when the last handle to this log is dropped (the channel closes).
+        tokio::spawn(write_groups(pool.clone(), pending, appended.clone()));
         Ok(SqliteLog {
             inner: Arc::new(Inner {
                 pool,
-                appended: Notify::new(),
+                appended,
+                writer,
             }),
         })
     }
@@ -99,6 +121,154 @@ impl SqliteLog {
             .map_err(backend)?;
         Ok(row.map(|r| r.get::<i64, _>(0) as u64))
     }
+}
+
+/// The writer: commits every append waiting when it is free as one transaction.
+async fn write_groups(
+    pool: SqlitePool,
+    mut pending: mpsc::Receiver<Pending>,
+    appended: Arc<Notify>,
+) {
+    while let Some(first) = pending.recv().await {
+        let mut group = vec![first];
+        while group.len() < GROUP {
+            match pending.try_recv() {
+                Ok(p) => group.push(p),
+                Err(_) => break,
+            }
+        }
+        match write_group(&pool, &group).await {
+            Ok(outcomes) => {
+                if outcomes
+                    .iter()
+                    .any(|o| matches!(o, Ok(Appended::Stored { .. })))
+                {
+                    appended.notify_waiters();
+                }
+                for (p, outcome) in group.into_iter().zip(outcomes) {
+                    let _ = p.reply.send(outcome);
+                }
+            }
+            // Nothing of the group is stored (or its fate is unknown): each caller
+            // hears why, and may retry the same events.
+            Err(e) => {
+                let message = e.to_string();
+                for p in group {
+                    let _ = p.reply.send(Err(match &e {
+                        LogError::Unavailable(_) => LogError::Unavailable(message.clone()),
+                        _ => LogError::Backend(message.clone()),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// One transaction: each append in a savepoint of its own, so one that conflicts (or
+/// repeats events already stored) is undone or answered alone; the commit is the one
+/// fsync. Returns each append's outcome, valid only once the commit has returned.
+async fn write_group(
+    pool: &SqlitePool,
+    group: &[Pending],
+) -> Result<Vec<Result<Appended, LogError>>, LogError> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(backend)?;
+    let mut next: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) + 1 FROM events")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(backend)?;
+    let mut outcomes = Vec::with_capacity(group.len());
+    for p in group {
+        sqlx::query("SAVEPOINT one_append")
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let outcome = append_one(&mut tx, p, next).await;
+        if outcome.is_err() {
+            sqlx::query("ROLLBACK TO one_append")
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
+        sqlx::query("RELEASE one_append")
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        match &outcome {
+            Ok(Appended::Stored { .. }) => next += 1,
+            // A database failure inside an append: the transaction is not to be trusted.
+            Err(e @ (LogError::Unavailable(_) | LogError::Backend(_))) => {
+                return Err(LogError::Backend(e.to_string()))
+            }
+            _ => {}
+        }
+        outcomes.push(outcome);
+    }
+    tx.commit().await.map_err(backend)?;
+    Ok(outcomes)
+}
+
+/// One append inside the group's transaction, stored at `position` if it is new.
+async fn append_one(
+    tx: &mut sqlx::SqliteConnection,
+    p: &Pending,
+    position: i64,
+) -> Result<Appended, LogError> {
+    let events = &p.events;
+    // A retry of an append that already landed is answered, not re-applied.
+    let mut stored = Vec::with_capacity(events.len());
+    for e in events {
+        stored.push(SqliteLog::position_of(tx, &e.event_id).await?);
+    }
+    if let Some(Some(position)) = stored.first() {
+        if stored.iter().all(|p| p.is_some()) {
+            return Ok(Appended::Duplicate {
+                position: *position,
+            });
+        }
+    }
+    if let Some(i) = stored.iter().position(|p| p.is_some()) {
+        return Err(LogError::InvalidAppend(format!(
+            "event {} is already stored but the rest of this batch is not",
+            events[i].event_id
+        )));
+    }
+
+    let kind = p.aggregate.kind.as_str();
+    let id = p.aggregate.id.to_string();
+    let actual: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE aggregate_kind = ? AND aggregate_id = ?",
+    )
+    .bind(kind)
+    .bind(&id)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(backend)?;
+    if actual as u64 != p.expected {
+        return Err(LogError::Conflict {
+            aggregate: p.aggregate,
+            expected: p.expected,
+            actual: actual as u64,
+        });
+    }
+    for (idx, (event, text)) in events.iter().zip(&p.encoded).enumerate() {
+        sqlx::query(
+            "INSERT INTO events (position, idx, event_id, aggregate_kind, aggregate_id, sequence, envelope)
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(position)
+        .bind(idx as i64)
+        .bind(event.event_id.to_string())
+        .bind(kind)
+        .bind(&id)
+        .bind(event.sequence as i64)
+        .bind(text)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+    }
+    Ok(Appended::Stored {
+        position: position as u64,
+    })
 }
 
 fn decode(position: u64, text: &str) -> Result<RawEnvelope, LogError> {
@@ -125,75 +295,21 @@ impl EventLog for SqliteLog {
             });
         }
 
-        let mut tx = self
-            .inner
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            events,
+            encoded,
+            aggregate,
+            expected,
+            reply,
+        };
+        let stopped = || LogError::Unavailable("the SQLite log's writer has stopped".into());
+        self.inner
+            .writer
+            .send(pending)
             .await
-            .map_err(backend)?;
-
-        // A retry of an append that already landed is answered, not re-applied.
-        let mut stored = Vec::with_capacity(events.len());
-        for e in &events {
-            stored.push(Self::position_of(&mut tx, &e.event_id).await?);
-        }
-        if let Some(Some(position)) = stored.first() {
-            if stored.iter().all(|p| p.is_some()) {
-                return Ok(Appended::Duplicate {
-                    position: *position,
-                });
-            }
-        }
-        if let Some(i) = stored.iter().position(|p| p.is_some()) {
-            return Err(LogError::InvalidAppend(format!(
-                "event {} is already stored but the rest of this batch is not",
-                events[i].event_id
-            )));
-        }
-
-        let kind = aggregate.kind.as_str();
-        let id = aggregate.id.to_string();
-        let actual: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE aggregate_kind = ? AND aggregate_id = ?",
-        )
-        .bind(kind)
-        .bind(&id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(backend)?;
-        if actual as u64 != expected {
-            return Err(LogError::Conflict {
-                aggregate,
-                expected,
-                actual: actual as u64,
-            });
-        }
-
-        let position: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) + 1 FROM events")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(backend)?;
-        for (idx, (event, text)) in events.iter().zip(&encoded).enumerate() {
-            sqlx::query(
-                "INSERT INTO events (position, idx, event_id, aggregate_kind, aggregate_id, sequence, envelope)
-                 VALUES (?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(position)
-            .bind(idx as i64)
-            .bind(event.event_id.to_string())
-            .bind(kind)
-            .bind(&id)
-            .bind(event.sequence as i64)
-            .bind(text)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        }
-        tx.commit().await.map_err(backend)?;
-        self.inner.appended.notify_waiters();
-        Ok(Appended::Stored {
-            position: position as u64,
-        })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 
     async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {
