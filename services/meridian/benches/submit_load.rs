@@ -1,0 +1,182 @@
+//! Workflows submitted to placed per second on the embedded default: `meridian up` (the
+//! SQLite log and read models) is started in a temporary directory, 16 clients post
+//! two-job workflows to its API as fast as it answers, and each counts when its
+//! `workflow.placement_decided.v1` is in the log. Beside it, in the same run, the SQLite
+//! log's own ceiling: 16 writers appending one event per commit to a fresh file.
+//!
+//! `cargo bench -p meridian --bench submit_load [-- --workflows N]` (default 2,000);
+//! `MERIDIAN_BIN=PATH` runs another `meridian` binary.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use meridian_eventlog::conformance::{event, workflow};
+use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::EventLog;
+
+const CLIENTS: usize = 16;
+
+const WORKFLOW: &str = r#"
+version: v1
+name: load
+jobs:
+  a: {image: host, command: ["true"], resources: {cpus: 1, memory: 64MiB, walltime: 5m}}
+  b: {image: host, command: ["true"], requires: [a], resources: {cpus: 1, memory: 64MiB, walltime: 5m}}
+"#;
+
+/// Kills `meridian up` when the benchmark ends, however it ends.
+struct Up(std::process::Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Appends per second that `log` takes from `writers` writers, one event per commit.
+async fn ceiling(log: Arc<dyn EventLog>, writers: usize, per_writer: u64) -> f64 {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|_| {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let a = workflow();
+                for seq in 1..=per_writer {
+                    let e = event(a, seq, serde_json::json!({"type": "bench"}));
+                    log.append(vec![e]).await.expect("append");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (writers as u64 * per_writer) as f64 / start.elapsed().as_secs_f64()
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let workflows: usize = std::env::args()
+        .skip_while(|a| a != "--workflows")
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let log_file = std::fs::File::create(dir.path().join("up.log")).unwrap();
+    // MERIDIAN_BIN runs another build (to compare two in one run).
+    let binary =
+        std::env::var("MERIDIAN_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_meridian").into());
+    let _up = Up(Command::new(binary)
+        .args([
+            "up",
+            "--data-dir",
+            "data",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .env("HOME", dir.path())
+        .env("MERIDIAN_CONFIG_DIR", dir.path().join("config"))
+        .env("MERIDIAN_LOG", "warn")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log_file))
+        .spawn()
+        .expect("start meridian up"));
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http
+        .get(format!("{server}/v1/health"))
+        .send()
+        .await
+        .map(|r| !r.status().is_success())
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < deadline, "meridian up did not answer");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let profile: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("config/client.json")).expect("the profile"),
+    )
+    .unwrap();
+    let token = profile["token"].as_str().expect("a token").to_string();
+    // A second handle on the same file, as another process would have.
+    let log = SqliteLog::open(&dir.path().join("data/events.sqlite"))
+        .await
+        .unwrap();
+    let from = log.head().await.unwrap();
+
+    let start = Instant::now();
+    let submitters: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (http, server, token) = (http.clone(), server.clone(), token.clone());
+            let count = workflows / CLIENTS + usize::from(c < workflows % CLIENTS);
+            tokio::spawn(async move {
+                for _ in 0..count {
+                    let response = http
+                        .post(format!("{server}/v1/workflows"))
+                        .bearer_auth(&token)
+                        .header("content-type", "application/yaml")
+                        .body(WORKFLOW)
+                        .send()
+                        .await
+                        .expect("submit");
+                    assert!(
+                        response.status().is_success(),
+                        "{}",
+                        response.text().await.unwrap_or_default()
+                    );
+                }
+            })
+        })
+        .collect();
+    let mut tail = log.tail(from).await.unwrap();
+    let mut placed = 0;
+    while placed < workflows {
+        for commit in tail.next(512, Duration::from_secs(30)).await.unwrap() {
+            for e in &commit.events {
+                match e.payload["type"].as_str() {
+                    Some("workflow.placement_decided.v1") => placed += 1,
+                    Some("workflow.placement_rejected.v1") => {
+                        panic!("the bench workflow was rejected: {}", e.payload)
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    for s in submitters {
+        s.await.unwrap();
+    }
+    drop(_up);
+    let fresh = tempfile::tempdir().unwrap();
+    let sqlite: Arc<dyn EventLog> = Arc::new(
+        SqliteLog::open(&fresh.path().join("ceiling.sqlite"))
+            .await
+            .unwrap(),
+    );
+    let appends = ceiling(sqlite, CLIENTS, 200).await;
+    let rate = workflows as f64 / elapsed.as_secs_f64();
+    println!("| measurement | count | seconds | per second |");
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| `meridian up`: two-job workflows, {CLIENTS} clients, submit → placement_decided | {workflows} | {:.2} | {rate:.0} |",
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "| SQLite log alone: fsynced appends, {CLIENTS} writers (ceiling) | {} | – | {appends:.0} |",
+        CLIENTS * 200
+    );
+}
