@@ -338,6 +338,12 @@ impl App {
         Ok(who)
     }
 
+    /// Whether `token` is a token of this deployment that still holds (not revoked or
+    /// expired); nothing is audited. For a process checking a token file it was given.
+    pub async fn knows_token(&self, token: &str) -> Result<bool, AppError> {
+        Ok(self.token_principal(token.trim()).await?.is_some())
+    }
+
     async fn token_principal(&self, bearer: &str) -> Result<Option<Principal>, AppError> {
         let Some((id, secret)) = parse_token(bearer) else {
             return Ok(None);

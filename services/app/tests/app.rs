@@ -126,3 +126,19 @@ async fn bad_input_names_what_is_wrong_and_appends_nothing() {
     assert!(matches!(err, AppError::InvalidCatalog(_)), "{err}");
     assert_eq!(app.log().head().await.unwrap(), 0, "nothing was appended");
 }
+
+#[tokio::test]
+async fn a_token_file_is_checked_against_this_deployment() {
+    let dir = tempfile::tempdir().unwrap();
+    let here = app(&dir).await;
+    let issued = here.issue_first_admin("test").await.unwrap();
+    assert!(here
+        .knows_token(&format!("{}\n", issued.token))
+        .await
+        .unwrap());
+    // Another deployment's token, and text that is no token at all.
+    let other = tempfile::tempdir().unwrap();
+    let foreign = app(&other).await.issue_first_admin("test").await.unwrap();
+    assert!(!here.knows_token(&foreign.token).await.unwrap());
+    assert!(!here.knows_token("not a token").await.unwrap());
+}

@@ -794,6 +794,19 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
             if let Some(credentials) = key.load()? {
                 app = app.with_workflow_credentials(credentials);
             }
+            // A file left from another deployment (a log started afresh) holds a token
+            // no one here knows: say so rather than leave its holder with a bare 401.
+            if let Some(path) = admin_token_file.as_ref().filter(|p| p.exists()) {
+                let token = std::fs::read_to_string(path).unwrap_or_default();
+                if !app.knows_token(&token).await.unwrap_or(true) {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "the admin token in this file is not one of this deployment's (a file left \
+                         from another?); it is left as it is: delete it and restart to have a new \
+                         one written"
+                    );
+                }
+            }
             if let Some(path) = admin_token_file.filter(|p| !p.exists()) {
                 let issued = app
                     .issue_first_admin("meridian server intake")
