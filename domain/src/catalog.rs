@@ -145,6 +145,9 @@ pub struct Catalog {
     /// `u64::MAX` once that whole commit is in. With `position` it orders every event
     /// in the log, so [`Catalog::observe_at`] can tell one it already counted.
     sequence: u64,
+    /// Search every shape of a site for a request instead of its shape index: the
+    /// reference the index is tested and benchmarked against. Decisions are the same.
+    pub scan_every_shape: bool,
     /// Placement's memory of each site's cheapest fit per request; forgotten for a site
     /// whenever its shapes, prices or cordons change.
     pub(crate) fits: crate::placement::FitCache,

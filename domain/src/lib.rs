@@ -13,6 +13,7 @@ pub mod catalog_file;
 pub mod period;
 pub mod placement;
 pub mod pricing;
+mod shape_index;
 pub mod tenant_view;
 
 pub use catalog::Catalog;

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::catalog::{labels, Catalog, SiteEntry};
+use crate::shape_index::ShapeIndex;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Placed {
@@ -321,14 +322,19 @@ fn shape_misfit<'a>(
 /// of a full cloud catalogue again for each workflow was most of a decision's time. An
 /// entry holds while its site's shapes, price sheets and cordons stay as they were: the
 /// catalogue forgets a site's entries at every event that changes them, and an entry
-/// names the price sheet it was priced with. A copy of the catalogue starts empty.
+/// names the price sheet it was priced with. A copy of the catalogue starts with no fit.
 #[derive(Default)]
 pub struct FitCache {
     /// Request → site → its fit.
     fits: std::sync::Mutex<
         std::collections::HashMap<Request, std::collections::HashMap<String, Fit>>,
     >,
+    /// Site → its shape index, and the price sheet it was built with.
+    indexes: std::sync::Mutex<std::collections::HashMap<String, SheetIndex>>,
 }
+
+/// A site's shape index and the date of the price sheet it was built for.
+type SheetIndex = (DateTime<Utc>, Arc<ShapeIndex>);
 
 /// Fits kept at most; past it the cache starts again (a guard against a stream of
 /// requests that never repeat).
@@ -370,6 +376,28 @@ impl FitCache {
         for sites in self.lock().values_mut() {
             sites.remove(site);
         }
+        self.indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(site);
+    }
+
+    /// `site`'s shape index for `sheet`, built on first use.
+    fn index(&self, site: &SiteEntry, sheet: &meridian_events::PriceSheet) -> Arc<ShapeIndex> {
+        let kept = self.indexes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, index)) = kept
+            .get(&site.name)
+            .filter(|(at, _)| *at == sheet.effective_from)
+        {
+            return index.clone();
+        }
+        drop(kept);
+        let index = Arc::new(ShapeIndex::build(&site.shapes, sheet));
+        self.indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(site.name.clone(), (sheet.effective_from, index.clone()));
+        index
     }
 
     /// How many fits are kept.
@@ -383,8 +411,18 @@ impl FitCache {
 }
 
 impl Clone for FitCache {
+    /// A copy remembers no fit, but shares the shape indexes built so far: they hang on
+    /// nothing but the site's shapes and sheet, the same in the copy until it forgets them.
     fn clone(&self) -> Self {
-        FitCache::default()
+        FitCache {
+            fits: Default::default(),
+            indexes: std::sync::Mutex::new(
+                self.indexes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            ),
+        }
     }
 }
 
@@ -439,6 +477,65 @@ struct Fit {
 
 type Found = Result<(Arc<ComputeRate>, Decimal), Arc<(Vec<String>, usize)>>;
 
+/// A shape search's answer: the cheapest fit's rate and compute cost, or the first three
+/// reasons shapes did not fit and how many more there were.
+type Searched = Result<(ComputeRate, Decimal), (Vec<String>, usize)>;
+
+/// How a decision searches a site's shapes for what it has not learnt yet: through the
+/// site's [`ShapeIndex`], or (`Catalog::scan_every_shape`) shape by shape.
+#[derive(Clone, Copy)]
+struct Search<'c> {
+    cache: &'c FitCache,
+    scan_every_shape: bool,
+}
+
+impl Search<'_> {
+    fn run(
+        self,
+        site: &SiteEntry,
+        sheet: &meridian_events::PriceSheet,
+        resources: &Resources,
+        tasks: u32,
+        spot: bool,
+    ) -> Searched {
+        if self.scan_every_shape {
+            return search_shapes(site, sheet, resources, tasks, spot);
+        }
+        let index = self.cache.index(site, sheet);
+        let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(tasks);
+        let fits = |i: usize| {
+            let shape = &site.shapes[i];
+            let cordoned = shape
+                .gpus
+                .as_ref()
+                .map_or(0, |g| site.cordoned_of(&g.model));
+            shape_misfit(shape, resources, cordoned).is_none()
+        };
+        match index.cheapest(
+            sheet,
+            (&allocation(resources), seconds),
+            resources.gpus.is_some(),
+            spot,
+            fits,
+        ) {
+            Some(found) => {
+                // The first offer of its name, as `PriceSheet::compute_rate` would find.
+                let offer = &sheet.compute[found.offer];
+                let rate = ComputeRate {
+                    offer: offer.offer.clone(),
+                    pricing: offer.pricing.clone(),
+                    currency: sheet.currency,
+                    effective_from: sheet.effective_from,
+                    source: sheet.source.clone(),
+                };
+                Ok((rate, found.cost))
+            }
+            // Nothing fits: every shape's reason, as the scan gives them.
+            None => search_shapes(site, sheet, resources, tasks, spot),
+        }
+    }
+}
+
 /// The cheapest way to run `tasks` tasks of `resources` on one of `site`'s shapes: the
 /// rate and the compute cost, or why no shape fits. Learnt once per site, request and
 /// price sheet: `known` is what the [`FitCache`] holds for this request, by site.
@@ -447,7 +544,7 @@ fn cheapest_shape(
     sheet: &meridian_events::PriceSheet,
     job: &str,
     (resources, tasks, spot): (&Resources, u32, bool),
-    known: &mut std::collections::HashMap<String, Fit>,
+    (search, known): (Search<'_>, &mut std::collections::HashMap<String, Fit>),
 ) -> Result<(Arc<ComputeRate>, Decimal), String> {
     let found = match known
         .get(&site.name)
@@ -455,7 +552,7 @@ fn cheapest_shape(
     {
         Some(fit) => fit.found.clone(),
         None => {
-            let found = match search_shapes(site, sheet, resources, tasks, spot) {
+            let found = match search.run(site, sheet, resources, tasks, spot) {
                 Ok((rate, cost)) => Ok((Arc::new(rate), cost)),
                 Err(why) => Err(Arc::new(why)),
             };
@@ -490,7 +587,7 @@ fn search_shapes(
     resources: &Resources,
     tasks: u32,
     spot: bool,
-) -> Result<(ComputeRate, Decimal), (Vec<String>, usize)> {
+) -> Searched {
     let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(tasks);
     let allocation = allocation(resources);
     // The sheet's offers by name; the first of a name counts, as `compute_rate` finds it.
@@ -715,7 +812,7 @@ fn offer<'c>(
     work: &'c [(String, &Resources, u32)],
     spot: bool,
     every_job: bool,
-    known: &mut [std::collections::HashMap<String, Fit>],
+    (search, known): (Search<'_>, &mut [std::collections::HashMap<String, Fit>]),
 ) -> Result<SiteOffer<'c>, String> {
     let mut jobs = BTreeMap::new();
     if site.shapes.is_empty() {
@@ -747,7 +844,8 @@ fn offer<'c>(
         }
     } else {
         for ((job, resources, tasks), known) in work.iter().zip(known) {
-            let priced = cheapest_shape(site, sheet, job, (resources, *tasks, spot), known);
+            let priced =
+                cheapest_shape(site, sheet, job, (resources, *tasks, spot), (search, known));
             let misfit = priced.is_err();
             jobs.insert(job.as_str(), priced);
             if misfit && !every_job {
@@ -847,7 +945,11 @@ fn decide_among(
             candidates.push(reject("has no prices in force".into()));
             continue;
         };
-        let site_offer = match offer(site, sheet, &work, spot, may_split, &mut known) {
+        let search = Search {
+            cache: &catalog.fits,
+            scan_every_shape: catalog.scan_every_shape,
+        };
+        let site_offer = match offer(site, sheet, &work, spot, may_split, (search, &mut known)) {
             Ok(o) => o,
             Err(reason) => {
                 candidates.push(reject(reason));

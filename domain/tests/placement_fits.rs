@@ -1,8 +1,9 @@
 //! Placement remembers each site's cheapest fit per request between decisions
-//! (`FitCache`). On random catalogues and workflows, a catalogue that has decided many
-//! workflows before — and has seen shapes re-declared, new price sheets and GPUs
-//! cordoned since — decides exactly as a fresh catalogue built from the same events,
-//! which searches every shape: same site, same cost terms, same explanation.
+//! (`FitCache`), and finds a fit it has not learnt through the site's shape index. On
+//! random catalogues and workflows, a catalogue that has decided many workflows before —
+//! and has seen shapes re-declared, new price sheets and GPUs cordoned since — and a
+//! fresh one using the index both decide exactly as a fresh catalogue built from the
+//! same events that scans every shape: same site, same cost terms, same explanation.
 
 use std::collections::BTreeMap;
 
@@ -57,8 +58,9 @@ fn cents(rng: &mut Rng, most: u64) -> Decimal {
 fn shapes_and_sheet(rng: &mut Rng, at: DateTime<Utc>) -> (Vec<Shape>, PriceSheet) {
     let mut shapes = Vec::new();
     let mut compute = Vec::new();
-    for j in 0..rng.below(12) + 1 {
-        let offer = format!("offer-{}", rng.below(20));
+    for j in 0..rng.below(40) + 1 {
+        // Shared offers and prices make ties, which the index must break as a scan does.
+        let offer = format!("offer-{}", rng.below(30));
         let gpus = rng.chance(60).then(|| {
             let (model, vendor) = *rng.pick(&MODELS);
             ShapeGpus {
@@ -83,7 +85,7 @@ fn shapes_and_sheet(rng: &mut Rng, at: DateTime<Utc>) -> (Vec<Shape>, PriceSheet
             if rng.chance(90) {
                 let pricing = if rng.chance(50) {
                     ComputePricing::Instance {
-                        per_instance_hour: cents(rng, 5000),
+                        per_instance_hour: cents(rng, 500),
                     }
                 } else {
                     ComputePricing::Resource {
@@ -189,7 +191,7 @@ fn observe(catalog: &mut Catalog, site: &mut SiteLog, event: SiteEvent, at: Date
 }
 
 #[test]
-fn a_catalogue_that_remembers_fits_decides_as_one_that_searches_every_shape() {
+fn catalogues_that_remember_fits_or_use_the_index_decide_as_one_that_scans_every_shape() {
     let at = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
     let now = Utc.with_ymd_and_hms(2026, 6, 1, 0, 0, 0).unwrap();
     let (mut compared, mut placed) = (0, 0);
@@ -221,8 +223,12 @@ fn a_catalogue_that_remembers_fits_decides_as_one_that_searches_every_shape() {
             let workflows: Vec<_> = (0..8).map(|_| workflow(&mut rng)).collect();
             for spec in workflows.iter().chain(&workflows) {
                 let remembered = decide(spec, &warm, now);
-                let searched = decide(spec, &build(&sites, at), now);
+                let indexed = decide(spec, &build(&sites, at), now);
+                let mut scanning = build(&sites, at);
+                scanning.scan_every_shape = true;
+                let searched = decide(spec, &scanning, now);
                 assert_eq!(remembered, searched, "seed {seed}, round {round}");
+                assert_eq!(indexed, searched, "seed {seed}, round {round}");
                 compared += 1;
                 placed += usize::from(matches!(searched, Decision::Placed(_)));
             }

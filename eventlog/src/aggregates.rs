@@ -150,6 +150,44 @@ where
         true
     }
 
+    /// What `command` yields against the cached state, as envelopes following its last
+    /// sequence and as the commit to append; nothing is folded in or appended (see
+    /// [`Cached::fold`]).
+    #[allow(clippy::type_complexity)]
+    pub fn decide(
+        &self,
+        ctx: &EventContext,
+        command: A::Command,
+    ) -> Result<(Vec<Envelope<Event>>, Vec<RawEnvelope>), ExecuteError<A::Error>> {
+        let events = self
+            .state
+            .handle(command, Utc::now())
+            .map_err(ExecuteError::Rejected)?;
+        if events.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let envelopes = Envelope::sequence_after(
+            AggregateRef::new(A::KIND, self.id),
+            self.sequence,
+            ctx,
+            Utc::now(),
+            events.into_iter().map(Into::into).collect::<Vec<Event>>(),
+        );
+        let raw = envelopes
+            .iter()
+            .map(Envelope::to_raw)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ExecuteError::Decode(e.to_string()))?;
+        Ok((envelopes, raw))
+    }
+
+    /// Folds in envelopes this process decided (before or after appending them).
+    pub fn fold(&mut self, envelopes: &[Envelope<Event>]) {
+        for e in envelopes {
+            self.observe(e);
+        }
+    }
+
     /// Decides `make(state)` against the cached state and appends the outcome; on a
     /// conflict reloads and decides again. The appended events are folded in.
     pub async fn execute<F>(
@@ -164,30 +202,13 @@ where
         const ATTEMPTS: u32 = 8;
         let aggregate = AggregateRef::new(A::KIND, self.id);
         for _ in 0..ATTEMPTS {
-            let events = self
-                .state
-                .handle(make(&self.state), Utc::now())
-                .map_err(ExecuteError::Rejected)?;
-            if events.is_empty() {
+            let (envelopes, raw) = self.decide(ctx, make(&self.state))?;
+            if envelopes.is_empty() {
                 return Ok(Vec::new());
             }
-            let envelopes = Envelope::sequence_after(
-                aggregate,
-                self.sequence,
-                ctx,
-                Utc::now(),
-                events.into_iter().map(Into::into).collect::<Vec<Event>>(),
-            );
-            let raw = envelopes
-                .iter()
-                .map(Envelope::to_raw)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ExecuteError::Decode(e.to_string()))?;
             match log.append(raw).await {
                 Ok(_) => {
-                    for e in &envelopes {
-                        self.observe(e);
-                    }
+                    self.fold(&envelopes);
                     return Ok(envelopes);
                 }
                 Err(LogError::Conflict { .. }) => {

@@ -15,6 +15,7 @@ use meridian_events::{AggregateRef, RawEnvelope};
 
 pub mod aggregates;
 pub mod conformance;
+pub mod deferred;
 pub mod nats;
 pub mod sqlite;
 pub mod testkit;

@@ -4,6 +4,9 @@
 //! Appends are committed in groups: one writer takes every append waiting when it is
 //! free, each in a savepoint of its own (a conflict undoes that append alone), and
 //! commits them with one fsync; each caller is answered only after that commit.
+//! Subscriptions' acknowledgements go through the same writer, in the same commits: a
+//! second connection writing the file would wait in SQLite's busy handler, which sleeps
+//! between tries, while the writer holds the lock.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -53,8 +56,21 @@ struct Inner {
     pool: SqlitePool,
     /// Wakes this process's subscriptions when it appends.
     appended: Arc<Notify>,
-    /// To the writer that commits appends in groups.
-    writer: mpsc::Sender<Pending>,
+    /// To the writer that commits appends and acknowledgements in groups.
+    writer: mpsc::Sender<Write>,
+}
+
+/// What the writer commits: an append, or a subscription's acknowledgement.
+enum Write {
+    Append(Pending),
+    Ack(PendingAck),
+}
+
+/// A subscription's acknowledgement waiting for the writer.
+struct PendingAck {
+    name: String,
+    position: u64,
+    reply: oneshot::Sender<Result<(), LogError>>,
 }
 
 /// An append waiting for the writer, checked and encoded already.
@@ -64,6 +80,19 @@ struct Pending {
     aggregate: AggregateRef,
     expected: u64,
     reply: oneshot::Sender<Result<Appended, LogError>>,
+}
+
+impl Inner {
+    /// Hands `write` to the writer and waits for its answer.
+    async fn write<T>(
+        &self,
+        write: Write,
+        answer: oneshot::Receiver<Result<T, LogError>>,
+    ) -> Result<T, LogError> {
+        let stopped = || LogError::Unavailable("the SQLite log's writer has stopped".into());
+        self.writer.send(write).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
 }
 
 fn backend(e: sqlx::Error) -> LogError {
@@ -123,21 +152,23 @@ impl SqliteLog {
     }
 }
 
-/// The writer: commits every append waiting when it is free as one transaction.
-async fn write_groups(
-    pool: SqlitePool,
-    mut pending: mpsc::Receiver<Pending>,
-    appended: Arc<Notify>,
-) {
+/// The writer: commits every append and acknowledgement waiting when it is free as one
+/// transaction.
+async fn write_groups(pool: SqlitePool, mut pending: mpsc::Receiver<Write>, appended: Arc<Notify>) {
     while let Some(first) = pending.recv().await {
-        let mut group = vec![first];
-        while group.len() < GROUP {
+        let (mut group, mut acks) = (Vec::new(), Vec::new());
+        let mut add = |write| match write {
+            Write::Append(p) => group.push(p),
+            Write::Ack(a) => acks.push(a),
+        };
+        add(first);
+        for _ in 1..GROUP {
             match pending.try_recv() {
-                Ok(p) => group.push(p),
+                Ok(write) => add(write),
                 Err(_) => break,
             }
         }
-        match write_group(&pool, &group).await {
+        match write_group(&pool, &group, &acks).await {
             Ok(outcomes) => {
                 if outcomes
                     .iter()
@@ -148,16 +179,23 @@ async fn write_groups(
                 for (p, outcome) in group.into_iter().zip(outcomes) {
                     let _ = p.reply.send(outcome);
                 }
+                for a in acks {
+                    let _ = a.reply.send(Ok(()));
+                }
             }
             // Nothing of the group is stored (or its fate is unknown): each caller
             // hears why, and may retry the same events.
             Err(e) => {
                 let message = e.to_string();
+                let error = || match &e {
+                    LogError::Unavailable(_) => LogError::Unavailable(message.clone()),
+                    _ => LogError::Backend(message.clone()),
+                };
                 for p in group {
-                    let _ = p.reply.send(Err(match &e {
-                        LogError::Unavailable(_) => LogError::Unavailable(message.clone()),
-                        _ => LogError::Backend(message.clone()),
-                    }));
+                    let _ = p.reply.send(Err(error()));
+                }
+                for a in acks {
+                    let _ = a.reply.send(Err(error()));
                 }
             }
         }
@@ -170,6 +208,7 @@ async fn write_groups(
 async fn write_group(
     pool: &SqlitePool,
     group: &[Pending],
+    acks: &[PendingAck],
 ) -> Result<Vec<Result<Appended, LogError>>, LogError> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(backend)?;
     let mut next: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) + 1 FROM events")
@@ -202,6 +241,14 @@ async fn write_group(
             _ => {}
         }
         outcomes.push(outcome);
+    }
+    for ack in acks {
+        sqlx::query("UPDATE subscriptions SET position = MAX(position, ?) WHERE name = ?")
+            .bind(ack.position as i64)
+            .bind(&ack.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
     }
     tx.commit().await.map_err(backend)?;
     Ok(outcomes)
@@ -271,6 +318,23 @@ async fn append_one(
     })
 }
 
+/// Rows of `(position, envelope)` in log order, as commits.
+fn commits_of(rows: Vec<sqlx::sqlite::SqliteRow>) -> Result<Vec<Commit>, LogError> {
+    let mut commits: Vec<Commit> = Vec::new();
+    for row in rows {
+        let position = row.get::<i64, _>(0) as u64;
+        let envelope = decode(position, row.get(1))?;
+        match commits.last_mut() {
+            Some(c) if c.position == position => c.events.push(envelope),
+            _ => commits.push(Commit {
+                position,
+                events: vec![envelope],
+            }),
+        }
+    }
+    Ok(commits)
+}
+
 fn decode(position: u64, text: &str) -> Result<RawEnvelope, LogError> {
     serde_json::from_str(text).map_err(|e| LogError::Corrupt {
         position,
@@ -303,13 +367,7 @@ impl EventLog for SqliteLog {
             expected,
             reply,
         };
-        let stopped = || LogError::Unavailable("the SQLite log's writer has stopped".into());
-        self.inner
-            .writer
-            .send(pending)
-            .await
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        self.inner.write(Write::Append(pending), answer).await
     }
 
     async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {
@@ -336,19 +394,15 @@ impl EventLog for SqliteLog {
         .fetch_all(&self.inner.pool)
         .await
         .map_err(backend)?;
-        let mut commits: Vec<Commit> = Vec::new();
-        for row in rows {
-            let position = row.get::<i64, _>(0) as u64;
-            let envelope = decode(position, row.get(1))?;
-            match commits.last_mut() {
-                Some(c) if c.position == position => c.events.push(envelope),
-                _ => commits.push(Commit {
-                    position,
-                    events: vec![envelope],
-                }),
-            }
+        // A long read (a catch-up) is decoded off the caller's thread, so that the caller
+        // can work on the last page meanwhile (a projection applying it, say).
+        if rows.len() >= 64 {
+            tokio::task::spawn_blocking(move || commits_of(rows))
+                .await
+                .map_err(|e| LogError::Backend(format!("decoding a page of the log: {e}")))?
+        } else {
+            commits_of(rows)
         }
-        Ok(commits)
     }
 
     async fn head(&self) -> Result<u64, LogError> {
@@ -422,12 +476,12 @@ impl Subscription for SqliteSubscription {
         let Some(name) = &self.name else {
             return Ok(());
         };
-        sqlx::query("UPDATE subscriptions SET position = MAX(position, ?) WHERE name = ?")
-            .bind(position as i64)
-            .bind(name)
-            .execute(&self.log.inner.pool)
-            .await
-            .map_err(backend)?;
-        Ok(())
+        let (reply, answer) = oneshot::channel();
+        let ack = PendingAck {
+            name: name.clone(),
+            position,
+            reply,
+        };
+        self.log.inner.write(Write::Ack(ack), answer).await
     }
 }

@@ -43,7 +43,31 @@ mod tempfile_dir {
     }
 }
 
-fn free_port() -> std::io::Result<u16> {
+/// A loopback port no one listens on, for a server a test starts. Picked below the
+/// kernel's ephemeral range where that leaves room: a port from `bind(0)` is one the
+/// kernel also hands to outgoing connections, so a server started a moment later (a
+/// cluster's third, while the first two already connect to each other) can find it taken.
+pub fn free_port() -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    const SPAN: u32 = 10_000;
+    if ephemeral_low > SPAN + 1024 {
+        // Processes start at different places (pid and clock); calls within one walk on.
+        let seed = std::process::id()
+            .wrapping_mul(2_654_435_761)
+            .wrapping_add(uuid::Uuid::now_v7().as_u128() as u32);
+        for _ in 0..64 {
+            let step = CALLS.fetch_add(1, Ordering::Relaxed);
+            let port = ephemeral_low - SPAN + seed.wrapping_add(step.wrapping_mul(7_919)) % SPAN;
+            if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return Ok(port as u16);
+            }
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -217,9 +241,7 @@ impl NatsCluster {
         for i in 0..size {
             cluster.spawn(i)?;
         }
-        for i in 0..size {
-            cluster.wait_ready(i, Duration::from_secs(30))?;
-        }
+        cluster.wait_ready(0..size, Duration::from_secs(30))?;
         Ok(cluster)
     }
 
@@ -249,7 +271,7 @@ impl NatsCluster {
     pub fn resume(&mut self, i: usize) -> Result<(), String> {
         self.kill(i);
         self.spawn(i)?;
-        self.wait_ready(i, Duration::from_secs(30))
+        self.wait_ready(i..i + 1, Duration::from_secs(30))
     }
 
     fn spawn(&mut self, i: usize) -> Result<(), String> {
@@ -259,6 +281,12 @@ impl NatsCluster {
             .map(|n| format!("nats://127.0.0.1:{}", n.cluster_port))
             .collect();
         let node = &self.nodes[i];
+        // The server logs to stderr; kept (appended across restarts) for a failure to show.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.log())
+            .map_err(|e| format!("cannot open {}: {e}", node.log().display()))?;
         let mut command = Command::new(&self.binary);
         command
             .arg("-c")
@@ -272,7 +300,7 @@ impl NatsCluster {
             )
             .env("NATS_STORE_DIR", node.store.path())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(log);
         for (k, route) in routes.iter().enumerate() {
             command.env(format!("NATS_ROUTE_{}", k + 1), route);
         }
@@ -283,21 +311,55 @@ impl NatsCluster {
         Ok(())
     }
 
-    fn wait_ready(&mut self, i: usize, limit: Duration) -> Result<(), String> {
+    /// Waits until every server in `which` is healthy. All are watched together: a fresh
+    /// cluster elects no meta leader while one of its servers is down, so the server that
+    /// exited is the one to name, with the end of its log.
+    fn wait_ready(&mut self, which: std::ops::Range<usize>, limit: Duration) -> Result<(), String> {
         let deadline = Instant::now() + limit;
-        let node = &mut self.nodes[i];
-        while Instant::now() < deadline {
-            if let Some(child) = node.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("{} exited at start: {status}", node.name));
+        let mut waiting: Vec<usize> = which.collect();
+        while !waiting.is_empty() {
+            for &i in &waiting {
+                let node = &mut self.nodes[i];
+                if let Some(child) = node.child.as_mut() {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        return Err(format!(
+                            "{} exited at start: {status}; its log ends:\n{}",
+                            node.name,
+                            node.log_tail()
+                        ));
+                    }
                 }
             }
-            if healthz(node.monitor_port, "/healthz") {
-                return Ok(());
+            waiting.retain(|&i| !healthz(self.nodes[i].monitor_port, "/healthz"));
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = waiting
+                    .iter()
+                    .map(|&i| {
+                        format!(
+                            "{}'s log ends:\n{}",
+                            self.nodes[i].name,
+                            self.nodes[i].log_tail()
+                        )
+                    })
+                    .collect();
+                return Err(format!("not healthy after {limit:?}: {}", logs.join("\n")));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Err(format!("{} not healthy after {limit:?}", node.name))
+        Ok(())
+    }
+}
+
+impl ClusterNode {
+    fn log(&self) -> PathBuf {
+        self.store.path().join("server.log")
+    }
+
+    /// The last lines the server logged, for an error.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
     }
 }
 
@@ -322,4 +384,114 @@ fn healthz(port: u16, path: &str) -> bool {
     let mut response = String::new();
     let _ = conn.read_to_string(&mut response);
     response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+}
+
+/// Waits until `count` events of type `tag` follow position `from` in `log` (a load
+/// generator counting decisions as a service makes them); panics on `refused`, an event
+/// type that means the load itself is wrong.
+pub async fn count_until(
+    log: &dyn crate::EventLog,
+    from: u64,
+    tag: &str,
+    refused: &str,
+    count: usize,
+) {
+    let mut tail = log.tail(from).await.expect("tail the log");
+    let mut seen = 0;
+    while seen < count {
+        for commit in tail
+            .next(512, Duration::from_secs(30))
+            .await
+            .expect("read the log")
+        {
+            for e in &commit.events {
+                match e.payload["type"].as_str() {
+                    Some(t) if t == tag => seen += 1,
+                    Some(t) if t == refused => panic!("{refused}: {}", e.payload),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// What [`Intercepted`] runs before each append: given the commit about to be appended,
+/// the work to do first (say, another writer's append that the commit must meet).
+pub type BeforeAppend = Box<
+    dyn Fn(&[meridian_events::RawEnvelope]) -> futures::future::BoxFuture<'static, ()>
+        + Send
+        + Sync,
+>;
+
+/// A log that hands everything to `inner`, recording the `after` of each `read_from`
+/// and running [`BeforeAppend`] ahead of each append: for tests that watch, or get in
+/// the way of, what a service does with its log.
+pub struct Intercepted {
+    inner: std::sync::Arc<dyn crate::EventLog>,
+    reads: std::sync::Mutex<Vec<u64>>,
+    before_append: Option<BeforeAppend>,
+}
+
+impl Intercepted {
+    pub fn new(inner: std::sync::Arc<dyn crate::EventLog>) -> Intercepted {
+        Intercepted {
+            inner,
+            reads: Default::default(),
+            before_append: None,
+        }
+    }
+
+    pub fn before_append(mut self, hook: BeforeAppend) -> Intercepted {
+        self.before_append = Some(hook);
+        self
+    }
+
+    /// The `after` of every `read_from` since the last call, oldest first.
+    pub fn take_reads(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.reads.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::EventLog for Intercepted {
+    async fn append(
+        &self,
+        events: Vec<meridian_events::RawEnvelope>,
+    ) -> Result<crate::Appended, crate::LogError> {
+        if let Some(hook) = &self.before_append {
+            hook(&events).await;
+        }
+        self.inner.append(events).await
+    }
+
+    async fn read_aggregate(
+        &self,
+        aggregate: meridian_events::AggregateRef,
+    ) -> Result<Vec<meridian_events::RawEnvelope>, crate::LogError> {
+        self.inner.read_aggregate(aggregate).await
+    }
+
+    async fn read_from(
+        &self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<crate::Commit>, crate::LogError> {
+        self.reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(after);
+        self.inner.read_from(after, max).await
+    }
+
+    async fn head(&self) -> Result<u64, crate::LogError> {
+        self.inner.head().await
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Box<dyn crate::Subscription>, crate::LogError> {
+        self.inner.subscribe(name).await
+    }
+
+    async fn tail(&self, after: u64) -> Result<Box<dyn crate::Subscription>, crate::LogError> {
+        self.inner.tail(after).await
+    }
 }

@@ -45,6 +45,12 @@ pub enum Backend {
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
+    /// Where writes go: on SQLite a pool of one connection, so writers queue here and
+    /// each starts the moment the last is done. Several connections writing one file
+    /// wait in SQLite's busy handler instead, which sleeps 1, 2, 5, 10… ms between
+    /// tries: under load the embedded default spent most of its time asleep there.
+    /// On PostgreSQL, the same pool as reads.
+    writer: AnyPool,
     backend: Backend,
 }
 
@@ -84,31 +90,51 @@ impl Store {
                 std::fs::create_dir_all(dir).map_err(|e| StoreError::Database(e.into()))?;
             }
         }
-        let pool = AnyPoolOptions::new()
-            .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
-            .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        for pragma in [
-                            "PRAGMA journal_mode=WAL",
-                            "PRAGMA busy_timeout=10000",
-                            "PRAGMA synchronous=FULL",
-                        ] {
-                            sqlx::query(pragma).execute(&mut *conn).await?;
+        let options = |connections| {
+            AnyPoolOptions::new()
+                .max_connections(connections)
+                .after_connect(move |conn, _| {
+                    Box::pin(async move {
+                        if backend == Backend::Sqlite {
+                            for pragma in [
+                                "PRAGMA journal_mode=WAL",
+                                "PRAGMA busy_timeout=10000",
+                                "PRAGMA synchronous=FULL",
+                            ] {
+                                sqlx::query(pragma).execute(&mut *conn).await?;
+                            }
                         }
-                    }
-                    Ok(())
+                        Ok(())
+                    })
                 })
-            })
-            .connect(&url)
-            .await?;
-        let store = Store { pool, backend };
+        };
+        let (pool, writer) = match backend {
+            Backend::Sqlite => {
+                let writer = options(1).connect(&url).await?;
+                (options(4).connect(&url).await?, writer)
+            }
+            Backend::Postgres => {
+                let pool = options(8).connect(&url).await?;
+                (pool.clone(), pool)
+            }
+        };
+        let store = Store {
+            pool,
+            writer,
+            backend,
+        };
         store.migrate(&[POSITIONS]).await?;
         Ok(store)
     }
 
+    /// For reads. Writes go through [`Store::begin`] or [`Store::writer`].
     pub fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// For a write of one statement outside a transaction.
+    pub fn writer(&self) -> &AnyPool {
+        &self.writer
     }
 
     pub fn backend(&self) -> Backend {
@@ -120,8 +146,8 @@ impl Store {
     /// the lock and would fail with "database is locked" when another writer went first.
     pub async fn begin(&self) -> Result<Tx, StoreError> {
         Ok(match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
-            Backend::Postgres => self.pool.begin().await?,
+            Backend::Sqlite => self.writer.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.writer.begin().await?,
         })
     }
 
@@ -199,10 +225,21 @@ pub trait Projection: Send + Sync {
     fn tables(&self) -> &'static [&'static str];
     /// Applies one commit inside `tx`; the runner commits it with the new position.
     async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError>;
+    /// Applies `commits`, in order, inside `tx`. A projection that can write a batch in
+    /// fewer statements than commit by commit overrides this; the result must be the
+    /// same as applying them one by one.
+    async fn apply_all(&self, tx: &mut Tx, commits: &[Commit]) -> Result<(), StoreError> {
+        for commit in commits {
+            self.apply(tx, commit).await?;
+        }
+        Ok(())
+    }
 }
 
-/// How many commits one transaction applies at most.
+/// How many commits one transaction applies at most while following the log.
 const BATCH: usize = 256;
+/// … and while catching up (a start or a rebuild): fewer, larger transactions.
+const CATCH_UP_BATCH: usize = 4096;
 
 /// Applies one batch of commits and their position atomically; returns the new position.
 async fn apply_batch(
@@ -219,10 +256,11 @@ async fn apply_batch(
             .fetch_optional(&mut *tx)
             .await?;
     let applied = row.map_or(0, |r| r.get::<i64, _>(0) as u64);
-    let mut last = applied;
-    for commit in commits.iter().filter(|c| c.position > applied) {
-        projection.apply(&mut tx, commit).await?;
-        last = commit.position;
+    // Commits come in position order: those not yet applied are a suffix.
+    let fresh = &commits[commits.partition_point(|c| c.position <= applied)..];
+    let last = fresh.last().map_or(applied, |c| c.position);
+    if !fresh.is_empty() {
+        projection.apply_all(&mut tx, fresh).await?;
     }
     if last > applied {
         save_position(&mut tx, projection.name(), last).await?;
@@ -232,6 +270,7 @@ async fn apply_batch(
 }
 
 /// Applies everything up to the log's head now, then returns the position reached.
+/// The next batch is read from the log while the last one is applied.
 pub async fn catch_up(
     store: &Store,
     log: &dyn EventLog,
@@ -239,13 +278,16 @@ pub async fn catch_up(
 ) -> Result<u64, StoreError> {
     store.migrate(projection.schema()).await?;
     let mut position = store.position(projection.name()).await?;
-    loop {
-        let commits = log.read_from(position, BATCH).await?;
-        if commits.is_empty() {
-            return Ok(position);
-        }
-        position = apply_batch(store, projection, &commits).await?;
+    let mut commits = log.read_from(position, CATCH_UP_BATCH).await?;
+    while let Some(end) = commits.last().map(|c| c.position) {
+        let (applied, next) = tokio::join!(
+            apply_batch(store, projection, &commits),
+            log.read_from(end, CATCH_UP_BATCH)
+        );
+        position = applied?;
+        commits = next?;
     }
+    Ok(position)
 }
 
 /// Keeps `projection` up to date until `shutdown` turns true. Transient log errors are
@@ -423,7 +465,7 @@ pub mod job_logs {
         .bind(&log.stdout)
         .bind(&log.stderr)
         .bind(&log.captured_at)
-        .execute(store.pool())
+        .execute(store.writer())
         .await?;
         Ok(())
     }
@@ -502,7 +544,7 @@ pub mod run_reports {
         )
         .bind(job_id)
         .bind(at)
-        .execute(store.pool())
+        .execute(store.writer())
         .await?;
         Ok(())
     }
@@ -533,14 +575,14 @@ pub mod run_reports {
              ON CONFLICT (job_id) DO NOTHING",
         )
         .bind(job_id)
-        .execute(store.pool())
+        .execute(store.writer())
         .await?;
         sqlx::query(&format!(
             "UPDATE run_reports SET {column} = $1 WHERE job_id = $2"
         ))
         .bind(text)
         .bind(job_id)
-        .execute(store.pool())
+        .execute(store.writer())
         .await?;
         Ok(())
     }
@@ -565,7 +607,7 @@ pub mod run_reports {
         .bind(job_id)
         .bind(at)
         .bind(exit_code)
-        .execute(store.pool())
+        .execute(store.writer())
         .await?;
         Ok(())
     }

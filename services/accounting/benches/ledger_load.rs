@@ -7,8 +7,12 @@
 //!    with `--rebuild-postgres`, into PostgreSQL.
 //!
 //! ```text
-//! cargo bench -p meridian-accounting --bench ledger_load -- [--ingest 20000] [--rebuild 1000000] [--rebuild-postgres]
+//! cargo bench -p meridian-accounting --bench ledger_load -- [--ingest 20000] [--rebuild 1000000] [--rebuild-postgres] [--export FILE]
 //! ```
+//! Each log is also read and decoded alone first (every event the ledger reads, as it
+//! reads them): the ceiling the projection is measured against. `--export FILE` writes
+//! what the rebuilt ledger holds — the FOCUS export of every month, then every line —
+//! so that two builds can be compared byte for byte.
 //! The rebuild runs only when asked (`--rebuild`), so CI never does. The synthetic log
 //! (`meridian_accounting::synthetic`: compute on HPC, Kubernetes and cloud sites, runs
 //! that fail or are cancelled, volumes and caches, tiered egress, discounts, month
@@ -34,6 +38,7 @@ struct Args {
     rebuild_postgres: bool,
     skip_postgres: bool,
     seed: u64,
+    export: Option<std::path::PathBuf>,
 }
 
 fn args() -> Args {
@@ -43,6 +48,7 @@ fn args() -> Args {
         rebuild_postgres: false,
         skip_postgres: false,
         seed: 42,
+        export: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -57,6 +63,7 @@ fn args() -> Args {
             "--seed" => a.seed = number("--seed"),
             "--rebuild-postgres" => a.rebuild_postgres = true,
             "--skip-postgres" => a.skip_postgres = true,
+            "--export" => a.export = Some(it.next().expect("--export takes a file").into()),
             // `cargo bench` passes --bench; anything else is ignored too.
             _ => {}
         }
@@ -155,6 +162,64 @@ async fn ingest(store: &Store, log: &dyn EventLog) -> Measured {
     }
 }
 
+/// Reads the whole log as a catch-up does and decodes every event the ledger reads:
+/// what the projection could reach if writing cost nothing.
+async fn read_alone(log: &dyn EventLog) -> Duration {
+    let start = Instant::now();
+    let (mut position, mut decoded) = (0, 0u64);
+    loop {
+        let commits = log.read_from(position, 4096).await.expect("read the log");
+        let Some(last) = commits.last() else { break };
+        position = last.position;
+        for event in commits.iter().flat_map(|c| &c.events) {
+            let tag = event.payload.get("type").and_then(|t| t.as_str());
+            if tag.is_some_and(|t| meridian_accounting::ledger::READS.contains(&t)) {
+                let _: meridian_events::Event =
+                    serde::Deserialize::deserialize(&event.payload).expect("decode");
+                decoded += 1;
+            }
+        }
+    }
+    assert!(decoded > 0);
+    start.elapsed()
+}
+
+/// Writes the FOCUS export of every month the ledger holds, then every line in key
+/// order, to `path`.
+async fn export(store: &Store, path: &Path) {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let periods: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT period FROM ledger_charges ORDER BY period")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    for period in periods {
+        let export = meridian_accounting::focus::export(store, period.parse().unwrap(), None)
+            .await
+            .unwrap();
+        let _ = writeln!(out, "# FOCUS {period}");
+        out.push_str(&meridian_accounting::focus::to_csv(&export.rows));
+    }
+    let _ = writeln!(out, "# ledger_charges");
+    let columns: Vec<String> = meridian_accounting::ledger::COLUMNS
+        .iter()
+        .map(|c| format!("COALESCE(CAST({c} AS TEXT), '-')"))
+        .collect();
+    let rows = sqlx::query(&format!(
+        "SELECT {} FROM ledger_charges ORDER BY event_id, item",
+        columns.join(" || '|' || ")
+    ))
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    for r in rows {
+        out.push_str(&r.get::<String, _>(0));
+        out.push('\n');
+    }
+    std::fs::write(path, out).expect("write the export");
+}
+
 fn row(what: &str, billable: u64, events: u64, m: &Measured) {
     let s = m.elapsed.as_secs_f64();
     println!(
@@ -192,6 +257,17 @@ async fn main() {
         t.elapsed().as_secs_f64()
     );
     let log: Arc<dyn EventLog> = Arc::new(SqliteLog::open(&path).await.unwrap());
+    let alone = read_alone(&*log).await;
+    let m = Measured {
+        elapsed: alone,
+        lines: 0,
+    };
+    row(
+        "read and decode the log alone (ceiling)",
+        args.ingest,
+        events,
+        &m,
+    );
     let sqlite = Store::connect(&format!(
         "sqlite://{}",
         dir.path().join("ingest-ledger.sqlite").display()
@@ -224,6 +300,11 @@ async fn main() {
             t.elapsed().as_secs_f64()
         );
         let log: Arc<dyn EventLog> = Arc::new(SqliteLog::open(&path).await.unwrap());
+        let m = Measured {
+            elapsed: read_alone(&*log).await,
+            lines: 0,
+        };
+        row("read and decode the log alone (ceiling)", n, events, &m);
         let store = Store::connect(&format!(
             "sqlite://{}",
             dir.path().join("rebuild-ledger.sqlite").display()
@@ -237,6 +318,10 @@ async fn main() {
             lines: rebuilt.lines as i64,
         };
         row("rebuild into SQLite", n, events, &m);
+        if let Some(path) = &args.export {
+            export(&store, path).await;
+            eprintln!("wrote what the ledger holds to {}", path.display());
+        }
         if args.rebuild_postgres {
             if let Some((url, store)) = postgres().await {
                 let start = Instant::now();

@@ -17,9 +17,14 @@
 //! second (or waits for the first claim's transaction) skips it, and the volume is never
 //! counted twice.
 //!
-//! Everything a line needs besides its event (the job's name, the site's kind and
-//! region, the tenant's adjustments, the month's egress volume) comes from one query.
+//! A batch of commits is applied in a handful of statements: everything its lines need
+//! besides their events (the jobs' names, the sites' kinds and regions, the tenants'
+//! adjustments, the months' egress volumes) is read at once for the keys the batch
+//! names, kept up to date in memory as its events are applied in log order, and the
+//! batch's rows are written with multi-row statements. Applying commits one at a time
+//! gives the same rows.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 
 use async_trait::async_trait;
@@ -36,12 +41,12 @@ use meridian_events::{
 use meridian_ops::trace;
 use meridian_store::{Projection, StoreError, Tx};
 use rust_decimal::Decimal;
+use serde::Deserialize;
 use sqlx::Row;
-use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::period::Period;
-use crate::pricing::{self, AdjustmentRule, Metered, Priced};
+use crate::pricing::{self, AdjustmentRule, Metered};
 
 /// The projection's name (its position is kept under it). Version 2 replaced the one
 /// line per run of version 1 by one line per priced dimension and period; the new name
@@ -137,7 +142,7 @@ pub(crate) const TABLES: &[&str] = &[
 ];
 
 /// The columns of `ledger_charges`, in table order.
-pub(crate) const COLUMNS: [&str; 33] = [
+pub const COLUMNS: [&str; 33] = [
     "event_id",
     "item",
     "position",
@@ -196,7 +201,7 @@ fn apply_error(position: u64, message: impl Into<String>) -> StoreError {
 }
 
 /// The tags the ledger reads; everything else is skipped without being decoded.
-const READS: [&str; 9] = [
+pub const READS: [&str; 9] = [
     "job.dispatched.v1",
     "job.finished.v1",
     "job.failed.v1",
@@ -223,242 +228,551 @@ impl Projection for Ledger {
     }
 
     async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError> {
+        self.apply_all(tx, std::slice::from_ref(commit)).await
+    }
+
+    /// A batch in a handful of statements: its events are decoded, the egress among
+    /// them claimed, everything their lines need loaded at once, the lines priced in
+    /// memory in log order (each event seeing what those before it changed), and all of
+    /// it written with multi-row statements.
+    async fn apply_all(&self, tx: &mut Tx, commits: &[Commit]) -> Result<(), StoreError> {
+        let events = decode(commits)?;
+        if events.is_empty() {
+            return Ok(());
+        }
+        let claimed = claim(tx, &events).await?;
+        let mut known = Known::load(tx, &events).await?;
+        let mut writes = Writes::default();
+        for read in events {
+            if read.is_egress() && !claimed.contains(&read.raw.event_id) {
+                continue;
+            }
+            // What is charged shows in the workflow's trace, under the span that
+            // recorded it (a job's end, a volume's release, a transfer).
+            read.span().in_scope(|| known.apply(read, &mut writes))?;
+        }
+        writes.flush(tx).await
+    }
+}
+
+/// An event the ledger reads, decoded, and the commit it came in.
+struct Read<'a> {
+    position: u64,
+    raw: &'a RawEnvelope,
+    event: Event,
+}
+
+impl Read<'_> {
+    /// A copy that may bill egress: claimed before it counts towards a month's volume.
+    fn is_egress(&self) -> bool {
+        matches!(
+            self.event,
+            Event::Transfer(TransferEvent::Completed {
+                egress: Some(_),
+                ..
+            })
+        )
+    }
+
+    fn span(&self) -> tracing::Span {
+        match &self.event {
+            Event::Job(JobEvent::Dispatched { .. }) | Event::Site(_) | Event::Tenant(_) => {
+                tracing::Span::none()
+            }
+            _ => {
+                let span = trace::child_of("bill", self.raw.traceparent.as_deref());
+                if self.raw.aggregate.kind == AggregateKind::Job {
+                    trace::mark_job(&span, self.raw.aggregate.id);
+                }
+                span
+            }
+        }
+    }
+}
+
+/// The events of `commits` the ledger reads, in log order; the rest are not decoded.
+fn decode(commits: &[Commit]) -> Result<Vec<Read<'_>>, StoreError> {
+    let mut out = Vec::new();
+    for commit in commits {
         for raw in &commit.events {
             let tag = raw.payload.get("type").and_then(|t| t.as_str());
             if !tag.is_some_and(|t| READS.contains(&t)) {
                 continue;
             }
-            let event: Event = serde_json::from_value(raw.payload.clone())
+            let event = Event::deserialize(&raw.payload)
                 .map_err(|e| apply_error(commit.position, format!("{}: {e}", raw.event_id)))?;
-            // What is charged shows in the workflow's trace, under the span that
-            // recorded it (a job's end, a volume's release, a transfer).
-            let span = match &event {
-                Event::Job(JobEvent::Dispatched { .. }) | Event::Site(_) | Event::Tenant(_) => {
-                    tracing::Span::none()
-                }
-                _ => {
-                    let span = trace::child_of("bill", raw.traceparent.as_deref());
-                    if raw.aggregate.kind == AggregateKind::Job {
-                        trace::mark_job(&span, raw.aggregate.id);
-                    }
-                    span
-                }
-            };
-            apply_event(tx, commit.position, raw, event)
-                .instrument(span)
-                .await?;
+            out.push(Read {
+                position: commit.position,
+                raw,
+                event,
+            });
         }
-        Ok(())
+    }
+    Ok(out)
+}
+
+/// Marks the batch's egress events as billed in `ledger_applied`, and returns those
+/// claimed now: one already there (a redelivery, or another replica that went first;
+/// PostgreSQL makes this wait for that replica's transaction) is not billed again.
+async fn claim(tx: &mut Tx, events: &[Read<'_>]) -> Result<HashSet<Uuid>, StoreError> {
+    let rows: Vec<(String, i64)> = events
+        .iter()
+        .filter(|r| r.is_egress())
+        .map(|r| (r.raw.event_id.to_string(), r.position as i64))
+        .collect();
+    let mut claimed = HashSet::new();
+    let style = Placeholders::of(tx);
+    let mut left = rows.into_iter();
+    for n in pieces(left.len(), 2) {
+        let sql = values(
+            style,
+            "INSERT INTO ledger_applied (event_id, position)",
+            2,
+            n,
+            "ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+        );
+        let mut query = sqlx::query(&sql);
+        for (id, position) in left.by_ref().take(n) {
+            query = query.bind(id).bind(position);
+        }
+        for row in query.fetch_all(&mut **tx).await? {
+            let id: String = row.get(0);
+            let id = Uuid::parse_str(&id)
+                .map_err(|e| apply_error(0, format!("stored event id {id:?}: {e}")))?;
+            claimed.insert(id);
+        }
+    }
+    Ok(claimed)
+}
+
+#[derive(Clone)]
+struct JobInfo {
+    name: String,
+    index: Option<i64>,
+    attempt: i64,
+}
+
+struct JobRef {
+    id: Uuid,
+    info: Option<JobInfo>,
+}
+
+#[derive(Clone, Default)]
+struct SiteInfo {
+    kind: Option<SiteKind>,
+    region: Option<String>,
+}
+
+/// What the batch's lines need besides their events: loaded once for the jobs, sites
+/// and tenants the batch names, then changed in memory by the batch's own events in log
+/// order, as the tables would have been.
+#[derive(Default)]
+struct Known {
+    jobs: HashMap<Uuid, JobInfo>,
+    sites: HashMap<String, SiteInfo>,
+    /// Each tenant's adjustments in grant order; every tenant the batch names has one.
+    rules: HashMap<String, Vec<AdjustmentRule>>,
+    /// The egress volume so far, by tenant, source and month.
+    volumes: HashMap<(String, String, Period), Decimal>,
+}
+
+/// An adjustment as `ledger_adjustments` holds it.
+struct StoredRule {
+    id: String,
+    tenant: String,
+    position: i64,
+    scope: String,
+    terms: String,
+    effective_from: String,
+    effective_until: Option<String>,
+}
+
+impl StoredRule {
+    fn rule(&self, position: u64) -> Result<AdjustmentRule, StoreError> {
+        let bad = |what: &str, e: String| apply_error(position, format!("stored {what}: {e}"));
+        let time = |s: &str| {
+            s.parse::<DateTime<Utc>>()
+                .map_err(|e| bad("time", e.to_string()))
+        };
+        Ok(AdjustmentRule {
+            id: Uuid::parse_str(&self.id).map_err(|e| bad("adjustment id", e.to_string()))?,
+            order: self.position as u64,
+            scope: serde_json::from_str(&self.scope)
+                .map_err(|e| bad("adjustment scope", e.to_string()))?,
+            terms: serde_json::from_str(&self.terms)
+                .map_err(|e| bad("adjustment terms", e.to_string()))?,
+            effective_from: time(&self.effective_from)?,
+            effective_until: self.effective_until.as_deref().map(time).transpose()?,
+        })
     }
 }
 
-async fn apply_event(
-    tx: &mut Tx,
-    position: u64,
-    raw: &RawEnvelope,
-    event: Event,
-) -> Result<(), StoreError> {
-    match event {
-        Event::Job(JobEvent::Dispatched {
-            job,
-            index,
-            attempt,
-            ..
-        }) => {
-            sqlx::query(
-                "INSERT INTO ledger_jobs (job_id, job, array_index, attempt) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (job_id) DO NOTHING",
-            )
-            .bind(raw.aggregate.id.to_string())
-            .bind(job)
-            .bind(index.map(i64::from))
-            .bind(i64::from(attempt))
-            .execute(&mut **tx)
-            .await?;
-        }
-        Event::Job(event) => {
-            if let Some(run) = Run::of(&event) {
-                compute_charge(tx, position, raw, run).await?;
+/// An egress volume as the table holds it (exact text), read back.
+fn stored_gb(position: u64, gb: &str) -> Result<Decimal, StoreError> {
+    Decimal::from_str(gb).map_err(|e| apply_error(position, format!("stored egress volume: {e}")))
+}
+
+/// A time as the ledger stores it and reads it back (to the microsecond).
+fn stored_time(t: DateTime<Utc>) -> DateTime<Utc> {
+    timestamp(t).parse().unwrap_or(t)
+}
+
+impl Known {
+    async fn load(tx: &mut Tx, events: &[Read<'_>]) -> Result<Known, StoreError> {
+        let (mut jobs, mut sites, mut tenants) =
+            (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+        for read in events {
+            let tenant = read.raw.tenant.clone();
+            match &read.event {
+                Event::Job(JobEvent::Dispatched { .. }) => {}
+                Event::Job(event) => {
+                    if let Some(run) = Run::of(event) {
+                        jobs.insert(read.raw.aggregate.id.to_string());
+                        sites.insert(run.site.to_string());
+                        tenants.insert(tenant);
+                    }
+                }
+                Event::Tenant(TenantEvent::AdjustmentGranted { tenant, .. }) => {
+                    tenants.insert(tenant.clone());
+                }
+                Event::Workflow(WorkflowEvent::VolumeReleased { site, .. }) => {
+                    sites.insert(site.clone());
+                    tenants.insert(tenant);
+                }
+                Event::Transfer(TransferEvent::Completed {
+                    from,
+                    egress: Some(_),
+                    ..
+                }) => {
+                    if let Location::Site { site } = from {
+                        sites.insert(site.clone());
+                    }
+                    tenants.insert(tenant);
+                }
+                _ => {}
             }
         }
-        Event::Site(SiteEvent::Registered {
-            name, kind, region, ..
-        }) => {
-            sqlx::query(
-                "INSERT INTO ledger_sites (name, kind, region) VALUES ($1, $2, $3)
-                 ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, region = excluded.region",
-            )
-            .bind(name)
-            .bind(kind.as_str())
-            .bind(region)
-            .execute(&mut **tx)
-            .await?;
-        }
-        Event::Tenant(TenantEvent::AdjustmentGranted {
-            adjustment_id,
-            tenant,
-            scope,
-            terms,
-            effective_from,
-            effective_until,
-            ..
-        }) => {
-            let json =
-                |v: serde_json::Result<String>| v.map_err(|e| apply_error(position, e.to_string()));
-            sqlx::query(
-                "INSERT INTO ledger_adjustments
-                    (adjustment_id, tenant, position, scope, terms, effective_from, effective_until)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
-                 ON CONFLICT (adjustment_id) DO NOTHING",
-            )
-            .bind(adjustment_id.to_string())
-            .bind(tenant)
-            .bind(position as i64)
-            .bind(json(serde_json::to_string(&scope))?)
-            .bind(json(serde_json::to_string(&terms))?)
-            .bind(timestamp(effective_from))
-            .bind(effective_until.map(timestamp))
-            .execute(&mut **tx)
-            .await?;
-        }
-        Event::Tenant(TenantEvent::AdjustmentRevoked {
-            adjustment_id,
-            effective_at,
-            ..
-        }) => {
-            // The window only ever shrinks, so applying this twice changes nothing.
-            let at = timestamp(effective_at);
-            sqlx::query(
-                "UPDATE ledger_adjustments SET effective_until = $1
-                 WHERE adjustment_id = $2 AND (effective_until IS NULL OR effective_until > $3)",
-            )
-            .bind(&at)
-            .bind(adjustment_id.to_string())
-            .bind(&at)
-            .execute(&mut **tx)
-            .await?;
-        }
-        Event::Workflow(WorkflowEvent::VolumeReleased {
-            volume,
-            class,
-            site,
-            bytes,
-            rate,
-            allocated_at,
-            released_at,
-        }) => {
-            let metered = pricing::storage(&rate, bytes, allocated_at, released_at)
-                .map_err(|e| apply_error(position, e.to_string()))?;
-            let ctx = context(tx, position, &raw.tenant, None, Some(&site), None).await?;
-            let place = ctx.site;
-            let workflow_id = raw.aggregate.id;
-            let gib = Decimal::from(bytes) / Decimal::from(meridian_events::money::BYTES_PER_GIB);
-            let charge = Charge {
-                category: ChargeKind::Storage,
-                workflow_id,
-                site: site.clone(),
-                site_kind: place.kind,
-                region: place.region,
-                resource_id: format!("{workflow_id}/{}/{volume}@{site}", class.as_str()),
-                resource_name: volume.clone(),
-                resource_type: match class {
-                    meridian_events::vocabulary::workflow::StorageClass::Volume => "Volume",
-                    meridian_events::vocabulary::workflow::StorageClass::Cache => "Cache",
-                },
-                job: None,
-                sku: format!("storage:{}", class.as_str()),
-                what: format!(
-                    "{} {volume} on {site}, {} GiB held from {} to {}",
-                    class.as_str(),
-                    decimal(gib),
-                    timestamp(allocated_at),
-                    timestamp(released_at),
-                ),
-                price_source: rate.source.clone(),
-                price_effective_from: rate.effective_from,
+        let position = events.first().map_or(0, |r| r.position);
+        let bad = |what: &str, e: String| apply_error(position, format!("stored {what}: {e}"));
+        let mut known = Known::default();
+        let select = "SELECT job_id, job, array_index, attempt FROM ledger_jobs WHERE job_id";
+        for row in select_in(tx, select, &jobs).await? {
+            let id: String = row.get(0);
+            let id = Uuid::parse_str(&id).map_err(|e| bad("job id", e.to_string()))?;
+            let info = JobInfo {
+                name: row.get(1),
+                index: row.get(2),
+                attempt: row.get(3),
             };
-            insert(tx, position, raw, &charge, &ctx.rules, metered).await?;
+            known.jobs.insert(id, info);
         }
-        Event::Transfer(TransferEvent::Completed {
-            workflow_id,
-            bytes,
-            from,
-            to,
-            started_at,
-            ended_at,
-            egress: Some(tariff),
-            ..
-        }) => {
-            if !claim(tx, position, raw.event_id).await? {
-                return Ok(());
+        let select = "SELECT name, kind, region FROM ledger_sites WHERE name";
+        for row in select_in(tx, select, &sites).await? {
+            let kind: String = row.get(1);
+            let info = SiteInfo {
+                kind: serde_json::from_value(serde_json::Value::String(kind)).ok(),
+                region: row.get(2),
+            };
+            known.sites.insert(row.get(0), info);
+        }
+        for tenant in &tenants {
+            known.rules.insert(tenant.clone(), Vec::new());
+        }
+        let select = "SELECT adjustment_id, tenant, position, scope, terms, effective_from,
+                effective_until FROM ledger_adjustments WHERE tenant";
+        for row in select_in(tx, select, &tenants).await? {
+            let stored = StoredRule {
+                id: row.get(0),
+                tenant: row.get(1),
+                position: row.get(2),
+                scope: row.get(3),
+                terms: row.get(4),
+                effective_from: row.get(5),
+                effective_until: row.get(6),
+            };
+            let rule = stored.rule(position)?;
+            known.rules.entry(stored.tenant).or_default().push(rule);
+        }
+        for rules in known.rules.values_mut() {
+            rules.sort_by_key(|r| (r.order, r.id));
+        }
+        let select = "SELECT tenant, source, period, gb FROM ledger_egress_volume WHERE tenant";
+        for row in select_in(tx, select, &tenants).await? {
+            let period: String = row.get(2);
+            let period = period
+                .parse::<Period>()
+                .map_err(|e| bad("period", e.to_string()))?;
+            let gb: String = row.get(3);
+            let key = (row.get(0), row.get(1), period);
+            known.volumes.insert(key, stored_gb(position, &gb)?);
+        }
+        Ok(known)
+    }
+
+    fn site(&self, name: &str) -> SiteInfo {
+        self.sites.get(name).cloned().unwrap_or_default()
+    }
+
+    fn rules(&self, tenant: &str) -> &[AdjustmentRule] {
+        self.rules.get(tenant).map_or(&[], |r| r.as_slice())
+    }
+
+    /// Applies one event: what it changes, and the lines it bills.
+    fn apply(&mut self, read: Read<'_>, writes: &mut Writes) -> Result<(), StoreError> {
+        let Read {
+            position,
+            raw,
+            event,
+        } = read;
+        match event {
+            Event::Job(JobEvent::Dispatched {
+                job,
+                index,
+                attempt,
+                ..
+            }) => {
+                let info = JobInfo {
+                    name: job,
+                    index: index.map(i64::from),
+                    attempt: i64::from(attempt),
+                };
+                // The first dispatch recorded stands (`ON CONFLICT DO NOTHING`).
+                if writes.job_ids.insert(raw.aggregate.id) {
+                    writes
+                        .jobs
+                        .push((raw.aggregate.id.to_string(), info.clone()));
+                }
+                self.jobs.entry(raw.aggregate.id).or_insert(info);
             }
-            let (source, site) = match &from {
-                Location::Site { site } => (site.clone(), Some(site.as_str())),
-                Location::Region { region } => (region.clone(), None),
-            };
-            let tenant = raw.tenant.clone();
-            let ctx = context(tx, position, &tenant, None, site, Some(&source)).await?;
-            let place = match &from {
-                Location::Site { .. } => ctx.site,
-                Location::Region { region } => SiteInfo {
-                    kind: None,
-                    region: Some(region.clone()),
-                },
-            };
-            // The month's volume so far, per period this copy touches.
-            let before: Vec<(Period, Decimal)> = crate::period::split(started_at, ended_at)
-                .into_iter()
-                .map(|piece| {
-                    let gb = ctx
-                        .volumes
-                        .iter()
-                        .find(|(p, _)| *p == piece.period)
-                        .map_or(Decimal::ZERO, |(_, gb)| *gb);
-                    (piece.period, gb)
-                })
-                .collect();
-            let mut already = |p: Period| {
-                before
-                    .iter()
-                    .find(|(q, _)| *q == p)
-                    .map_or(Decimal::ZERO, |(_, gb)| *gb)
-            };
-            let metered = pricing::egress(&tariff, bytes, started_at, ended_at, &mut already)
-                .map_err(|e| apply_error(position, e.to_string()))?;
-            for (period, gb) in &before {
-                let moved: Decimal = metered
-                    .iter()
-                    .filter(|m| m.piece.period == *period)
-                    .map(|m| m.quantity)
-                    .sum();
-                if !moved.is_zero() {
-                    set_egress_volume(tx, &tenant, &source, *period, *gb + moved).await?;
+            Event::Job(event) => {
+                if let Some(run) = Run::of(&event) {
+                    self.compute_charge(position, raw, run, writes)?;
                 }
             }
-            let to_label = match &to {
-                Location::Site { site } => site.clone(),
-                Location::Region { region } => region.clone(),
-            };
-            let charge = Charge {
-                category: ChargeKind::Egress,
+            Event::Site(SiteEvent::Registered {
+                name, kind, region, ..
+            }) => {
+                let info = SiteInfo {
+                    kind: Some(kind),
+                    region: Some(region.clone()),
+                };
+                self.sites.insert(name.clone(), info);
+                writes.sites.insert(name, (kind.as_str(), region));
+            }
+            Event::Tenant(TenantEvent::AdjustmentGranted {
+                adjustment_id,
+                tenant,
+                scope,
+                terms,
+                effective_from,
+                effective_until,
+                ..
+            }) => {
+                let json = |v: serde_json::Result<String>| {
+                    v.map_err(|e| apply_error(position, e.to_string()))
+                };
+                let stored = StoredRule {
+                    id: adjustment_id.to_string(),
+                    tenant,
+                    position: position as i64,
+                    scope: json(serde_json::to_string(&scope))?,
+                    terms: json(serde_json::to_string(&terms))?,
+                    effective_from: timestamp(effective_from),
+                    effective_until: effective_until.map(timestamp),
+                };
+                let rule = stored.rule(position)?;
+                if let Some(rules) = self.rules.get_mut(&stored.tenant) {
+                    if !rules.iter().any(|r| r.id == rule.id) {
+                        rules.push(rule);
+                        rules.sort_by_key(|r| (r.order, r.id));
+                    }
+                }
+                if writes.grant_ids.insert(adjustment_id) {
+                    writes.grants.push(stored);
+                }
+            }
+            Event::Tenant(TenantEvent::AdjustmentRevoked {
+                adjustment_id,
+                effective_at,
+                ..
+            }) => {
+                // The window only ever shrinks, so applying this twice changes nothing.
+                let at = stored_time(effective_at);
+                for rule in self.rules.values_mut().flatten() {
+                    if rule.id == adjustment_id && rule.effective_until.is_none_or(|u| u > at) {
+                        rule.effective_until = Some(at);
+                    }
+                }
+                writes
+                    .revocations
+                    .push((adjustment_id.to_string(), timestamp(effective_at)));
+            }
+            Event::Workflow(WorkflowEvent::VolumeReleased {
+                volume,
+                class,
+                site,
+                bytes,
+                rate,
+                allocated_at,
+                released_at,
+            }) => {
+                let metered = pricing::storage(&rate, bytes, allocated_at, released_at)
+                    .map_err(|e| apply_error(position, e.to_string()))?;
+                let place = self.site(&site);
+                let workflow_id = raw.aggregate.id;
+                let gib =
+                    Decimal::from(bytes) / Decimal::from(meridian_events::money::BYTES_PER_GIB);
+                let charge = Charge {
+                    category: ChargeKind::Storage,
+                    workflow_id,
+                    site: site.clone(),
+                    site_kind: place.kind,
+                    region: place.region,
+                    resource_id: format!("{workflow_id}/{}/{volume}@{site}", class.as_str()),
+                    resource_name: volume.clone(),
+                    resource_type: match class {
+                        meridian_events::vocabulary::workflow::StorageClass::Volume => "Volume",
+                        meridian_events::vocabulary::workflow::StorageClass::Cache => "Cache",
+                    },
+                    job: None,
+                    sku: format!("storage:{}", class.as_str()),
+                    what: format!(
+                        "{} {volume} on {site}, {} GiB held from {} to {}",
+                        class.as_str(),
+                        decimal(gib),
+                        timestamp(allocated_at),
+                        timestamp(released_at),
+                    ),
+                    price_source: rate.source.clone(),
+                    price_effective_from: rate.effective_from,
+                };
+                let rules = self.rules(&raw.tenant);
+                lines(position, raw, &charge, rules, metered, writes)?;
+            }
+            Event::Transfer(TransferEvent::Completed {
                 workflow_id,
-                site: source.clone(),
-                site_kind: place.kind,
-                region: place.region,
-                resource_id: raw.aggregate.id.to_string(),
-                resource_name: format!("{source} to {to_label}"),
-                resource_type: "Data Transfer",
-                job: None,
-                sku: "egress".into(),
-                what: format!("{bytes} bytes from {source} to {to_label}"),
-                price_source: tariff.source.clone(),
-                price_effective_from: tariff.effective_from,
-            };
-            insert(tx, position, raw, &charge, &ctx.rules, metered).await?;
+                bytes,
+                from,
+                to,
+                started_at,
+                ended_at,
+                egress: Some(tariff),
+                ..
+            }) => {
+                let (source, place) = match &from {
+                    Location::Site { site } => (site.clone(), self.site(site)),
+                    Location::Region { region } => (
+                        region.clone(),
+                        SiteInfo {
+                            kind: None,
+                            region: Some(region.clone()),
+                        },
+                    ),
+                };
+                let tenant = raw.tenant.clone();
+                let key = |period: Period| (tenant.clone(), source.clone(), period);
+                // The month's volume so far, per period this copy touches.
+                let before: Vec<(Period, Decimal)> = crate::period::split(started_at, ended_at)
+                    .into_iter()
+                    .map(|piece| {
+                        let gb = self.volumes.get(&key(piece.period)).copied();
+                        (piece.period, gb.unwrap_or(Decimal::ZERO))
+                    })
+                    .collect();
+                let mut already = |p: Period| {
+                    before
+                        .iter()
+                        .find(|(q, _)| *q == p)
+                        .map_or(Decimal::ZERO, |(_, gb)| *gb)
+                };
+                let metered = pricing::egress(&tariff, bytes, started_at, ended_at, &mut already)
+                    .map_err(|e| apply_error(position, e.to_string()))?;
+                for (period, gb) in &before {
+                    let moved: Decimal = metered
+                        .iter()
+                        .filter(|m| m.piece.period == *period)
+                        .map(|m| m.quantity)
+                        .sum();
+                    if !moved.is_zero() {
+                        let text = decimal(*gb + moved);
+                        self.volumes
+                            .insert(key(*period), stored_gb(position, &text)?);
+                        writes.volumes.insert(key(*period), text);
+                    }
+                }
+                let to_label = match &to {
+                    Location::Site { site } => site.clone(),
+                    Location::Region { region } => region.clone(),
+                };
+                let charge = Charge {
+                    category: ChargeKind::Egress,
+                    workflow_id,
+                    site: source.clone(),
+                    site_kind: place.kind,
+                    region: place.region,
+                    resource_id: raw.aggregate.id.to_string(),
+                    resource_name: format!("{source} to {to_label}"),
+                    resource_type: "Data Transfer",
+                    job: None,
+                    sku: "egress".into(),
+                    what: format!("{bytes} bytes from {source} to {to_label}"),
+                    price_source: tariff.source.clone(),
+                    price_effective_from: tariff.effective_from,
+                };
+                lines(position, raw, &charge, self.rules(&tenant), metered, writes)?;
+            }
+            _ => {}
         }
-        _ => {}
+        Ok(())
     }
-    Ok(())
+
+    fn compute_charge(
+        &self,
+        position: u64,
+        raw: &RawEnvelope,
+        run: Run<'_>,
+        writes: &mut Writes,
+    ) -> Result<(), StoreError> {
+        let metered = pricing::compute(run.rate, run.allocated, run.started_at, run.ended_at)
+            .map_err(|e| apply_error(position, e.to_string()))?;
+        let job_id = raw.aggregate.id;
+        let job = self.jobs.get(&job_id).cloned();
+        let place = self.site(run.site);
+        let task = match &job {
+            Some(j) => match j.index {
+                Some(i) => format!("{}[{i}]", j.name),
+                None => j.name.clone(),
+            },
+            None => job_id.to_string(),
+        };
+        let attempt = match &job {
+            Some(j) if j.attempt > 1 => format!(", attempt {}", j.attempt),
+            _ => String::new(),
+        };
+        let charge = Charge {
+            category: ChargeKind::Compute,
+            workflow_id: run.workflow_id,
+            site: run.site.to_string(),
+            site_kind: place.kind,
+            region: place.region,
+            resource_id: job_id.to_string(),
+            resource_name: format!("{task}{attempt}"),
+            resource_type: "Job Run",
+            sku: run.rate.offer.clone(),
+            what: format!(
+                "{task} on {} ({}{attempt}, {})",
+                run.site, run.rate.offer, run.outcome
+            ),
+            job: Some(JobRef {
+                id: job_id,
+                info: job,
+            }),
+            price_source: run.rate.source.clone(),
+            price_effective_from: run.rate.effective_from,
+        };
+        let rules = self.rules(&raw.tenant);
+        lines(position, raw, &charge, rules, metered, writes)
+    }
 }
 
 /// A run that bills: it started, and its allocation is known. Its stretch is what the
@@ -552,215 +866,6 @@ impl<'a> Run<'a> {
     }
 }
 
-async fn compute_charge(
-    tx: &mut Tx,
-    position: u64,
-    raw: &RawEnvelope,
-    run: Run<'_>,
-) -> Result<(), StoreError> {
-    let metered = pricing::compute(run.rate, run.allocated, run.started_at, run.ended_at)
-        .map_err(|e| apply_error(position, e.to_string()))?;
-    let job_id = raw.aggregate.id;
-    let ctx = context(
-        tx,
-        position,
-        &raw.tenant,
-        Some(job_id),
-        Some(run.site),
-        None,
-    )
-    .await?;
-    let (job, place) = (ctx.job, ctx.site);
-    let task = match &job {
-        Some(j) => match j.index {
-            Some(i) => format!("{}[{i}]", j.name),
-            None => j.name.clone(),
-        },
-        None => job_id.to_string(),
-    };
-    let attempt = match &job {
-        Some(j) if j.attempt > 1 => format!(", attempt {}", j.attempt),
-        _ => String::new(),
-    };
-    let charge = Charge {
-        category: ChargeKind::Compute,
-        workflow_id: run.workflow_id,
-        site: run.site.to_string(),
-        site_kind: place.kind,
-        region: place.region,
-        resource_id: job_id.to_string(),
-        resource_name: format!("{task}{attempt}"),
-        resource_type: "Job Run",
-        sku: run.rate.offer.clone(),
-        what: format!(
-            "{task} on {} ({}{attempt}, {})",
-            run.site, run.rate.offer, run.outcome
-        ),
-        job: Some(JobRef {
-            id: job_id,
-            info: job,
-        }),
-        price_source: run.rate.source.clone(),
-        price_effective_from: run.rate.effective_from,
-    };
-    insert(tx, position, raw, &charge, &ctx.rules, metered).await
-}
-
-/// Marks `event_id` as billed; false when it already was (a redelivery).
-async fn claim(tx: &mut Tx, position: u64, event_id: Uuid) -> Result<bool, StoreError> {
-    let done = sqlx::query(
-        "INSERT INTO ledger_applied (event_id, position) VALUES ($1, $2)
-         ON CONFLICT (event_id) DO NOTHING",
-    )
-    .bind(event_id.to_string())
-    .bind(position as i64)
-    .execute(&mut **tx)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-struct JobInfo {
-    name: String,
-    index: Option<i64>,
-    attempt: i64,
-}
-
-struct JobRef {
-    id: Uuid,
-    info: Option<JobInfo>,
-}
-
-struct SiteInfo {
-    kind: Option<SiteKind>,
-    region: Option<String>,
-}
-
-/// What pricing and describing a charge needs besides its event.
-struct Context {
-    job: Option<JobInfo>,
-    site: SiteInfo,
-    /// The tenant's adjustments, in grant order.
-    rules: Vec<AdjustmentRule>,
-    /// The tenant's egress volume out of the source, per month.
-    volumes: Vec<(Period, Decimal)>,
-}
-
-/// Reads the context of a charge in one round trip: the job (when `job_id`), the site
-/// (when `site`), the tenant's adjustments, and its egress volumes out of `source`.
-async fn context(
-    tx: &mut Tx,
-    position: u64,
-    tenant: &str,
-    job_id: Option<Uuid>,
-    site: Option<&str>,
-    source: Option<&str>,
-) -> Result<Context, StoreError> {
-    // One shape for every row: a kind, then six texts.
-    let rows = sqlx::query(
-        "SELECT 'job' AS k, job AS a, CAST(array_index AS TEXT) AS b, CAST(attempt AS TEXT) AS c,
-                CAST(NULL AS TEXT) AS d, CAST(NULL AS TEXT) AS e, CAST(NULL AS TEXT) AS f
-           FROM ledger_jobs WHERE job_id = $1
-         UNION ALL
-         SELECT 'site', kind, region, NULL, NULL, NULL, NULL FROM ledger_sites WHERE name = $2
-         UNION ALL
-         SELECT 'adjustment', adjustment_id, CAST(position AS TEXT), scope, terms,
-                effective_from, effective_until
-           FROM ledger_adjustments WHERE tenant = $3
-         UNION ALL
-         SELECT 'volume', period, gb, NULL, NULL, NULL, NULL
-           FROM ledger_egress_volume WHERE tenant = $4 AND source = $5",
-    )
-    .bind(job_id.map_or(String::new(), |j| j.to_string()))
-    .bind(site.unwrap_or_default())
-    .bind(tenant)
-    .bind(tenant)
-    .bind(source.unwrap_or_default())
-    .fetch_all(&mut **tx)
-    .await?;
-    let bad = |what: &str, e: String| apply_error(position, format!("stored {what}: {e}"));
-    let time = |s: String| {
-        s.parse::<DateTime<Utc>>()
-            .map_err(|e| bad("time", e.to_string()))
-    };
-    let mut ctx = Context {
-        job: None,
-        site: SiteInfo {
-            kind: None,
-            region: None,
-        },
-        rules: Vec::new(),
-        volumes: Vec::new(),
-    };
-    for r in &rows {
-        let text = |i: usize| r.try_get::<Option<String>, _>(i).ok().flatten();
-        let int = |i: usize| -> Result<Option<i64>, StoreError> {
-            text(i)
-                .map(|t| t.parse::<i64>().map_err(|e| bad("number", e.to_string())))
-                .transpose()
-        };
-        let kind: String = r.get(0);
-        match kind.as_str() {
-            "job" => {
-                ctx.job = Some(JobInfo {
-                    name: text(1).unwrap_or_default(),
-                    index: int(2)?,
-                    attempt: int(3)?.unwrap_or(1),
-                })
-            }
-            "site" => {
-                ctx.site = SiteInfo {
-                    kind: text(1)
-                        .and_then(|k| serde_json::from_value(serde_json::Value::String(k)).ok()),
-                    region: text(2),
-                }
-            }
-            "adjustment" => ctx.rules.push(AdjustmentRule {
-                id: Uuid::parse_str(&text(1).unwrap_or_default())
-                    .map_err(|e| bad("adjustment id", e.to_string()))?,
-                order: int(2)?.unwrap_or(0) as u64,
-                scope: serde_json::from_str(&text(3).unwrap_or_default())
-                    .map_err(|e| bad("adjustment scope", e.to_string()))?,
-                terms: serde_json::from_str(&text(4).unwrap_or_default())
-                    .map_err(|e| bad("adjustment terms", e.to_string()))?,
-                effective_from: time(text(5).unwrap_or_default())?,
-                effective_until: text(6).map(time).transpose()?,
-            }),
-            "volume" => {
-                let period = text(1)
-                    .unwrap_or_default()
-                    .parse::<Period>()
-                    .map_err(|e| bad("period", e.to_string()))?;
-                let gb = text(2).unwrap_or_default();
-                let gb = Decimal::from_str(&gb).map_err(|e| bad("egress volume", e.to_string()))?;
-                ctx.volumes.push((period, gb));
-            }
-            _ => {}
-        }
-    }
-    ctx.rules.sort_by_key(|r| (r.order, r.id));
-    Ok(ctx)
-}
-
-async fn set_egress_volume(
-    tx: &mut Tx,
-    tenant: &str,
-    source: &str,
-    period: Period,
-    gb: Decimal,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO ledger_egress_volume (tenant, source, period, gb) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (tenant, source, period) DO UPDATE SET gb = excluded.gb",
-    )
-    .bind(tenant)
-    .bind(source)
-    .bind(period.to_string())
-    .bind(decimal(gb))
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 /// What every line of one billable event shares.
 struct Charge {
     category: ChargeKind,
@@ -791,43 +896,52 @@ fn meter_label(meter: Meter) -> &'static str {
     }
 }
 
-/// Prices `metered` with the tenant's adjustments and inserts the lines in one
-/// statement.
-async fn insert(
-    tx: &mut Tx,
+/// One row of `ledger_charges`, in [`COLUMNS`] order.
+struct Line {
+    event_id: String,
+    item: String,
+    position: i64,
+    tenant: String,
+    workflow_id: String,
+    category: &'static str,
+    meter: &'static str,
+    unit: &'static str,
+    period: String,
+    charge_start: String,
+    charge_end: String,
+    site: String,
+    site_kind: Option<&'static str>,
+    region: Option<String>,
+    resource_id: String,
+    resource_name: String,
+    resource_type: &'static str,
+    job_id: Option<String>,
+    job: Option<String>,
+    array_index: Option<i64>,
+    attempt: Option<i64>,
+    sku: String,
+    band: Option<i64>,
+    description: String,
+    quantity: String,
+    list_unit_price: String,
+    contracted_unit_price: String,
+    list_cost: String,
+    contracted_cost: String,
+    currency: String,
+    adjustment_id: Option<String>,
+    price_source: String,
+    price_effective_from: String,
+}
+
+/// Prices `metered` with the tenant's adjustments into lines to write.
+fn lines(
     position: u64,
     raw: &RawEnvelope,
     charge: &Charge,
     rules: &[AdjustmentRule],
     metered: Vec<Metered>,
+    writes: &mut Writes,
 ) -> Result<(), StoreError> {
-    if metered.is_empty() {
-        return Ok(());
-    }
-    let priced: Vec<Priced> = metered
-        .into_iter()
-        .map(|m| pricing::price(m, &charge.site, charge.site_kind, rules))
-        .collect::<Result<_, _>>()
-        .map_err(|e| apply_error(position, e.to_string()))?;
-    let mut sql = format!(
-        "INSERT INTO ledger_charges ({}) VALUES ",
-        COLUMNS.join(", ")
-    );
-    for i in 0..priced.len() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        for c in 0..COLUMNS.len() {
-            if c > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!("${}", i * COLUMNS.len() + c + 1));
-        }
-        sql.push(')');
-    }
-    sql.push_str(" ON CONFLICT (event_id, item) DO NOTHING");
-    let mut query = sqlx::query(&sql);
     let (job_id, job, index, attempt) = match &charge.job {
         Some(j) => (
             Some(j.id.to_string()),
@@ -837,7 +951,9 @@ async fn insert(
         ),
         None => (None, None, None, None),
     };
-    for p in &priced {
+    for m in metered {
+        let p = pricing::price(m, &charge.site, charge.site_kind, rules)
+            .map_err(|e| apply_error(position, e.to_string()))?;
         let m = &p.metered;
         let description = match (charge.category, m.band) {
             (ChargeKind::Compute, _) => {
@@ -848,41 +964,313 @@ async fn insert(
             }
             (category, _) => format!("{category}: {}", charge.what),
         };
-        query = query
-            .bind(raw.event_id.to_string())
-            .bind(m.item())
-            .bind(position as i64)
-            .bind(raw.tenant.clone())
-            .bind(charge.workflow_id.to_string())
-            .bind(charge.category.as_str())
-            .bind(m.meter.as_str())
-            .bind(m.meter.unit())
-            .bind(m.piece.period.to_string())
-            .bind(timestamp(m.piece.start))
-            .bind(timestamp(m.piece.end))
-            .bind(charge.site.clone())
-            .bind(charge.site_kind.map(|k| k.as_str()))
-            .bind(charge.region.clone())
-            .bind(charge.resource_id.clone())
-            .bind(charge.resource_name.clone())
-            .bind(charge.resource_type)
-            .bind(job_id.clone())
-            .bind(job.clone())
-            .bind(index)
-            .bind(attempt)
-            .bind(charge.sku.clone())
-            .bind(m.band.map(|b| b as i64))
-            .bind(description)
-            .bind(decimal(m.quantity))
-            .bind(decimal(m.list_unit_price))
-            .bind(decimal(p.contracted_unit_price))
-            .bind(decimal(p.list_cost))
-            .bind(decimal(p.contracted_cost))
-            .bind(m.currency.to_string())
-            .bind(p.adjustment.map(|a| a.to_string()))
-            .bind(charge.price_source.clone())
-            .bind(timestamp(charge.price_effective_from));
+        writes.charges.push(Line {
+            event_id: raw.event_id.to_string(),
+            item: m.item(),
+            position: position as i64,
+            tenant: raw.tenant.clone(),
+            workflow_id: charge.workflow_id.to_string(),
+            category: charge.category.as_str(),
+            meter: m.meter.as_str(),
+            unit: m.meter.unit(),
+            period: m.piece.period.to_string(),
+            charge_start: timestamp(m.piece.start),
+            charge_end: timestamp(m.piece.end),
+            site: charge.site.clone(),
+            site_kind: charge.site_kind.map(|k| k.as_str()),
+            region: charge.region.clone(),
+            resource_id: charge.resource_id.clone(),
+            resource_name: charge.resource_name.clone(),
+            resource_type: charge.resource_type,
+            job_id: job_id.clone(),
+            job: job.clone(),
+            array_index: index,
+            attempt,
+            sku: charge.sku.clone(),
+            band: m.band.map(|b| b as i64),
+            description,
+            quantity: decimal(m.quantity),
+            list_unit_price: decimal(m.list_unit_price),
+            contracted_unit_price: decimal(p.contracted_unit_price),
+            list_cost: decimal(p.list_cost),
+            contracted_cost: decimal(p.contracted_cost),
+            currency: m.currency.to_string(),
+            adjustment_id: p.adjustment.map(|a| a.to_string()),
+            price_source: charge.price_source.clone(),
+            price_effective_from: timestamp(charge.price_effective_from),
+        });
     }
-    query.execute(&mut **tx).await?;
     Ok(())
+}
+
+/// What a batch writes, in the order [`Writes::flush`] writes it.
+#[derive(Default)]
+struct Writes {
+    jobs: Vec<(String, JobInfo)>,
+    job_ids: HashSet<Uuid>,
+    /// The last registration of each site in the batch. Sites and volumes are written
+    /// in key order, so replicas writing the same rows lock them in the same order and
+    /// PostgreSQL has no deadlock to break.
+    sites: BTreeMap<String, (&'static str, String)>,
+    grants: Vec<StoredRule>,
+    grant_ids: HashSet<Uuid>,
+    /// (adjustment id, end), applied after the grants, in log order.
+    revocations: Vec<(String, String)>,
+    /// Each egress volume the batch changed, at its last value.
+    volumes: BTreeMap<(String, String, Period), String>,
+    charges: Vec<Line>,
+}
+
+type Query<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+fn bind_job<'q>(q: Query<'q>, (id, info): (String, JobInfo)) -> Query<'q> {
+    q.bind(id)
+        .bind(info.name)
+        .bind(info.index)
+        .bind(info.attempt)
+}
+
+fn bind_site<'q>(
+    q: Query<'q>,
+    (name, (kind, region)): (String, (&'static str, String)),
+) -> Query<'q> {
+    q.bind(name).bind(kind).bind(region)
+}
+
+fn bind_grant<'q>(q: Query<'q>, r: StoredRule) -> Query<'q> {
+    q.bind(r.id)
+        .bind(r.tenant)
+        .bind(r.position)
+        .bind(r.scope)
+        .bind(r.terms)
+        .bind(r.effective_from)
+        .bind(r.effective_until)
+}
+
+type VolumeRow = ((String, String, Period), String);
+
+fn bind_volume<'q>(q: Query<'q>, ((tenant, source, period), gb): VolumeRow) -> Query<'q> {
+    q.bind(tenant)
+        .bind(source)
+        .bind(period.to_string())
+        .bind(gb)
+}
+
+fn bind_line<'q>(q: Query<'q>, l: Line) -> Query<'q> {
+    q.bind(l.event_id)
+        .bind(l.item)
+        .bind(l.position)
+        .bind(l.tenant)
+        .bind(l.workflow_id)
+        .bind(l.category)
+        .bind(l.meter)
+        .bind(l.unit)
+        .bind(l.period)
+        .bind(l.charge_start)
+        .bind(l.charge_end)
+        .bind(l.site)
+        .bind(l.site_kind)
+        .bind(l.region)
+        .bind(l.resource_id)
+        .bind(l.resource_name)
+        .bind(l.resource_type)
+        .bind(l.job_id)
+        .bind(l.job)
+        .bind(l.array_index)
+        .bind(l.attempt)
+        .bind(l.sku)
+        .bind(l.band)
+        .bind(l.description)
+        .bind(l.quantity)
+        .bind(l.list_unit_price)
+        .bind(l.contracted_unit_price)
+        .bind(l.list_cost)
+        .bind(l.contracted_cost)
+        .bind(l.currency)
+        .bind(l.adjustment_id)
+        .bind(l.price_source)
+        .bind(l.price_effective_from)
+}
+
+impl Writes {
+    async fn flush(self, tx: &mut Tx) -> Result<(), StoreError> {
+        insert_rows(
+            tx,
+            "INSERT INTO ledger_jobs (job_id, job, array_index, attempt)",
+            4,
+            "ON CONFLICT (job_id) DO NOTHING",
+            self.jobs,
+            bind_job,
+        )
+        .await?;
+        insert_rows(
+            tx,
+            "INSERT INTO ledger_sites (name, kind, region)",
+            3,
+            "ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, region = excluded.region",
+            self.sites.into_iter().collect(),
+            bind_site,
+        )
+        .await?;
+        insert_rows(
+            tx,
+            "INSERT INTO ledger_adjustments
+                (adjustment_id, tenant, position, scope, terms, effective_from, effective_until)",
+            7,
+            "ON CONFLICT (adjustment_id) DO NOTHING",
+            self.grants,
+            bind_grant,
+        )
+        .await?;
+        for (id, at) in self.revocations {
+            sqlx::query(
+                "UPDATE ledger_adjustments SET effective_until = $1
+                 WHERE adjustment_id = $2 AND (effective_until IS NULL OR effective_until > $3)",
+            )
+            .bind(&at)
+            .bind(id)
+            .bind(&at)
+            .execute(&mut **tx)
+            .await?;
+        }
+        insert_rows(
+            tx,
+            "INSERT INTO ledger_egress_volume (tenant, source, period, gb)",
+            4,
+            "ON CONFLICT (tenant, source, period) DO UPDATE SET gb = excluded.gb",
+            self.volumes.into_iter().collect(),
+            bind_volume,
+        )
+        .await?;
+        insert_rows(
+            tx,
+            &format!("INSERT INTO ledger_charges ({})", COLUMNS.join(", ")),
+            COLUMNS.len(),
+            "ON CONFLICT (event_id, item) DO NOTHING",
+            self.charges,
+            bind_line,
+        )
+        .await
+    }
+}
+
+/// Rows per multi-row statement at most, and parameters (SQLite allows 32,766,
+/// PostgreSQL 65,535).
+const MAX_ROWS: usize = 128;
+const MAX_PARAMETERS: usize = 30_000;
+
+/// How `n` rows are cut into statements: the largest power of two that fits each time,
+/// so that a handful of statement texts serve every batch (each is prepared once, then
+/// found in the connection's cache by its text).
+fn pieces(n: usize, columns: usize) -> impl Iterator<Item = usize> {
+    let max = (MAX_PARAMETERS / columns).clamp(1, MAX_ROWS);
+    let mut left = n;
+    std::iter::from_fn(move || {
+        (left > 0).then(|| {
+            let take = 1usize << left.min(max).ilog2();
+            left -= take;
+            take
+        })
+    })
+}
+
+/// How a statement names its parameters: `$1, $2, …` for PostgreSQL; plain `?` for
+/// SQLite, where sqlx looks each numbered name up in a list as long as the statement's
+/// (so binding a statement of n numbered parameters costs n², which made a 128-row
+/// insert slower than 128 single ones).
+#[derive(Clone, Copy)]
+enum Placeholders {
+    Numbered,
+    Anonymous,
+}
+
+impl Placeholders {
+    fn of(tx: &mut Tx) -> Placeholders {
+        if tx.backend_name().eq_ignore_ascii_case("sqlite") {
+            Placeholders::Anonymous
+        } else {
+            Placeholders::Numbered
+        }
+    }
+
+    /// `(p, p, …)` for `count` parameters, the first being number `first`.
+    fn list(self, sql: &mut String, first: usize, count: usize) {
+        use std::fmt::Write;
+        sql.push('(');
+        for i in 0..count {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            match self {
+                Placeholders::Numbered => {
+                    let _ = write!(sql, "${}", first + i);
+                }
+                Placeholders::Anonymous => sql.push('?'),
+            }
+        }
+        sql.push(')');
+    }
+}
+
+/// `head VALUES (…), (…) tail` for `rows` rows of `columns` values.
+fn values(style: Placeholders, head: &str, columns: usize, rows: usize, tail: &str) -> String {
+    let mut sql = String::with_capacity(head.len() + tail.len() + rows * columns * 6 + 16);
+    sql.push_str(head);
+    sql.push_str(" VALUES ");
+    for r in 0..rows {
+        if r > 0 {
+            sql.push_str(", ");
+        }
+        style.list(&mut sql, r * columns + 1, columns);
+    }
+    sql.push(' ');
+    sql.push_str(tail);
+    sql
+}
+
+/// Inserts `rows` with as few statements as [`pieces`] allows.
+async fn insert_rows<R: Send>(
+    tx: &mut Tx,
+    head: &str,
+    columns: usize,
+    tail: &str,
+    rows: Vec<R>,
+    bind: for<'q> fn(Query<'q>, R) -> Query<'q>,
+) -> Result<(), StoreError> {
+    let style = Placeholders::of(tx);
+    let mut left = rows.into_iter();
+    for n in pieces(left.len(), columns) {
+        let sql = values(style, head, columns, n, tail);
+        let mut query = sqlx::query(&sql);
+        for row in left.by_ref().take(n) {
+            query = bind(query, row);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// The rows of `select … WHERE column` `IN` the given keys, 256 keys to a statement
+/// (the last list padded with its last key, so that one statement text serves all).
+async fn select_in(
+    tx: &mut Tx,
+    select: &str,
+    keys: &BTreeSet<String>,
+) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
+    const KEYS: usize = 256;
+    let keys: Vec<&String> = keys.iter().collect();
+    let mut rows = Vec::new();
+    if keys.is_empty() {
+        return Ok(rows);
+    }
+    let mut sql = format!("{select} IN ");
+    Placeholders::of(tx).list(&mut sql, 1, KEYS);
+    for chunk in keys.chunks(KEYS) {
+        let mut query = sqlx::query(&sql);
+        for i in 0..KEYS {
+            query = query.bind(chunk[i.min(chunk.len() - 1)].clone());
+        }
+        rows.extend(query.fetch_all(&mut **tx).await?);
+    }
+    Ok(rows)
 }

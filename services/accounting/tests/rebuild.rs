@@ -7,19 +7,57 @@ use std::time::Duration;
 
 use common::*;
 use meridian_accounting::{rebuild, snapshot, Ledger, NAME};
+use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms};
+use meridian_events::{Event, SiteKind, TenantEvent};
 use meridian_store::{catch_up, Store};
 use tokio::sync::watch;
 
 async fn synthetic_log(billable: u64) -> Log {
-    let log = Log::new().await;
+    let mut log = Log::new().await;
     for commit in meridian_accounting::synthetic::history(11, billable) {
-        log.log.append(commit).await.unwrap();
+        log.append_raw(commit).await;
+    }
+    log
+}
+
+/// The synthetic history with changes half-way through that the ledger must take in
+/// order: every adjustment so far revoked, a new one granted, a site moved to another
+/// region — so that a batch which holds both the change and the events after it prices
+/// them as one commit at a time would.
+async fn changing_log(billable: u64) -> Log {
+    let mut log = Log::new().await;
+    let history = meridian_accounting::synthetic::history(11, billable);
+    let half = history.len() / 2;
+    let mut granted: Vec<(String, uuid::Uuid)> = Vec::new();
+    for (i, commit) in history.into_iter().enumerate() {
+        if i == half {
+            for (tenant, id) in std::mem::take(&mut granted) {
+                log.revoke(&tenant, id, t("2026-11-20T00:00:00Z")).await;
+            }
+            log.grant(
+                "physics",
+                AdjustmentScope::default(),
+                AdjustmentTerms::PercentDiscount { percent: d("30") },
+                t("2026-11-01T00:00:00Z"),
+                None,
+            )
+            .await;
+            log.site("hpc-eu", SiteKind::Slurm, "moved-away").await;
+        }
+        for e in &commit {
+            if let Ok(Event::Tenant(TenantEvent::AdjustmentGranted { adjustment_id, .. })) =
+                serde_json::from_value::<Event>(e.payload.clone())
+            {
+                granted.push((e.tenant.clone(), adjustment_id));
+            }
+        }
+        log.append_raw(commit).await;
     }
     log
 }
 
 async fn rebuild_equals_the_live_ledger(store: &Store) {
-    let log = synthetic_log(250).await;
+    let log = changing_log(250).await;
     // Kept up to date in small steps, as the service does.
     let head = log.log.head().await.unwrap();
     let mut position = 0;

@@ -32,6 +32,82 @@ pub(crate) const SCHEMA: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS audit_records_at ON audit_records (at)",
 ];
 
+/// Writes audit records in groups: one task takes every record waiting when it is free
+/// and inserts them in one transaction, so that concurrent requests share a commit (and
+/// an fsync on SQLite) instead of queueing for the database's write lock one by one.
+/// Each request still waits for its own record's commit before it is answered.
+pub(crate) struct AuditWriter {
+    records: tokio::sync::mpsc::UnboundedSender<(AuditRecord, Written)>,
+}
+
+type Written = tokio::sync::oneshot::Sender<Result<(), String>>;
+
+/// Records in one transaction at most.
+const GROUP: usize = 256;
+
+impl AuditWriter {
+    /// Starts the writer's task; it ends when the last handle to the writer is dropped.
+    fn start(store: meridian_store::Store) -> AuditWriter {
+        let (records, mut waiting) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut group = Vec::with_capacity(GROUP);
+            while waiting.recv_many(&mut group, GROUP).await > 0 {
+                if insert_group(&store, &group).await.is_ok() {
+                    for (_, written) in group.drain(..) {
+                        let _ = written.send(Ok(()));
+                    }
+                    continue;
+                }
+                // One record's failure must not cost the others theirs: each alone.
+                for one in group.drain(..) {
+                    let outcome = insert_group(&store, std::slice::from_ref(&one)).await;
+                    let _ = one.1.send(outcome.map_err(|e| e.to_string()));
+                }
+            }
+        });
+        AuditWriter { records }
+    }
+
+    async fn write(&self, record: AuditRecord) -> Result<(), String> {
+        let (written, answer) = tokio::sync::oneshot::channel();
+        self.records
+            .send((record, written))
+            .map_err(|_| "the audit writer has stopped".to_string())?;
+        answer
+            .await
+            .map_err(|_| "the audit writer has stopped".to_string())?
+    }
+}
+
+async fn insert_group(
+    store: &meridian_store::Store,
+    group: &[(AuditRecord, Written)],
+) -> Result<(), meridian_store::StoreError> {
+    let mut tx = store.begin().await?;
+    for (r, _) in group {
+        sqlx::query(
+            "INSERT INTO audit_records
+                (id, at, token_id, tenant, role, user_name, action, target, source, outcome, detail)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(r.id.to_string())
+        .bind(timestamp(r.at))
+        .bind(r.token_id.map(|t| t.to_string()))
+        .bind(r.tenant.clone())
+        .bind(r.role.clone())
+        .bind(r.user.clone())
+        .bind(r.action.clone())
+        .bind(r.target.clone())
+        .bind(r.source.clone())
+        .bind(r.outcome.as_str())
+        .bind(r.detail.clone())
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 /// How a request ended, as the audit trail says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -199,30 +275,15 @@ impl App {
         self.insert_audit(record).await;
     }
 
-    async fn insert_audit(&self, r: AuditRecord) {
+    async fn insert_audit(&self, record: AuditRecord) {
         if let Err(e) = self.migrate().await {
             tracing::error!(error = %e, "cannot record an audit entry");
             return;
         }
-        let result = sqlx::query(
-            "INSERT INTO audit_records
-                (id, at, token_id, tenant, role, user_name, action, target, source, outcome, detail)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(r.id.to_string())
-        .bind(timestamp(r.at))
-        .bind(r.token_id.map(|t| t.to_string()))
-        .bind(r.tenant)
-        .bind(r.role)
-        .bind(r.user)
-        .bind(r.action)
-        .bind(r.target)
-        .bind(r.source)
-        .bind(r.outcome.as_str())
-        .bind(r.detail)
-        .execute(self.store.pool())
-        .await;
-        if let Err(e) = result {
+        let writer = self
+            .audit
+            .get_or_init(|| AuditWriter::start(self.store.clone()));
+        if let Err(e) = writer.write(record).await {
             tracing::error!(error = %e, "cannot record an audit entry");
         }
     }

@@ -54,7 +54,7 @@ pub(crate) async fn reserve(
     .bind(workflow_id.to_string())
     .bind(body_sha256)
     .bind(timestamp(Utc::now()))
-    .execute(store.pool())
+    .execute(store.writer())
     .await?
     .rows_affected();
     if inserted == 1 {
@@ -88,7 +88,7 @@ pub(crate) async fn release(
     .bind(tenant)
     .bind(key)
     .bind(workflow_id.to_string())
-    .execute(store.pool())
+    .execute(store.writer())
     .await?;
     Ok(())
 }

@@ -67,6 +67,8 @@ pub struct App {
     /// The key of the workflow credentials this deployment's jobs carry; without it,
     /// workflow credentials are refused.
     workflow_credentials: Option<WorkflowCredentials>,
+    /// Started on first use, so that `new` needs no runtime.
+    audit: Arc<std::sync::OnceLock<audit::AuditWriter>>,
 }
 
 impl App {
@@ -77,6 +79,7 @@ impl App {
             schema: Arc::new(OnceCell::new()),
             catalog: Arc::new(Mutex::new(Catalog::default())),
             workflow_credentials: None,
+            audit: Arc::new(std::sync::OnceLock::new()),
         }
     }
 

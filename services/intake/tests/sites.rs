@@ -5,8 +5,7 @@ mod common;
 
 use axum::http::{Method, StatusCode};
 use common::*;
-use meridian_eventlog::{Appended, Commit, EventLog, LogError, Subscription};
-use meridian_events::{AggregateRef, RawEnvelope};
+use meridian_eventlog::testkit::Intercepted;
 use meridian_intake::Intake;
 use serde_json::json;
 
@@ -219,47 +218,6 @@ async fn postgres_sites_and_quotes_through_the_api() {
     sites_scenario(Db::Postgres).await;
 }
 
-/// The real log, recording where each `read_from` started: what a catalogue read cost.
-struct RecordingLog {
-    inner: std::sync::Arc<dyn EventLog>,
-    reads: std::sync::Mutex<Vec<u64>>,
-}
-
-impl RecordingLog {
-    /// The `after` of every `read_from` since the last call, oldest first.
-    fn take_reads(&self) -> Vec<u64> {
-        std::mem::take(&mut *self.reads.lock().unwrap())
-    }
-}
-
-#[async_trait::async_trait]
-impl EventLog for RecordingLog {
-    async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError> {
-        self.inner.append(events).await
-    }
-
-    async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {
-        self.inner.read_aggregate(aggregate).await
-    }
-
-    async fn read_from(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError> {
-        self.reads.lock().unwrap().push(after);
-        self.inner.read_from(after, max).await
-    }
-
-    async fn head(&self) -> Result<u64, LogError> {
-        self.inner.head().await
-    }
-
-    async fn subscribe(&self, name: &str) -> Result<Box<dyn Subscription>, LogError> {
-        self.inner.subscribe(name).await
-    }
-
-    async fn tail(&self, after: u64) -> Result<Box<dyn Subscription>, LogError> {
-        self.inner.tail(after).await
-    }
-}
-
 fn states(res: &Res) -> Vec<(String, String)> {
     res.body["sites"]
         .as_array()
@@ -283,10 +241,8 @@ fn pair(name: &str, state: &str) -> (String, String) {
 #[tokio::test]
 async fn site_reads_catch_up_from_where_the_last_one_stopped() {
     let b = Bench::new(Db::Sqlite).await;
-    let log = std::sync::Arc::new(RecordingLog {
-        inner: b.log.clone(),
-        reads: Default::default(),
-    });
+    // The real log, recording where each `read_from` started: what a catalogue read cost.
+    let log = std::sync::Arc::new(Intercepted::new(b.log.clone()));
     let intake = Intake::new(log.clone(), b.store.clone());
     let router = intake.router();
     assert!(log.take_reads().is_empty(), "a new intake reads nothing");

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
+use meridian_eventlog::deferred::Deferred;
 use meridian_eventlog::{EventLog, LogError};
 use meridian_events::aggregate::{
     Job, JobCommand, JobError, Workflow, WorkflowCommand, WorkflowError, WorkflowState,
@@ -98,6 +99,9 @@ pub struct Router {
     gpus_freed: bool,
     /// The last refusal of a command by an aggregate, logged at WARN.
     last_refusal: Option<String>,
+    /// What was decided while working through the delivered batch, appended when the
+    /// batch is done, each workflow's commits in order (see `meridian_eventlog::deferred`).
+    deferred: Deferred,
 }
 
 /// Refusals that mean a decision was already carried out (a commit delivered again after
@@ -193,6 +197,7 @@ impl Router {
             gpus_freed: !gpu_held.is_empty(),
             gpu_held,
             last_refusal: None,
+            deferred: Deferred::default(),
         })
     }
 
@@ -225,6 +230,11 @@ impl Router {
     }
 
     async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RouterError> {
+        // Decisions of a batch that failed part-way were never stored: the batch comes
+        // again, and its workflows are read afresh.
+        for (workflow, aggregates) in self.deferred.discard() {
+            self.forget(workflow, &aggregates);
+        }
         let mut sub = self.log.subscribe(SUBSCRIPTION).await?;
         loop {
             let commits = tokio::select! {
@@ -255,6 +265,7 @@ impl Router {
                     self.reconcile(id).await?;
                 }
             }
+            let last = commits.last().map(|c| c.position);
             for commit in commits {
                 let mut touched = BTreeSet::new();
                 for raw in commit.events {
@@ -269,7 +280,68 @@ impl Router {
                 for workflow in touched {
                     self.reconcile(workflow).await?;
                 }
-                sub.ack(commit.position).await?;
+            }
+            self.store_decisions().await?;
+            // Acknowledged only once everything decided from it is stored: a crash
+            // before this delivers the batch again.
+            if let Some(position) = last {
+                sub.ack(position).await?;
+            }
+        }
+    }
+
+    /// Appends what the batch decided. A workflow whose commit met a conflict (someone
+    /// else moved it on) is read afresh and decided again, a few times at most; any
+    /// other failure ends the pass, and the batch is delivered again.
+    async fn store_decisions(&mut self) -> Result<(), RouterError> {
+        const ROUNDS: u32 = 8;
+        for _ in 0..ROUNDS {
+            if self.deferred.is_empty() {
+                return Ok(());
+            }
+            let mut again = BTreeSet::new();
+            let mut error = None;
+            for failed in self.deferred.flush(&*self.log).await {
+                self.forget(failed.chain, &failed.unwritten);
+                match failed.error {
+                    LogError::Conflict { .. } => {
+                        again.insert(failed.chain);
+                    }
+                    e => error = Some(e),
+                }
+            }
+            if let Some(e) = error {
+                for (workflow, aggregates) in self.deferred.discard() {
+                    self.forget(workflow, &aggregates);
+                }
+                return Err(e.into());
+            }
+            for workflow in again {
+                tracing::debug!(%workflow, "a decision met a conflict; deciding again");
+                self.reconcile(workflow).await?;
+            }
+        }
+        // Still conflicting: leave it to the next delivery of the workflow's events.
+        for (workflow, aggregates) in self.deferred.discard() {
+            tracing::warn!(%workflow, "the workflow kept changing under the router's decisions");
+            self.forget(workflow, &aggregates);
+        }
+        Ok(())
+    }
+
+    /// Drops what was cached for `workflow` and for the aggregates of its decisions that
+    /// were not stored: they are read from the log when next needed.
+    fn forget(&mut self, workflow: Uuid, unwritten: &[meridian_events::AggregateRef]) {
+        self.workflows.remove(&workflow);
+        for aggregate in unwritten {
+            if aggregate.kind == AggregateKind::Job {
+                let id = aggregate.id;
+                self.jobs.remove(&id);
+                self.releases.remove(&id);
+                self.job_workflow.remove(&id);
+                for jobs in self.gpus.values_mut() {
+                    jobs.remove(&id);
+                }
             }
         }
     }
@@ -753,6 +825,10 @@ impl Router {
     /// Reads a workflow from the log into the cache, with what its history says about
     /// releases and site faults (so exclusions survive a router restart).
     async fn load_workflow(&mut self, id: Uuid) -> Result<(), RouterError> {
+        if self.deferred.holds(id) {
+            // Decided here and not stored yet: the cache is ahead of the log.
+            return Ok(());
+        }
         let loaded = aggregates::load::<Workflow>(&*self.log, id).await?;
         for e in &loaded.history {
             self.remember_release(id, e);
@@ -803,13 +879,16 @@ impl Router {
     async fn on_workflow(
         &mut self,
         id: Uuid,
-        command: impl FnMut(&Workflow) -> WorkflowCommand,
+        command: impl FnOnce(&Workflow) -> WorkflowCommand,
     ) -> Result<Vec<Envelope<Event>>, RouterError> {
-        let log = self.log.clone();
         let cached = self.workflow(id).await?;
         let ctx = Self::context(cached);
-        match cached.execute(&*log, &ctx, command).await {
-            Ok(events) => Ok(events),
+        match cached.decide(&ctx, command(&cached.state)) {
+            Ok((events, commit)) => {
+                cached.fold(&events);
+                self.deferred.push(id, commit);
+                Ok(events)
+            }
             // The aggregate moved on since this decision was made (another event came
             // first, or a commit was delivered again after a restart): it no longer
             // applies, which is no failure of the router's.
@@ -1047,17 +1126,12 @@ impl Router {
                 }
                 Some(_) if cancelling && !self.jobs[&job_id].state.cancel_requested() => {
                     let by = self.workflow(id).await?.state.submitted_by().to_string();
-                    let ctx = Self::context(&self.workflows[&id]);
-                    let log = self.log.clone();
-                    let job = self.job(job_id).await?;
-                    match job
-                        .execute(&*log, &ctx, |_| JobCommand::RequestCancel {
-                            by: by.clone(),
-                            reason: Some("the workflow was cancelled".into()),
-                        })
-                        .await
-                    {
-                        Ok(_) | Err(ExecuteError::Rejected(_)) => {}
+                    let command = JobCommand::RequestCancel {
+                        by,
+                        reason: Some("the workflow was cancelled".into()),
+                    };
+                    match self.on_job(id, job_id, command).await? {
+                        Ok(()) | Err(ExecuteError::Rejected(_)) => {}
                         Err(source) => return Err(RouterError::Job { id: job_id, source }),
                     }
                 }
@@ -1096,17 +1170,12 @@ impl Router {
             if self.job(job_id).await?.state.cancel_requested() {
                 continue;
             }
-            let ctx = Self::context(&self.workflows[&id]);
-            let log = self.log.clone();
-            let job = self.job(job_id).await?;
-            match job
-                .execute(&*log, &ctx, |_| JobCommand::RequestCancel {
-                    by: "meridian".into(),
-                    reason: Some("nothing in the workflow needs the service any more".into()),
-                })
-                .await
-            {
-                Ok(_) | Err(ExecuteError::Rejected(_)) => {}
+            let command = JobCommand::RequestCancel {
+                by: "meridian".into(),
+                reason: Some("nothing in the workflow needs the service any more".into()),
+            };
+            match self.on_job(id, job_id, command).await? {
+                Ok(()) | Err(ExecuteError::Rejected(_)) => {}
                 Err(source) => return Err(RouterError::Job { id: job_id, source }),
             }
         }
@@ -1281,7 +1350,7 @@ impl Router {
         let Some(release) = self.releases.get(&job_id).cloned() else {
             return Ok(());
         };
-        let (rate, resources, ctx) = {
+        let (rate, resources) = {
             let wf = self.workflow(workflow_id).await?;
             let Some(placement) = wf.state.placement() else {
                 return Ok(());
@@ -1299,30 +1368,39 @@ impl Router {
                         .map(|s| s.resources.clone())
                 })
                 .unwrap_or_default();
-            (
-                placement.rate_for(&release.task.job).clone(),
-                resources,
-                Self::context(wf),
-            )
+            (placement.rate_for(&release.task.job).clone(), resources)
         };
-        let log = self.log.clone();
-        let job = self.job(job_id).await?;
-        match job
-            .execute(&*log, &ctx, |_| JobCommand::Dispatch {
-                workflow_id,
-                job: release.task.job.clone(),
-                index: release.task.index,
-                attempt: release.attempt,
-                site: release.site.clone(),
-                rate: rate.clone(),
-                resources: resources.clone(),
-                batch: release.batch,
-            })
-            .await
-        {
-            Ok(_) | Err(ExecuteError::Rejected(JobError::AlreadyDispatched)) => Ok(()),
+        let command = JobCommand::Dispatch {
+            workflow_id,
+            job: release.task.job.clone(),
+            index: release.task.index,
+            attempt: release.attempt,
+            site: release.site.clone(),
+            rate,
+            resources,
+            batch: release.batch,
+        };
+        match self.on_job(workflow_id, job_id, command).await? {
+            Ok(()) | Err(ExecuteError::Rejected(JobError::AlreadyDispatched)) => Ok(()),
             Err(source) => Err(RouterError::Job { id: job_id, source }),
         }
+    }
+
+    /// Decides `command` for job `job_id` of `workflow_id` and holds the outcome with
+    /// the workflow's other decisions, after them.
+    async fn on_job(
+        &mut self,
+        workflow_id: Uuid,
+        job_id: Uuid,
+        command: JobCommand,
+    ) -> Result<Result<(), ExecuteError<JobError>>, RouterError> {
+        let ctx = Self::context(self.workflow(workflow_id).await?);
+        let job = self.job(job_id).await?;
+        let decided = job.decide(&ctx, command);
+        if let Ok((events, _)) = &decided {
+            job.fold(events);
+        }
+        Ok(decided.map(|(_, commit)| self.deferred.push(workflow_id, commit)))
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use meridian_eventlog::aggregates::{decode_all, execute, load};
 use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::testkit::{BeforeAppend, Intercepted};
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{
     Job, JobCommand, Site, SiteCommand, Workflow, WorkflowCommand, WorkflowState,
@@ -16,7 +17,7 @@ use meridian_events::aggregate::{
 use meridian_events::vocabulary::Usage;
 use meridian_events::{
     Allocation, ComputeOffer, ComputePricing, Currency, Event, EventContext, JobEvent, PriceSheet,
-    SiteKind, WorkflowEvent,
+    RawEnvelope, SiteKind, WorkflowEvent,
 };
 use meridian_router::Router;
 use rust_decimal::Decimal;
@@ -36,6 +37,15 @@ impl Bench {
     }
 
     async fn with_sites(sites: &[(&str, &str)]) -> Bench {
+        Bench::seen_through(sites, |log| log).await
+    }
+
+    /// A bench whose router reaches the log through `wrap` (the bench itself reads and
+    /// writes the log directly).
+    async fn seen_through(
+        sites: &[(&str, &str)],
+        wrap: impl FnOnce(Arc<dyn EventLog>) -> Arc<dyn EventLog>,
+    ) -> Bench {
         let dir = tempfile::tempdir().unwrap();
         let log: Arc<dyn EventLog> =
             Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
@@ -43,7 +53,7 @@ impl Bench {
             register_site(&*log, name, price).await;
         }
         let (stop, stopped) = watch::channel(false);
-        let router = Self::spawn(log.clone(), stopped);
+        let router = Self::spawn(wrap(log.clone()), stopped);
         Bench {
             log,
             stop,
@@ -1177,4 +1187,66 @@ async fn the_largest_array_batch_fits_in_one_commit() {
         "{largest} bytes"
     );
     let _ = b.stop.send(true);
+}
+
+/// The router holds what it decides for a delivered batch and appends it afterwards; a
+/// commit that meets a conflict (here a cancel that came first) is not stored, nor is
+/// anything decided after it for that workflow, and the workflow is decided again from
+/// the log. Other work goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_that_meets_a_conflict_is_made_again_from_the_log() {
+    // A user cancels the first workflow the router places just before the router's
+    // placement is appended: that commit then meets a conflict.
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let b = Bench::seen_through(&[("only", "1")], |inner| {
+        let (armed, log) = (armed.clone(), inner.clone());
+        let hook: BeforeAppend = Box::new(move |events: &[RawEnvelope]| {
+            let placing = events.iter().any(|e| {
+                e.payload.get("type").and_then(|t| t.as_str())
+                    == Some("workflow.placement_decided.v1")
+            });
+            let (log, id) = (log.clone(), events[0].aggregate.id);
+            let cancel = placing && armed.swap(false, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                if cancel {
+                    execute::<Workflow, _>(&*log, id, &EventContext::new_chain("t"), |_| {
+                        WorkflowCommand::RequestCancel {
+                            by: "tester".into(),
+                            reason: Some("changed my mind".into()),
+                        }
+                    })
+                    .await
+                    .unwrap();
+                }
+            })
+        });
+        Arc::new(Intercepted::new(inner).before_append(hook))
+    })
+    .await;
+    let cancelled = b.submit(DAG).await;
+    b.wait_for("the cancel to end the workflow", async || {
+        (b.workflow(cancelled).await.state() == Some(WorkflowState::Cancelled)).then_some(())
+    })
+    .await;
+    assert!(!armed.load(std::sync::atomic::Ordering::SeqCst));
+    let other = b.submit(DAG).await;
+    b.wait_for("the next workflow's first job", async || {
+        (!b.dispatched(other).await.is_empty()).then_some(())
+    })
+    .await;
+    let history = load::<Workflow>(&*b.log, cancelled).await.unwrap().history;
+    let kinds: Vec<&str> = history
+        .iter()
+        .map(|e| match &e.payload {
+            Event::Workflow(WorkflowEvent::Submitted { .. }) => "submitted",
+            Event::Workflow(WorkflowEvent::CancelRequested { .. }) => "cancel requested",
+            Event::Workflow(WorkflowEvent::Cancelled { .. }) => "cancelled",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["submitted", "cancel requested", "cancelled"]);
+    assert!(
+        b.dispatched(cancelled).await.is_empty(),
+        "nothing decided after the refused placement was stored"
+    );
 }

@@ -110,6 +110,33 @@ impl Log {
         envelopes.iter().map(|e| e.event_id).collect()
     }
 
+    /// Appends a commit made elsewhere (the synthetic history), keeping count of its
+    /// aggregates' sequences so that later appends follow them.
+    pub async fn append_raw(&mut self, commit: Vec<meridian_events::RawEnvelope>) {
+        for e in &commit {
+            let seen = self.sequences.entry(e.aggregate).or_insert(0);
+            *seen = (*seen).max(e.sequence);
+        }
+        self.log.append(commit).await.unwrap();
+    }
+
+    /// Ends adjustment `id` of `tenant` at `at`.
+    pub async fn revoke(&mut self, tenant: &str, id: Uuid, at: DateTime<Utc>) {
+        self.append(
+            AggregateKind::Tenant,
+            meridian_events::aggregate::tenant_id(tenant),
+            tenant,
+            vec![TenantEvent::AdjustmentRevoked {
+                adjustment_id: id,
+                effective_at: at,
+                revoked_by: "finance".into(),
+                reason: None,
+            }
+            .into()],
+        )
+        .await;
+    }
+
     pub async fn site(&mut self, name: &str, kind: SiteKind, region: &str) {
         self.append(
             AggregateKind::Site,

@@ -60,11 +60,7 @@ impl Drop for Proc {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    meridian_eventlog::testkit::free_port().unwrap()
 }
 
 /// How the CLI authenticates to each deployment under test: the client profile
