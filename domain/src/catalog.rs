@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use meridian_eventlog::{EventLog, LogError};
+use meridian_eventlog::{snapshot, EventLog, LogError};
 use meridian_events::vocabulary::site::{Capacity, Dataset, Device, Shape};
 use meridian_events::vocabulary::{Endpoint, Location, TransferEvent};
 use meridian_events::JobEvent;
@@ -26,7 +26,7 @@ pub mod labels {
     pub const GPUS: &str = "gpus";
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SiteEntry {
     pub id: Uuid,
     pub name: String,
@@ -69,7 +69,7 @@ pub struct SiteEntry {
 }
 
 /// Why a device of a site gets no new work.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceCordon {
     pub model: String,
     pub reason: String,
@@ -79,7 +79,7 @@ pub struct DeviceCordon {
 }
 
 /// A refresh of a site's shapes from its provider (`meridian site refresh`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ShapesRefresh {
     pub requested_by: Option<String>,
     pub requested_at: Option<chrono::DateTime<chrono::Utc>>,
@@ -123,7 +123,7 @@ impl SiteEntry {
     }
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Catalog {
     pub sites: BTreeMap<String, SiteEntry>,
     by_id: BTreeMap<Uuid, String>,
@@ -138,6 +138,7 @@ pub struct Catalog {
     pub tenants: crate::tenant_view::TenantView,
     /// Price every site whether or not an adapter serves it: for offline quotes against a
     /// catalogue file, where no adapter ever connects.
+    #[serde(skip)]
     pub ignore_connections: bool,
     /// The last log position folded in (0: none yet).
     position: u64,
@@ -147,26 +148,46 @@ pub struct Catalog {
     sequence: u64,
     /// Search every shape of a site for a request instead of its shape index: the
     /// reference the index is tested and benchmarked against. Decisions are the same.
+    #[serde(skip)]
     pub scan_every_shape: bool,
     /// Placement's memory of each site's cheapest fit per request; forgotten for a site
     /// whenever its shapes, prices or cordons change.
+    #[serde(skip)]
     pub(crate) fits: crate::placement::FitCache,
+    /// Commits folded in by [`Catalog::catch_up`] since the catalogue was loaded or last
+    /// saved as a snapshot.
+    #[serde(skip)]
+    unsaved: u64,
 }
 
+/// The name the catalogue's snapshot is kept under, and its format: bump the format
+/// whenever what the catalogue keeps (or how an event folds into it) changes, so that
+/// an older snapshot is ignored and the catalogue folded again from the log.
+pub const SNAPSHOT: &str = "catalog";
+pub const SNAPSHOT_FORMAT: u32 = 1;
+
 impl Catalog {
-    /// Builds the catalogue from the whole log.
+    /// Builds the catalogue from the log: from its last snapshot and the commits after
+    /// it, or from the whole log when there is none (or none that matches). Saves a new
+    /// snapshot when it had to read [`snapshot::SAVE_AFTER`] commits or more.
     pub async fn load(log: &dyn EventLog) -> Result<Catalog, LogError> {
-        Catalog::load_with(log, |_| {}).await
+        let mut catalog = snapshot::load::<Catalog>(log, SNAPSHOT, SNAPSHOT_FORMAT)
+            .await?
+            .map(|(_, catalog)| catalog)
+            .unwrap_or_default();
+        catalog.catch_up(log).await?;
+        Ok(catalog)
     }
 
-    /// [`Catalog::load`], showing `visit` every event of the log on the way (undecoded),
-    /// so a service that rebuilds other state at start reads the log once.
+    /// The catalogue folded from the whole log, showing `visit` every event on the way
+    /// (undecoded), so a service that rebuilds other state at start reads the log once.
+    /// No snapshot is read or saved: such a service keeps its own, with the catalogue in it.
     pub async fn load_with(
         log: &dyn EventLog,
         visit: impl FnMut(&meridian_events::RawEnvelope),
     ) -> Result<Catalog, LogError> {
         let mut catalog = Catalog::default();
-        catalog.catch_up_with(log, visit).await?;
+        catalog.catch_up_visiting(log, visit).await?;
         Ok(catalog)
     }
 
@@ -177,16 +198,30 @@ impl Catalog {
 
     /// Reads the commits appended after [`Catalog::position`] and folds them in. On an
     /// error the commits before the failing one stay folded in, and the next call
-    /// resumes there.
+    /// resumes there. Once [`snapshot::SAVE_AFTER`] commits were folded in since the
+    /// catalogue was loaded or saved, saves it as the snapshot (a failure to save is
+    /// logged, and the catalogue is still good).
     pub async fn catch_up(&mut self, log: &dyn EventLog) -> Result<(), LogError> {
-        self.catch_up_with(log, |_| {}).await
+        self.unsaved += self.catch_up_visiting(log, |_| {}).await?;
+        if self.unsaved >= snapshot::SAVE_AFTER {
+            self.unsaved = 0;
+            if let Err(e) =
+                snapshot::save(log, SNAPSHOT, SNAPSHOT_FORMAT, self.position, &*self).await
+            {
+                tracing::warn!(error = %e, "could not save the catalogue's snapshot");
+            }
+        }
+        Ok(())
     }
 
-    async fn catch_up_with(
+    /// [`Catalog::catch_up`] without snapshots, showing `visit` every event read
+    /// (undecoded); returns how many commits it read.
+    pub async fn catch_up_visiting(
         &mut self,
         log: &dyn EventLog,
         mut visit: impl FnMut(&meridian_events::RawEnvelope),
-    ) -> Result<(), LogError> {
+    ) -> Result<u64, LogError> {
+        let mut read = 0;
         loop {
             // A commit only partly folded in by `observe_at` is read again for the rest.
             let after = if self.sequence == u64::MAX {
@@ -196,8 +231,9 @@ impl Catalog {
             };
             let commits = log.read_from(after, 512).await?;
             if commits.is_empty() {
-                return Ok(());
+                return Ok(read);
             }
+            read += commits.len() as u64;
             for commit in commits {
                 // Decoding is the costly part: only the kinds the catalogue folds in.
                 let mut events = Vec::new();

@@ -10,13 +10,37 @@ use meridian_events::vocabulary::{Location, TransferEvent};
 use meridian_events::{Envelope, Event};
 use rust_decimal::Decimal;
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TenantView {
     policies: BTreeMap<String, PlacementPolicy>,
     limits: BTreeMap<String, TenantLimits>,
     /// (tenant, source site or region) → (year, month, GB moved that month). Only the
     /// latest month is kept: tiers restart each calendar month (UTC).
+    #[serde(with = "pairs")]
     egress: BTreeMap<(String, String), (i32, u32, Decimal)>,
+}
+
+/// A map whose keys are not strings, as a list of pairs (JSON keys must be strings).
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
+        map: &BTreeMap<K, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(map)
+    }
+
+    pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(d)?.into_iter().collect())
+    }
 }
 
 impl TenantView {

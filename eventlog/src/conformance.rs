@@ -545,6 +545,120 @@ pub async fn tail_follows_from_a_position(open: Open) {
     assert_eq!(all.len(), 6);
 }
 
+pub async fn snapshots_are_kept_beside_the_log(open: Open) {
+    use crate::snapshot::{self, Snapshot};
+    let log = open().await;
+    assert!(log.load_snapshot("router").await.unwrap().is_none());
+    for bad in ["", "a.b", "spaces here", &"x".repeat(65)] {
+        let snapshot = Snapshot {
+            name: bad.to_string(),
+            position: 1,
+            body: b"{}".to_vec(),
+        };
+        assert!(matches!(
+            log.save_snapshot(snapshot).await,
+            Err(LogError::InvalidName(_))
+        ));
+        assert!(matches!(
+            log.load_snapshot(bad).await,
+            Err(LogError::InvalidName(_))
+        ));
+    }
+    let a = workflow();
+    let mut positions = Vec::new();
+    for s in 1..=3 {
+        positions.push(append_ok(&*log, vec![event(a, s, json!(s))]).await);
+    }
+    let kept = |position: u64, body: Vec<u8>| Snapshot {
+        name: "router".into(),
+        position,
+        body,
+    };
+    // Bigger than one message of the backend, and not text.
+    let big: Vec<u8> = (0..3 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    log.save_snapshot(kept(positions[1], big.clone()))
+        .await
+        .unwrap();
+    log.save_snapshot(Snapshot {
+        name: "site-a".into(),
+        position: positions[0],
+        body: b"a".to_vec(),
+    })
+    .await
+    .unwrap();
+    // An older one does not replace a newer one.
+    log.save_snapshot(kept(positions[0], b"older".to_vec()))
+        .await
+        .unwrap();
+    let reopened = open().await;
+    assert_eq!(
+        reopened.load_snapshot("router").await.unwrap(),
+        Some(kept(positions[1], big))
+    );
+    assert_eq!(
+        reopened
+            .load_snapshot("site-a")
+            .await
+            .unwrap()
+            .map(|s| s.body),
+        Some(b"a".to_vec())
+    );
+    log.save_snapshot(kept(positions[2], b"newer".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(
+        reopened.load_snapshot("router").await.unwrap(),
+        Some(kept(positions[2], b"newer".to_vec()))
+    );
+    // Kept beside the log, not in it.
+    assert_eq!(read_all(&*reopened, 10).await.len(), 3);
+    assert_eq!(reopened.head().await.unwrap(), positions[2]);
+
+    // Through `snapshot`: a state comes back only in its format and when it matches the log.
+    let state = BTreeMap::from([("sites".to_string(), 3u32)]);
+    snapshot::save(&*log, "catalog", 1, positions[1], &state)
+        .await
+        .unwrap();
+    assert_eq!(
+        snapshot::load::<BTreeMap<String, u32>>(&*reopened, "catalog", 1)
+            .await
+            .unwrap(),
+        Some((positions[1], state.clone()))
+    );
+    assert!(
+        snapshot::load::<BTreeMap<String, u32>>(&*reopened, "catalog", 2)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(snapshot::load::<Vec<String>>(&*reopened, "catalog", 1)
+        .await
+        .unwrap()
+        .is_none());
+    // One whose position the log does not reach (another log under the same name).
+    let body = log.load_snapshot("catalog").await.unwrap().unwrap().body;
+    log.save_snapshot(Snapshot {
+        name: "catalog".into(),
+        position: positions[2] + 100,
+        body,
+    })
+    .await
+    .unwrap();
+    assert!(
+        snapshot::load::<BTreeMap<String, u32>>(&*reopened, "catalog", 1)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        snapshot::save(&*log, "catalog", 1, positions[2] + 200, &state)
+            .await
+            .is_err()
+    );
+}
+
 /// Generates one `#[tokio::test]` per conformance check. `$fresh` is an expression
 /// that yields an [`Open`] for a new, empty store (it may `.await`).
 #[macro_export]
@@ -559,7 +673,7 @@ macro_rules! conformance_suite {
             replay_returns_everything_in_order,
             subscription_resumes_without_loss_or_reordering,
             a_dropped_next_loses_nothing,
-            tail_follows_from_a_position);
+            tail_follows_from_a_position, snapshots_are_kept_beside_the_log);
     };
     (@tests $fresh:expr; $($check:ident),*) => {
         $(

@@ -17,8 +17,11 @@ pub mod aggregates;
 pub mod conformance;
 pub mod deferred;
 pub mod nats;
+pub mod snapshot;
 pub mod sqlite;
 pub mod testkit;
+
+pub use snapshot::Snapshot;
 
 /// The largest commit (its events as JSON) every backend accepts. JetStream's default
 /// `max_payload` is 1 MiB; this leaves room for headers, and SQLite enforces the same
@@ -64,7 +67,7 @@ pub enum LogError {
     /// The batch itself is malformed (mixed aggregates, gaps in sequences, empty).
     #[error("invalid append: {0}")]
     InvalidAppend(String),
-    #[error("invalid subscription name {0:?}: use letters, digits, '-' and '_'")]
+    #[error("invalid name {0:?} for a subscription or snapshot: use 1 to 64 letters, digits, '-' and '_'")]
     InvalidName(String),
     #[error("commit of {size} bytes exceeds the log's limit of {limit} bytes")]
     TooLarge { size: usize, limit: usize },
@@ -113,6 +116,14 @@ pub trait EventLog: Send + Sync + 'static {
     /// that keep their own position (read models store it with their rows). `ack` is a
     /// no-op on a tail.
     async fn tail(&self, after: u64) -> Result<Box<dyn Subscription>, LogError>;
+
+    /// Keeps `snapshot` as the one under its name (letters, digits, '-' and '_'),
+    /// unless the one kept already is at a later position. Snapshots are kept beside the
+    /// log, not in it: see [`snapshot`].
+    async fn save_snapshot(&self, snapshot: Snapshot) -> Result<(), LogError>;
+
+    /// The snapshot kept under `name`, if there is one.
+    async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>, LogError>;
 }
 
 #[async_trait]

@@ -18,6 +18,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{self, pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::{ConsumerInfoErrorKind, Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::object_store;
 use async_nats::jetstream::stream::{
     self, DirectGetErrorKind, LastRawMessageErrorKind, StorageType,
 };
@@ -26,7 +27,8 @@ use futures::{FutureExt, StreamExt};
 use meridian_events::{AggregateRef, RawEnvelope};
 
 use crate::{
-    check_batch, check_name, Appended, Commit, EventLog, LogError, Subscription, MAX_COMMIT_BYTES,
+    check_batch, check_name, Appended, Commit, EventLog, LogError, Snapshot, Subscription,
+    MAX_COMMIT_BYTES,
 };
 
 const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
@@ -69,7 +71,12 @@ pub struct NatsLog {
     /// Aggregate → (its last aggregate sequence, that commit's stream sequence), as last
     /// seen by this process. A stale entry only costs a conflict and a re-read.
     last_seen: Mutex<HashMap<AggregateRef, (u64, u64)>>,
+    /// The object store bucket beside the stream that keeps snapshots, once opened.
+    snapshots: tokio::sync::OnceCell<object_store::ObjectStore>,
 }
+
+/// The object metadata key holding a snapshot's position.
+const SNAPSHOT_POSITION: &str = "position";
 
 fn unavailable(e: impl std::fmt::Display) -> LogError {
     LogError::Unavailable(e.to_string())
@@ -173,7 +180,35 @@ impl NatsLog {
             stream,
             config,
             last_seen: Mutex::new(HashMap::new()),
+            snapshots: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The bucket `<stream>_SNAPSHOTS` (as many replicas as the stream), created the
+    /// first time a snapshot is saved or looked for.
+    async fn snapshots(&self) -> Result<&object_store::ObjectStore, LogError> {
+        self.snapshots
+            .get_or_try_init(|| async {
+                let bucket = format!("{}_SNAPSHOTS", self.config.stream);
+                if let Ok(store) = self.js.get_object_store(&bucket).await {
+                    return Ok(store);
+                }
+                self.js
+                    .create_object_store(object_store::Config {
+                        bucket: bucket.clone(),
+                        description: Some(
+                            "Meridian's snapshots of state folded from the log".into(),
+                        ),
+                        storage: StorageType::File,
+                        num_replicas: self.config.replicas,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| {
+                        LogError::Unavailable(format!("cannot create the bucket {bucket}: {e}"))
+                    })
+            })
+            .await
     }
 
     fn subject(&self, aggregate: AggregateRef) -> String {
@@ -489,6 +524,62 @@ impl EventLog for NatsLog {
             after,
         }))
     }
+
+    async fn save_snapshot(&self, snapshot: Snapshot) -> Result<(), LogError> {
+        check_name(&snapshot.name)?;
+        let store = self.snapshots().await?;
+        // Two savers racing may both pass this check; the later position then only
+        // loses to an earlier one until the next save, which is harmless (see `snapshot`).
+        match store.info(&snapshot.name).await {
+            Ok(info) if snapshot_position(&info).is_some_and(|p| p >= snapshot.position) => {
+                return Ok(())
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == object_store::InfoErrorKind::NotFound => {}
+            Err(e) => return Err(unavailable(e)),
+        }
+        let meta = object_store::ObjectMetadata {
+            name: snapshot.name.clone(),
+            metadata: HashMap::from([(
+                SNAPSHOT_POSITION.to_string(),
+                snapshot.position.to_string(),
+            )]),
+            ..Default::default()
+        };
+        store
+            .put(meta, &mut snapshot.body.as_slice())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>, LogError> {
+        use tokio::io::AsyncReadExt;
+        check_name(name)?;
+        let store = self.snapshots().await?;
+        let mut object = match store.get(name).await {
+            Ok(object) => object,
+            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unavailable(e)),
+        };
+        let Some(position) = snapshot_position(&object.info) else {
+            return Err(LogError::Corrupt {
+                position: 0,
+                message: format!("snapshot {name:?} has no {SNAPSHOT_POSITION} metadata"),
+            });
+        };
+        let mut body = Vec::with_capacity(object.info.size);
+        object.read_to_end(&mut body).await.map_err(unavailable)?;
+        Ok(Some(Snapshot {
+            name: name.to_string(),
+            position,
+            body,
+        }))
+    }
+}
+
+fn snapshot_position(info: &object_store::ObjectInfo) -> Option<u64> {
+    info.metadata.get(SNAPSHOT_POSITION)?.parse().ok()
 }
 
 /// An ordered consumer: the client recreates it on gaps or server restarts, resuming

@@ -494,4 +494,12 @@ impl crate::EventLog for Intercepted {
     async fn tail(&self, after: u64) -> Result<Box<dyn crate::Subscription>, crate::LogError> {
         self.inner.tail(after).await
     }
+
+    async fn save_snapshot(&self, snapshot: crate::Snapshot) -> Result<(), crate::LogError> {
+        self.inner.save_snapshot(snapshot).await
+    }
+
+    async fn load_snapshot(&self, name: &str) -> Result<Option<crate::Snapshot>, crate::LogError> {
+        self.inner.load_snapshot(name).await
+    }
 }

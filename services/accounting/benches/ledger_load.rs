@@ -29,7 +29,6 @@ use meridian_accounting::{rebuild, synthetic, Ledger};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_store::{catch_up, Store};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::Row;
 
 struct Args {
@@ -74,70 +73,10 @@ fn args() -> Args {
 /// Writes `billable` synthetic billable events (and the commits they need) into a new
 /// SQLite log at `path`; returns (commits, events).
 async fn build_log(path: &Path, billable: u64, seed: u64) -> (u64, u64) {
-    // Creates the file and its schema, as `meridian up` would.
-    drop(SqliteLog::open(path).await.expect("open the log"));
-    let options = SqliteConnectOptions::new()
-        .filename(path)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Off);
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .expect("open the log's file");
     let mut generator = synthetic::Generator::new(seed);
-    let (mut position, mut events) = (0u64, 0u64);
-    // Rows of (position, idx, envelope), written 100 to a statement.
-    let mut rows: Vec<(u64, usize, meridian_events::RawEnvelope)> = Vec::new();
-    let mut done = false;
-    while !done {
-        let mut tx = pool.begin().await.unwrap();
-        for _ in 0..20_000 {
-            match generator.next() {
-                Some(commit) => {
-                    position += 1;
-                    for (idx, e) in commit.into_iter().enumerate() {
-                        rows.push((position, idx, e));
-                    }
-                }
-                None => done = true,
-            }
-            if generator.billable >= billable && generator.is_idle() {
-                done = true;
-            }
-            if rows.len() >= 100 || (done && !rows.is_empty()) {
-                let mut sql = String::from(
-                    "INSERT INTO events (position, idx, event_id, aggregate_kind, aggregate_id, sequence, envelope) VALUES ",
-                );
-                for i in 0..rows.len() {
-                    sql.push_str(if i == 0 {
-                        "(?, ?, ?, ?, ?, ?, ?)"
-                    } else {
-                        ", (?, ?, ?, ?, ?, ?, ?)"
-                    });
-                }
-                let mut q = sqlx::query(&sql);
-                for (p, idx, e) in rows.drain(..) {
-                    q = q
-                        .bind(p as i64)
-                        .bind(idx as i64)
-                        .bind(e.event_id.to_string())
-                        .bind(e.aggregate.kind.as_str())
-                        .bind(e.aggregate.id.to_string())
-                        .bind(e.sequence as i64)
-                        .bind(serde_json::to_string(&e).unwrap());
-                    events += 1;
-                }
-                q.execute(&mut *tx).await.unwrap();
-            }
-            if done {
-                break;
-            }
-        }
-        tx.commit().await.unwrap();
-    }
-    pool.close().await;
-    (position, events)
+    synthetic::write_sqlite_log(path, &mut generator, |g, _| g.billable >= billable)
+        .await
+        .expect("write the synthetic log")
 }
 
 async fn lines(store: &Store) -> i64 {

@@ -499,3 +499,90 @@ pub fn history(seed: u64, billable: u64) -> Vec<Vec<RawEnvelope>> {
         }
     }
 }
+
+/// Writes `generator`'s commits straight into the SQLite log at `path` (created with
+/// its schema if needed), after the last position there, until `enough(generator,
+/// events written)` holds and the generator is idle (or it runs out). Large
+/// transactions without fsync, 100 rows to a statement: building a history of millions
+/// of events through `append` (one fsync per commit) would take far longer than what is
+/// measured on it. Returns the commits and events written.
+pub async fn write_sqlite_log(
+    path: &std::path::Path,
+    generator: &mut Generator,
+    mut enough: impl FnMut(&Generator, u64) -> bool,
+) -> Result<(u64, u64), sqlx::Error> {
+    use sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
+    // Creates the file and its schema, as `meridian up` would.
+    drop(
+        meridian_eventlog::sqlite::SqliteLog::open(path)
+            .await
+            .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?,
+    );
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Off);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await?;
+    let start: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) FROM events")
+        .fetch_one(&pool)
+        .await?;
+    let (mut position, mut events) = (start as u64, 0u64);
+    let mut rows: Vec<(u64, usize, RawEnvelope)> = Vec::new();
+    let mut done = false;
+    while !done {
+        let mut tx = pool.begin().await?;
+        for _ in 0..20_000 {
+            match generator.next() {
+                Some(commit) => {
+                    position += 1;
+                    rows.extend(
+                        commit
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, e)| (position, i, e)),
+                    );
+                }
+                None => done = true,
+            }
+            done |= enough(generator, events + rows.len() as u64) && generator.is_idle();
+            if rows.len() >= 100 || (done && !rows.is_empty()) {
+                let mut sql = String::from(
+                    "INSERT INTO events (position, idx, event_id, aggregate_kind, aggregate_id, sequence, envelope) VALUES ",
+                );
+                for i in 0..rows.len() {
+                    sql.push_str(if i == 0 {
+                        "(?, ?, ?, ?, ?, ?, ?)"
+                    } else {
+                        ", (?, ?, ?, ?, ?, ?, ?)"
+                    });
+                }
+                let mut q = sqlx::query(&sql);
+                for (p, idx, e) in rows.drain(..) {
+                    let envelope =
+                        serde_json::to_string(&e).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+                    q = q
+                        .bind(p as i64)
+                        .bind(idx as i64)
+                        .bind(e.event_id.to_string())
+                        .bind(e.aggregate.kind.as_str())
+                        .bind(e.aggregate.id.to_string())
+                        .bind(e.sequence as i64)
+                        .bind(envelope);
+                    events += 1;
+                }
+                q.execute(&mut *tx).await?;
+            }
+            if done {
+                break;
+            }
+        }
+        tx.commit().await?;
+    }
+    pool.close().await;
+    Ok((position - start as u64, events))
+}

@@ -28,8 +28,8 @@
 //! Progress: while a copy runs, `transfer.progressed.v1` says how far it got, once a
 //! second.
 //!
-//! Restarts: at start the mover reads the log for volumes allocated and not yet staged,
-//! and for transfers already done; a copy that was under way is taken up under the same
+//! Restarts: at start the mover folds its snapshot and the log after it for volumes
+//! allocated and not yet staged, and for transfers already done; a copy that was under way is taken up under the same
 //! transfer, continuing from the part it had fetched when the source is unchanged, and
 //! a finished one is not repeated.
 
@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use meridian_eventlog::aggregates::{self, ExecuteError};
+use meridian_eventlog::snapshot::{self, Refresh, SAVE_AFTER};
 use meridian_eventlog::{EventLog, LogError};
 use meridian_events::aggregate::{
     Transfer, TransferCommand, Workflow, WorkflowCommand, WorkflowError,
@@ -61,7 +62,7 @@ use uuid::Uuid;
 type Holding = (Uuid, String, String);
 
 /// What the mover does for a holding: bring its ingress in, or copy its outputs out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 enum Work {
     Stage,
     Export,
@@ -69,6 +70,130 @@ enum Work {
 
 /// A transfer already in the log, by what it copies: (workflow, source, destination).
 type TransferKey = (Uuid, Endpoint, Endpoint);
+
+/// What the data mover folds from the log before it serves: the work open at start
+/// and the transfers already in the log. Kept as its snapshot (one for every mover: it
+/// does not depend on the sites a mover serves), so a restart folds only what came
+/// after the last one.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct MoverStart {
+    /// The last position folded in.
+    pub position: u64,
+    open: Vec<(Work, Holding)>,
+    transfers: BTreeMap<Uuid, (TransferKey, bool)>,
+    /// Commits read from the log (after the snapshot, if one was used).
+    #[serde(skip)]
+    pub read: u64,
+}
+
+/// The data mover's snapshot name and format: bump the format when what it folds changes.
+pub const SNAPSHOT: &str = "datamover";
+const SNAPSHOT_FORMAT: u32 = 1;
+
+impl MoverStart {
+    /// From the snapshot and the commits after it (or the whole log); saves a new
+    /// snapshot when it read `save_after` commits or more.
+    pub async fn load(log: &dyn EventLog, save_after: u64) -> Result<MoverStart, MoverError> {
+        let mut start = snapshot::load::<MoverStart>(log, SNAPSHOT, SNAPSHOT_FORMAT)
+            .await?
+            .map(|(_, start)| start)
+            .unwrap_or_default();
+        loop {
+            let commits = log.read_from(start.position, 512).await?;
+            if commits.is_empty() {
+                break;
+            }
+            start.read += commits.len() as u64;
+            for commit in commits {
+                for raw in commit.events {
+                    start.visit(commit.position, raw)?;
+                }
+                start.position = commit.position;
+            }
+        }
+        if start.read >= save_after {
+            if let Err(e) =
+                snapshot::save(log, SNAPSHOT, SNAPSHOT_FORMAT, start.position, &start).await
+            {
+                tracing::warn!(error = %e, "could not save the data mover's snapshot");
+            }
+        }
+        Ok(start)
+    }
+
+    fn visit(
+        &mut self,
+        position: u64,
+        raw: meridian_events::RawEnvelope,
+    ) -> Result<(), MoverError> {
+        if !matches!(
+            raw.aggregate.kind,
+            AggregateKind::Workflow | AggregateKind::Transfer
+        ) {
+            return Ok(());
+        }
+        let e = raw.decode::<Event>().map_err(|e| MoverError::Decode {
+            position,
+            message: e.to_string(),
+        })?;
+        let id = e.aggregate.id;
+        match e.payload {
+            Event::Workflow(WorkflowEvent::VolumeAllocated {
+                volume,
+                class: StorageClass::Volume,
+                site,
+                ..
+            }) => self.open.push((Work::Stage, (id, volume, site))),
+            Event::Workflow(WorkflowEvent::EgressDue { volumes }) => self.open.extend(
+                volumes
+                    .into_iter()
+                    .map(|v| (Work::Export, (id, v.volume, v.site))),
+            ),
+            Event::Workflow(
+                WorkflowEvent::VolumeStaged { volume, site, .. }
+                | WorkflowEvent::VolumeStagingFailed { volume, site, .. },
+            ) => self
+                .open
+                .retain(|w| *w != (Work::Stage, (id, volume.clone(), site.clone()))),
+            Event::Workflow(
+                WorkflowEvent::VolumeExported { volume, site, .. }
+                | WorkflowEvent::VolumeExportFailed { volume, site, .. },
+            ) => self
+                .open
+                .retain(|w| *w != (Work::Export, (id, volume.clone(), site.clone()))),
+            Event::Workflow(WorkflowEvent::VolumeReleased { volume, site, .. }) => self
+                .open
+                .retain(|(_, h)| *h != (id, volume.clone(), site.clone())),
+            Event::Workflow(WorkflowEvent::Finished { .. } | WorkflowEvent::Cancelled { .. }) => {
+                self.open.retain(|(_, h)| h.0 != id)
+            }
+            // A failed workflow still copies out what is due (its outputs
+            // are kept until then); it stages nothing more.
+            Event::Workflow(WorkflowEvent::Failed { .. }) => self
+                .open
+                .retain(|(work, h)| h.0 != id || *work == Work::Export),
+            Event::Transfer(TransferEvent::Requested {
+                workflow_id,
+                source,
+                destination,
+                ..
+            }) => {
+                self.transfers
+                    .insert(id, ((workflow_id, source, destination), false));
+            }
+            Event::Transfer(TransferEvent::Completed { .. }) => {
+                if let Some(t) = self.transfers.get_mut(&id) {
+                    t.1 = true;
+                }
+            }
+            Event::Transfer(TransferEvent::Failed { .. }) => {
+                self.transfers.remove(&id);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MoverError {
@@ -207,6 +332,7 @@ impl DataMover {
             self.start(work, holding);
         }
         let mut sub = self.log.subscribe(&self.subscription()).await?;
+        let mut snapshots = Refresh::every(SAVE_AFTER);
         // Moves are woken when a job of their workflow settles, and now and then in case
         // that came while they were being looked at.
         let mut sweep = tokio::time::interval(Duration::from_secs(5));
@@ -221,7 +347,15 @@ impl DataMover {
                     }
                 }
                 commits = sub.next(128, Duration::from_millis(200)) => {
-                    for commit in commits? {
+                    let commits = commits?;
+                    // A restart then folds at most about SAVE_AFTER commits past the snapshot.
+                    let log = self.log.clone();
+                    snapshots.delivered(commits.len() as u64, move || async move {
+                        if let Err(e) = MoverStart::load(&*log, SAVE_AFTER).await {
+                            tracing::warn!(error = %e, "could not fold the log for the data mover's snapshot");
+                        }
+                    });
+                    for commit in commits {
                         for raw in commit.events {
                             if raw.aggregate.kind != AggregateKind::Workflow {
                                 continue;
@@ -267,88 +401,15 @@ impl DataMover {
     }
 
     /// The volumes allocated and not yet staged, failed or given back, those due to be
-    /// copied out and not yet, and the transfers the log already has.
+    /// copied out and not yet (from the mover's snapshot and the log after it), and the
+    /// transfers the log already has.
     async fn recover(&self) -> Result<Vec<(Work, Holding)>, MoverError> {
-        let mut open: Vec<(Work, Holding)> = Vec::new();
-        let mut transfers: HashMap<Uuid, (TransferKey, bool)> = HashMap::new();
-        let mut after = 0;
-        loop {
-            let commits = self.log.read_from(after, 512).await?;
-            let Some(last) = commits.last() else { break };
-            after = last.position;
-            for commit in commits {
-                for raw in commit.events {
-                    if !matches!(
-                        raw.aggregate.kind,
-                        AggregateKind::Workflow | AggregateKind::Transfer
-                    ) {
-                        continue;
-                    }
-                    let e = raw.decode::<Event>().map_err(|e| MoverError::Decode {
-                        position: commit.position,
-                        message: e.to_string(),
-                    })?;
-                    let id = e.aggregate.id;
-                    match e.payload {
-                        Event::Workflow(WorkflowEvent::VolumeAllocated {
-                            volume,
-                            class: StorageClass::Volume,
-                            site,
-                            ..
-                        }) => open.push((Work::Stage, (id, volume, site))),
-                        Event::Workflow(WorkflowEvent::EgressDue { volumes }) => open.extend(
-                            volumes
-                                .into_iter()
-                                .map(|v| (Work::Export, (id, v.volume, v.site))),
-                        ),
-                        Event::Workflow(
-                            WorkflowEvent::VolumeStaged { volume, site, .. }
-                            | WorkflowEvent::VolumeStagingFailed { volume, site, .. },
-                        ) => {
-                            open.retain(|w| *w != (Work::Stage, (id, volume.clone(), site.clone())))
-                        }
-                        Event::Workflow(
-                            WorkflowEvent::VolumeExported { volume, site, .. }
-                            | WorkflowEvent::VolumeExportFailed { volume, site, .. },
-                        ) => open
-                            .retain(|w| *w != (Work::Export, (id, volume.clone(), site.clone()))),
-                        Event::Workflow(WorkflowEvent::VolumeReleased { volume, site, .. }) => {
-                            open.retain(|(_, h)| *h != (id, volume.clone(), site.clone()))
-                        }
-                        Event::Workflow(
-                            WorkflowEvent::Finished { .. } | WorkflowEvent::Cancelled { .. },
-                        ) => open.retain(|(_, h)| h.0 != id),
-                        // A failed workflow still copies out what is due (its outputs
-                        // are kept until then); it stages nothing more.
-                        Event::Workflow(WorkflowEvent::Failed { .. }) => {
-                            open.retain(|(work, h)| h.0 != id || *work == Work::Export)
-                        }
-                        Event::Transfer(TransferEvent::Requested {
-                            workflow_id,
-                            source,
-                            destination,
-                            ..
-                        }) => {
-                            transfers.insert(id, ((workflow_id, source, destination), false));
-                        }
-                        Event::Transfer(TransferEvent::Completed { .. }) => {
-                            if let Some(t) = transfers.get_mut(&id) {
-                                t.1 = true;
-                            }
-                        }
-                        Event::Transfer(TransferEvent::Failed { .. }) => {
-                            transfers.remove(&id);
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        }
+        let start = MoverStart::load(&*self.log, SAVE_AFTER).await?;
         let mut known = self.transfers.lock().expect("transfers");
-        for (id, (key, done)) in transfers {
+        for (id, (key, done)) in start.transfers {
             known.insert(key, (id, done));
         }
-        Ok(open)
+        Ok(start.open)
     }
 
     /// Stages or exports `holding` in the background, unless that is under way already.

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
 use meridian_eventlog::deferred::Deferred;
-use meridian_eventlog::{EventLog, LogError};
+use meridian_eventlog::{snapshot, EventLog, LogError};
 use meridian_events::aggregate::{
     Job, JobCommand, JobError, Workflow, WorkflowCommand, WorkflowError, WorkflowState,
 };
@@ -102,6 +102,8 @@ pub struct Router {
     /// What was decided while working through the delivered batch, appended when the
     /// batch is done, each workflow's commits in order (see `meridian_eventlog::deferred`).
     deferred: Deferred,
+    /// Saves a new snapshot in the background every so many commits delivered.
+    snapshots: snapshot::Refresh,
 }
 
 /// Refusals that mean a decision was already carried out (a commit delivered again after
@@ -121,6 +123,118 @@ fn already_done(e: &WorkflowError) -> bool {
     ) || matches!(e, WorkflowError::JobNotRunnable { reason, .. } if reason.contains("already released"))
 }
 
+/// What the router folds from the log before it serves: the catalogue and the work
+/// waiting on it. Kept as the router's snapshot, so that a restart folds only the
+/// commits after the last one (see `meridian_eventlog::snapshot`).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct RouterStart {
+    pub catalog: Catalog,
+    pub work: Work,
+    /// The position of the snapshot it started from, if one was used.
+    #[serde(skip)]
+    pub from_snapshot: Option<u64>,
+    /// Commits it read from the log (after the snapshot, if one was used).
+    #[serde(skip)]
+    pub read: u64,
+}
+
+/// The work the router picks up again at start.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Work {
+    /// Workflows submitted and never placed: their submissions may have been
+    /// acknowledged long ago (one waits for a site), so they are tried again at start.
+    pub unplaced: BTreeSet<Uuid>,
+    /// Per tenant: its workflows placed and not ended.
+    pub active: HashMap<String, BTreeSet<Uuid>>,
+    /// Per tenant: the GPUs of each of its jobs released and not ended.
+    pub gpus: HashMap<String, BTreeMap<Uuid, u32>>,
+    /// Workflows with a task held back for their tenant's GPU limit.
+    pub gpu_held: BTreeSet<Uuid>,
+}
+
+/// The name the router's snapshot is kept under, and its format (the catalogue's in
+/// the high half): bump it whenever [`Work`] or how an event folds into it changes.
+pub const SNAPSHOT: &str = "router";
+const SNAPSHOT_FORMAT: u32 = (meridian_domain::catalog::SNAPSHOT_FORMAT << 16) | 1;
+
+impl RouterStart {
+    /// From the router's snapshot and the commits after it (or the whole log, when there
+    /// is no snapshot that matches it); saves a new snapshot when it read `save_after`
+    /// commits or more. A failure to save is logged: the state is good all the same.
+    pub async fn load(log: &dyn EventLog, save_after: u64) -> Result<RouterStart, LogError> {
+        let mut start = match snapshot::load::<RouterStart>(log, SNAPSHOT, SNAPSHOT_FORMAT).await? {
+            Some((position, start)) => RouterStart {
+                from_snapshot: Some(position),
+                ..start
+            },
+            None => RouterStart::default(),
+        };
+        let RouterStart { catalog, work, .. } = &mut start;
+        start.read = catalog
+            .catch_up_visiting(log, |raw| work.visit(raw))
+            .await?;
+        if start.read >= save_after {
+            let position = start.catalog.position();
+            match snapshot::save(log, SNAPSHOT, SNAPSHOT_FORMAT, position, &start).await {
+                Ok(()) => tracing::info!(position, read = start.read, "router: saved a snapshot"),
+                Err(e) => tracing::warn!(error = %e, "router: could not save a snapshot"),
+            }
+        }
+        Ok(start)
+    }
+
+    /// Folds the whole log, ignoring and saving no snapshot: what [`RouterStart::load`]
+    /// must equal.
+    pub async fn fold_whole_log(log: &dyn EventLog) -> Result<RouterStart, LogError> {
+        let mut start = RouterStart::default();
+        let RouterStart { catalog, work, .. } = &mut start;
+        start.read = catalog
+            .catch_up_visiting(log, |raw| work.visit(raw))
+            .await?;
+        Ok(start)
+    }
+}
+
+impl Work {
+    fn visit(&mut self, raw: &meridian_events::RawEnvelope) {
+        if raw.aggregate.kind == AggregateKind::Job {
+            count_gpus_raw(&mut self.gpus, raw);
+            return;
+        }
+        if raw.aggregate.kind != AggregateKind::Workflow {
+            return;
+        }
+        let id = raw.aggregate.id;
+        match raw.payload.get("type").and_then(|t| t.as_str()) {
+            Some("workflow.submitted.v1") => {
+                self.unplaced.insert(id);
+            }
+            Some("workflow.placement_decided.v1") => {
+                self.unplaced.remove(&id);
+                self.active
+                    .entry(raw.tenant.clone())
+                    .or_default()
+                    .insert(id);
+            }
+            // A hold lasts until the next release; held work is tried again at start.
+            Some("workflow.release_held.v1") => {
+                self.gpu_held.insert(id);
+            }
+            Some("workflow.job_released.v1") => {
+                self.gpu_held.remove(&id);
+            }
+            Some("workflow.finished.v1" | "workflow.failed.v1" | "workflow.cancelled.v1") => {
+                self.unplaced.remove(&id);
+                self.gpu_held.remove(&id);
+                if let Some(placed) = self.active.get_mut(&raw.tenant) {
+                    placed.remove(&id);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// A site kept out of one workflow's placement after failing its work.
 #[derive(Debug, Clone)]
 pub struct Exclusion {
@@ -136,48 +250,32 @@ pub fn backoff(base: chrono::Duration, faults: u32) -> chrono::Duration {
 }
 
 impl Router {
+    /// A router that starts from its snapshot (and the log after it), saving a new one
+    /// whenever it has read [`snapshot::SAVE_AFTER`] commits past the last.
     pub async fn new(log: Arc<dyn EventLog>) -> Result<Router, RouterError> {
-        // Workflows submitted and never placed are tried again at start: their
-        // submissions may have been acknowledged long ago (one waits for a site).
-        let mut unplaced = BTreeSet::new();
-        let mut active: HashMap<String, BTreeSet<Uuid>> = HashMap::new();
-        let mut gpus: HashMap<String, BTreeMap<Uuid, u32>> = HashMap::new();
-        let mut gpu_held = BTreeSet::new();
-        let catalog = Catalog::load_with(&*log, |raw| {
-            if raw.aggregate.kind == AggregateKind::Job {
-                count_gpus_raw(&mut gpus, raw);
-                return;
-            }
-            if raw.aggregate.kind != AggregateKind::Workflow {
-                return;
-            }
-            let id = raw.aggregate.id;
-            match raw.payload.get("type").and_then(|t| t.as_str()) {
-                Some("workflow.submitted.v1") => {
-                    unplaced.insert(id);
-                }
-                Some("workflow.placement_decided.v1") => {
-                    unplaced.remove(&id);
-                    active.entry(raw.tenant.clone()).or_default().insert(id);
-                }
-                // A hold lasts until the next release; held work is tried again at start.
-                Some("workflow.release_held.v1") => {
-                    gpu_held.insert(id);
-                }
-                Some("workflow.job_released.v1") => {
-                    gpu_held.remove(&id);
-                }
-                Some("workflow.finished.v1" | "workflow.failed.v1" | "workflow.cancelled.v1") => {
-                    unplaced.remove(&id);
-                    gpu_held.remove(&id);
-                    if let Some(placed) = active.get_mut(&raw.tenant) {
-                        placed.remove(&id);
-                    }
-                }
-                _ => {}
-            }
-        })
-        .await?;
+        Router::with_snapshots_every(log, snapshot::SAVE_AFTER).await
+    }
+
+    /// [`Router::new`], saving a snapshot every `commits` commits read past the last.
+    pub async fn with_snapshots_every(
+        log: Arc<dyn EventLog>,
+        commits: u64,
+    ) -> Result<Router, RouterError> {
+        let began = std::time::Instant::now();
+        let start = RouterStart::load(&*log, commits).await?;
+        tracing::info!(
+            read = start.read,
+            snapshot = ?start.from_snapshot,
+            took_ms = began.elapsed().as_millis() as u64,
+            "router: folded the log's commits after its snapshot (or the whole log, without one)"
+        );
+        let RouterStart { catalog, work, .. } = start;
+        let Work {
+            unplaced,
+            active,
+            gpus,
+            gpu_held,
+        } = work;
         Ok(Router {
             log,
             catalog,
@@ -198,6 +296,7 @@ impl Router {
             gpu_held,
             last_refusal: None,
             deferred: Deferred::default(),
+            snapshots: snapshot::Refresh::every(commits),
         })
     }
 
@@ -266,6 +365,7 @@ impl Router {
                 }
             }
             let last = commits.last().map(|c| c.position);
+            let delivered = commits.len() as u64;
             for commit in commits {
                 let mut touched = BTreeSet::new();
                 for raw in commit.events {
@@ -287,6 +387,13 @@ impl Router {
             if let Some(position) = last {
                 sub.ack(position).await?;
             }
+            // A restart then folds at most about that many commits past the snapshot.
+            let (log, every) = (self.log.clone(), self.snapshots.every);
+            self.snapshots.delivered(delivered, move || async move {
+                if let Err(e) = RouterStart::load(&*log, every).await {
+                    tracing::warn!(error = %e, "router: could not fold the log for a snapshot");
+                }
+            });
         }
     }
 

@@ -10,7 +10,7 @@ use chrono::Utc;
 use meridian_eventlog::aggregates::{decode_all, execute, load};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::testkit::{BeforeAppend, Intercepted};
-use meridian_eventlog::EventLog;
+use meridian_eventlog::{EventLog, Snapshot};
 use meridian_events::aggregate::{
     Job, JobCommand, Site, SiteCommand, Workflow, WorkflowCommand, WorkflowState,
 };
@@ -19,7 +19,7 @@ use meridian_events::{
     Allocation, ComputeOffer, ComputePricing, Currency, Event, EventContext, JobEvent, PriceSheet,
     RawEnvelope, SiteKind, WorkflowEvent,
 };
-use meridian_router::Router;
+use meridian_router::{Router, RouterStart};
 use rust_decimal::Decimal;
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -567,6 +567,66 @@ async fn a_restarted_router_decides_nothing_twice() {
         })
         .count();
     assert_eq!(placements, 1);
+}
+
+/// A restart starts from the router's snapshot and folds only the commits after it, and
+/// starts exactly where a fold of the whole log would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_from_the_snapshot_starts_where_a_fold_of_the_whole_log_would() {
+    let mut b = Bench::new().await;
+    let id = b.submit(DAG).await;
+    let first = b
+        .wait_for("prep", async || {
+            let d = b.dispatched(id).await;
+            (!d.is_empty()).then_some(d)
+        })
+        .await;
+    b.run_job(first[0].0, 0).await;
+    let sweep = b
+        .wait_for("sweep", async || {
+            let d = b.dispatched(id).await;
+            (d.len() >= 3).then_some(d)
+        })
+        .await;
+    b.stop.send(true).unwrap();
+    (&mut b.router).await.unwrap();
+
+    let json = |start: &RouterStart| serde_json::to_value(start).unwrap();
+    let saved = RouterStart::load(&*b.log, 1).await.unwrap();
+    assert_eq!(
+        saved.from_snapshot, None,
+        "the running router saved none yet"
+    );
+    let position = saved.catalog.position();
+    assert_eq!(position, b.log.head().await.unwrap());
+    assert!(saved.work.active.values().any(|w| w.contains(&id)));
+
+    // After the snapshot: a job of the site ends, new work waits, a site appears.
+    b.run_job(sweep[1].0, 0).await;
+    let waiting = b.submit(DAG).await;
+    register_site(&*b.log, "later", "2").await;
+    let restarted = RouterStart::load(&*b.log, u64::MAX).await.unwrap();
+    let whole = RouterStart::fold_whole_log(&*b.log).await.unwrap();
+    assert_eq!(restarted.from_snapshot, Some(position));
+    assert_eq!(restarted.read, whole.read - saved.read);
+    assert_eq!(json(&restarted), json(&whole));
+    assert!(restarted.work.unplaced.contains(&waiting));
+    assert!(restarted.catalog.find("later").is_some());
+    assert_eq!(restarted.catalog.find("only").unwrap().runs, 2);
+
+    // One that does not decode (another version's) is ignored: the whole log is folded.
+    b.log
+        .save_snapshot(Snapshot {
+            name: meridian_router::SNAPSHOT.into(),
+            position: b.log.head().await.unwrap(),
+            body: br#"{"format":1}"#.to_vec(),
+        })
+        .await
+        .unwrap();
+    let again = RouterStart::load(&*b.log, u64::MAX).await.unwrap();
+    assert_eq!(again.from_snapshot, None);
+    assert_eq!(again.read, whole.read);
+    assert_eq!(json(&again), json(&whole));
 }
 
 /// (job id, task, site) of every dispatch of workflow `id`, in log order.

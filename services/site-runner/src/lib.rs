@@ -11,8 +11,8 @@
 //! Services: a service's run is submitted like a job, with its port and restart limit;
 //! once the site says it answers, the runner records where (`job.service_ready.v1`).
 //!
-//! Restarts: on start the runner finds, from the log, every job of its site that has not
-//! ended, and follows it again. Submission is idempotent at the adapter (backend jobs are
+//! Restarts: on start the runner finds, from its snapshot and the log after it, every
+//! job of its site that has not ended ([`OpenJobs`]), and follows it again. Submission is idempotent at the adapter (backend jobs are
 //! tagged with the Meridian job id), so nothing is submitted twice.
 
 use std::collections::HashMap;
@@ -29,7 +29,7 @@ use meridian_adapter_core::{
     PlacedShape, ReportTo, ServiceRequest, SiteAdapter, DEFAULT_MAX_RESTARTS,
 };
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
-use meridian_eventlog::{EventLog, LogError};
+use meridian_eventlog::{snapshot, EventLog, LogError};
 use meridian_events::aggregate::{Job, JobCommand, JobError, SiteCommand, Workflow};
 use meridian_events::vocabulary::{AcceleratorVendor, AllocatedGpus, Usage};
 use meridian_events::{
@@ -105,6 +105,9 @@ pub struct SiteRunner {
     /// Backend ids of array tasks submitted with their batch before their own dispatch
     /// reached this runner.
     batch_backends: HashMap<Uuid, BackendJobId>,
+    /// Saves the site's snapshot of open jobs ([`OpenJobs`]) in the background every so
+    /// many commits delivered.
+    snapshots: snapshot::Refresh,
 }
 
 /// How a job calls Meridian back: every job and service is started with
@@ -134,6 +137,80 @@ pub fn subscription_name(site: &str) -> String {
         })
         .collect();
     format!("site-{clean}")
+}
+
+/// The jobs dispatched to one site that have not ended, folded from the log: what a
+/// runner follows again after a restart. Kept as the site's snapshot, so that a
+/// restart reads only the commits after the last one.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OpenJobs {
+    /// The last position folded in.
+    pub position: u64,
+    pub jobs: std::collections::BTreeSet<Uuid>,
+    /// Commits read from the log (after the snapshot, if one was used).
+    #[serde(skip)]
+    pub read: u64,
+}
+
+/// The snapshot format of [`OpenJobs`]: bump it when what it folds changes.
+const OPEN_JOBS_FORMAT: u32 = 1;
+
+impl OpenJobs {
+    /// The snapshot name for `site`'s open jobs; `None` when the site's name makes it
+    /// longer than a snapshot name may be (the log is then folded whole at each start).
+    pub fn snapshot_name(site: &str) -> Option<String> {
+        Some(format!("{}-jobs", subscription_name(site))).filter(|n| n.len() <= 64)
+    }
+
+    /// From the site's snapshot and the commits after it (or the whole log); saves a
+    /// new snapshot when it read `save_after` commits or more.
+    pub async fn load(
+        log: &dyn EventLog,
+        site: &str,
+        save_after: u64,
+    ) -> Result<OpenJobs, LogError> {
+        let name = OpenJobs::snapshot_name(site);
+        let mut open = match &name {
+            Some(name) => snapshot::load::<OpenJobs>(log, name, OPEN_JOBS_FORMAT)
+                .await?
+                .map(|(_, open)| open)
+                .unwrap_or_default(),
+            None => OpenJobs::default(),
+        };
+        loop {
+            let commits = log.read_from(open.position, 512).await?;
+            let Some(last) = commits.last() else { break };
+            open.position = last.position;
+            open.read += commits.len() as u64;
+            for raw in commits.iter().flat_map(|c| &c.events) {
+                open.visit(site, raw);
+            }
+        }
+        if let Some(name) = name.filter(|_| open.read >= save_after) {
+            if let Err(e) = snapshot::save(log, &name, OPEN_JOBS_FORMAT, open.position, &open).await
+            {
+                tracing::warn!(site, error = %e, "could not save the site's snapshot");
+            }
+        }
+        Ok(open)
+    }
+
+    fn visit(&mut self, site: &str, raw: &meridian_events::RawEnvelope) {
+        if raw.aggregate.kind != AggregateKind::Job {
+            return;
+        }
+        let id = raw.aggregate.id;
+        if raw.sequence == 1 {
+            if raw.payload.get("site").and_then(|s| s.as_str()) == Some(site) {
+                self.jobs.insert(id);
+            }
+        } else if matches!(
+            raw.payload.get("type").and_then(|t| t.as_str()),
+            Some("job.finished.v1" | "job.failed.v1" | "job.cancelled.v1")
+        ) {
+            self.jobs.remove(&id);
+        }
+    }
 }
 
 /// How long a health check (or the leak sweep's listing) may take before the site is
@@ -170,6 +247,7 @@ impl SiteRunner {
             specs: HashMap::new(),
             call_back: None,
             batch_backends: HashMap::new(),
+            snapshots: snapshot::Refresh::every(snapshot::SAVE_AFTER),
         }
     }
 
@@ -244,7 +322,15 @@ impl SiteRunner {
         loop {
             tokio::select! {
                 commits = sub.next(128, Duration::from_millis(100)) => {
-                    for commit in commits? {
+                    let commits = commits?;
+                    // A restart then folds at most about SAVE_AFTER commits past the snapshot.
+                    let (log, site) = (self.log.clone(), self.site.clone());
+                    self.snapshots.delivered(commits.len() as u64, move || async move {
+                        if let Err(e) = OpenJobs::load(&*log, &site, snapshot::SAVE_AFTER).await {
+                            tracing::warn!(%site, error = %e, "could not fold the log for the site's snapshot");
+                        }
+                    });
+                    for commit in commits {
                         for raw in commit.events {
                             if raw.aggregate.kind != AggregateKind::Job {
                                 continue;
@@ -546,24 +632,11 @@ impl SiteRunner {
         Ok(true)
     }
 
-    /// Finds this site's jobs that have not ended, from the whole log.
+    /// Finds this site's jobs that have not ended (from its snapshot and the log after
+    /// it), and follows each again.
     async fn recover(&mut self) -> Result<(), RunnerError> {
-        let mut after = 0;
-        let mut mine = Vec::new();
-        loop {
-            let commits = self.log.read_from(after, 512).await?;
-            let Some(last) = commits.last() else { break };
-            after = last.position;
-            for raw in commits.into_iter().flat_map(|c| c.events) {
-                if raw.aggregate.kind != AggregateKind::Job || raw.sequence != 1 {
-                    continue;
-                }
-                if raw.payload.get("site").and_then(|s| s.as_str()) == Some(self.site.as_str()) {
-                    mine.push(raw.aggregate.id);
-                }
-            }
-        }
-        for id in mine {
+        let open = OpenJobs::load(&*self.log, &self.site, snapshot::SAVE_AFTER).await?;
+        for id in open.jobs {
             if self.jobs.contains_key(&id) {
                 continue;
             }

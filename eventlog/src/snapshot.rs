@@ -1,0 +1,155 @@
+//! Snapshots: state a service folded from the log up to a position, kept beside the log
+//! so that a restart folds only the commits after it instead of the whole history.
+//!
+//! A snapshot is a cache of the log, never a source of truth. [`load`] ignores, with a
+//! warning, one written in another format (another version of Meridian), one that does
+//! not decode, and one that does not match the log (the log is shorter, or holds
+//! another commit at its position: a log replaced under the same name); the caller then
+//! folds from the start, as without a snapshot. Two processes saving under one name
+//! need no coordination: each saves a fold of the same log, and the backend keeps the
+//! one at the later position.
+
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{EventLog, LogError};
+
+/// What a backend keeps under a name: the latest body saved, and the log position it
+/// was folded up to (every commit up to and including it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub name: String,
+    pub position: u64,
+    pub body: Vec<u8>,
+}
+
+/// Commits read past the last snapshot after which a new one is worth saving: reading
+/// ten thousand commits takes well under a second, so a restart never folds much more.
+pub const SAVE_AFTER: u64 = 10_000;
+
+/// The stored body: the state, the format it was written in, and the first event id of
+/// the commit at its position (so a snapshot of another log with the same name is
+/// recognised).
+#[derive(Serialize, Deserialize)]
+struct Body<T> {
+    format: u32,
+    last_event: Uuid,
+    state: T,
+}
+
+/// The state kept under `name` and the position it was folded up to, if a snapshot
+/// there is in `format` and matches the log; `None` otherwise (why is logged at WARN).
+pub async fn load<T: DeserializeOwned>(
+    log: &dyn EventLog,
+    name: &str,
+    format: u32,
+) -> Result<Option<(u64, T)>, LogError> {
+    let Some(snapshot) = log.load_snapshot(name).await? else {
+        return Ok(None);
+    };
+    let position = snapshot.position;
+    let ignored = |why: String| {
+        tracing::warn!(
+            snapshot = name,
+            position,
+            "ignoring the snapshot ({why}); folding the log from its start"
+        );
+        None
+    };
+    let head = match serde_json::from_slice::<Body<IgnoredAny>>(&snapshot.body) {
+        Ok(head) => head,
+        Err(e) => return Ok(ignored(format!("it does not decode: {e}"))),
+    };
+    if head.format != format {
+        return Ok(ignored(format!(
+            "written in format {}, this version reads {format}",
+            head.format
+        )));
+    }
+    if last_event_at(log, position).await? != Some(head.last_event) {
+        return Ok(ignored(format!(
+            "the log holds no commit at position {position} whose first event is {}",
+            head.last_event
+        )));
+    }
+    match serde_json::from_slice::<Body<T>>(&snapshot.body) {
+        Ok(body) => Ok(Some((position, body.state))),
+        Err(e) => Ok(ignored(format!("its state does not decode: {e}"))),
+    }
+}
+
+/// Saves `state`, folded from every commit up to and including `position`, under
+/// `name` in `format`.
+pub async fn save<T: Serialize>(
+    log: &dyn EventLog,
+    name: &str,
+    format: u32,
+    position: u64,
+    state: &T,
+) -> Result<(), LogError> {
+    let Some(last_event) = last_event_at(log, position).await? else {
+        return Err(LogError::Backend(format!(
+            "no commit at position {position} to save the snapshot {name:?} at"
+        )));
+    };
+    let body = serde_json::to_vec(&Body {
+        format,
+        last_event,
+        state,
+    })
+    .map_err(|e| LogError::Backend(format!("encoding the snapshot {name:?}: {e}")))?;
+    log.save_snapshot(Snapshot {
+        name: name.to_string(),
+        position,
+        body,
+    })
+    .await
+}
+
+/// The first event id of the commit at `position`, if there is one there.
+async fn last_event_at(log: &dyn EventLog, position: u64) -> Result<Option<Uuid>, LogError> {
+    if position == 0 {
+        return Ok(None);
+    }
+    let commits = log.read_from(position - 1, 1).await?;
+    Ok(commits
+        .into_iter()
+        .next()
+        .filter(|c| c.position == position)
+        .and_then(|c| c.events.first().map(|e| e.event_id)))
+}
+
+/// Keeps a running service's snapshot fresh: counts the commits delivered to it and,
+/// once `every` have come since the last time, runs `fold` in the background (one at a
+/// time). `fold` folds the log from the snapshot again and saves the result, rather
+/// than saving the running state, so a snapshot is always exactly what a start folds.
+#[derive(Debug)]
+pub struct Refresh {
+    pub every: u64,
+    since: u64,
+    running: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Refresh {
+    pub fn every(commits: u64) -> Refresh {
+        Refresh {
+            every: commits,
+            since: 0,
+            running: None,
+        }
+    }
+
+    /// Counts `commits` delivered; starts `fold` when it is time and none is running.
+    pub fn delivered<F>(&mut self, commits: u64, fold: impl FnOnce() -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.since += commits;
+        if self.since < self.every || self.running.as_ref().is_some_and(|r| !r.is_finished()) {
+            return;
+        }
+        self.since = 0;
+        self.running = Some(tokio::spawn(fold()));
+    }
+}
