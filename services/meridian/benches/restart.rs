@@ -39,28 +39,37 @@ struct Restart {
     router: (Duration, u64),
     site: (Duration, u64),
     mover: (Duration, u64),
-    catalog: Duration,
+    catalog: (Duration, u64),
 }
 
 impl Restart {
-    async fn measure(log: &dyn EventLog, site: &str, save_after: u64) -> Restart {
+    /// The site runner's fold is of the site with the most runs.
+    async fn measure(log: &dyn EventLog, save_after: u64) -> Restart {
         let t = Instant::now();
         let router = RouterStart::load(log, save_after).await.expect("router");
+        let site = busiest_site(&router.catalog);
         let router = (t.elapsed(), router.read);
         let t = Instant::now();
-        let open = OpenJobs::load(log, site, save_after).await.expect("site");
+        let open = OpenJobs::load(log, &site, save_after).await.expect("site");
         let site = (t.elapsed(), open.read);
         let t = Instant::now();
         let mover = MoverStart::load(log, save_after).await.expect("mover");
         let mover = (t.elapsed(), mover.read);
-        // What the site runner and the data mover load besides (its own snapshot).
+        // What the site runner and the data mover load besides (its own snapshot, saved
+        // once it reads 10,000 commits or more).
+        let before = log
+            .load_snapshot(meridian_domain::catalog::SNAPSHOT)
+            .await
+            .unwrap()
+            .map_or(0, |s| s.position);
         let t = Instant::now();
-        Catalog::load(log).await.expect("catalogue");
+        let catalog = Catalog::load(log).await.expect("catalogue");
+        let catalog = (t.elapsed(), catalog.position() - before);
         Restart {
             router,
             site,
             mover,
-            catalog: t.elapsed(),
+            catalog,
         }
     }
 
@@ -74,10 +83,35 @@ impl Restart {
         row("router", self.router);
         row("site runner (open jobs)", self.site);
         row("data mover", self.mover);
-        println!(
-            "| catalogue (site runner, data mover), {how} | {events} | – | {:.3} |",
-            self.catalog.as_secs_f64()
-        );
+        row("catalogue (site runner, data mover)", self.catalog);
+    }
+}
+
+fn busiest_site(catalog: &Catalog) -> String {
+    catalog
+        .sites
+        .values()
+        .max_by_key(|s| s.runs)
+        .map(|s| s.name.clone())
+        .expect("the history has sites")
+}
+
+/// The size of each snapshot, as stored.
+async fn sizes(log: &dyn EventLog) {
+    let site = busiest_site(&Catalog::load(log).await.unwrap());
+    for name in [
+        meridian_router::SNAPSHOT.to_string(),
+        OpenJobs::snapshot_name(&site).unwrap_or_default(),
+        meridian_datamover::SNAPSHOT.to_string(),
+        meridian_domain::catalog::SNAPSHOT.to_string(),
+    ] {
+        if let Ok(Some(s)) = log.load_snapshot(&name).await {
+            println!(
+                "| snapshot `{name}`: {} bytes at position {} |",
+                s.body.len(),
+                s.position
+            );
+        }
     }
 }
 
@@ -95,16 +129,6 @@ async fn read_and_decode(log: &dyn EventLog) -> Duration {
     t.elapsed()
 }
 
-async fn busiest_site(log: &dyn EventLog) -> String {
-    let catalog = Catalog::load(log).await.unwrap();
-    catalog
-        .sites
-        .values()
-        .max_by_key(|s| s.runs)
-        .map(|s| s.name.clone())
-        .expect("the history has sites")
-}
-
 #[tokio::main]
 async fn main() {
     let events = number("--events", 1_000_000);
@@ -119,7 +143,6 @@ async fn main() {
         t.elapsed().as_secs_f64()
     );
     let log = SqliteLog::open(&path).await.unwrap();
-    let site = busiest_site(&log).await;
     println!("| what | events in the log | commits read | seconds |");
     println!("| --- | ---: | ---: | ---: |");
     println!(
@@ -127,9 +150,7 @@ async fn main() {
         read_and_decode(&log).await.as_secs_f64()
     );
     // No snapshot: every fold reads the whole log, and saves a snapshot at its end.
-    Restart::measure(&log, &site, 1)
-        .await
-        .rows(written, "no snapshot");
+    Restart::measure(&log, 1).await.rows(written, "no snapshot");
     // The services run on: `tail` more commits come, then a restart.
     let mut left = tail;
     let (_, more) = write(&path, &mut generator, |_, _| {
@@ -137,9 +158,10 @@ async fn main() {
         left == 0
     })
     .await;
-    Restart::measure(&log, &site, u64::MAX)
+    Restart::measure(&log, u64::MAX)
         .await
         .rows(written + more, &format!("snapshot {tail} commits behind"));
+    sizes(&log).await;
 }
 
 async fn write(
