@@ -93,7 +93,11 @@ fn decode_commit(position: u64, payload: &[u8]) -> Result<Vec<RawEnvelope>, LogE
 /// current: just created (or just after a server came back) it may not, and a direct
 /// read would time out. Waits for that, bounded, so a service starting with the cluster
 /// does not fail its first read.
-async fn wait_for_replicas(stream: &stream::Stream, config: &NatsConfig) -> Result<(), LogError> {
+async fn wait_for_replicas(
+    stream: &stream::Stream,
+    name: &str,
+    replicas: usize,
+) -> Result<(), LogError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut info = stream.clone();
     loop {
@@ -101,17 +105,15 @@ async fn wait_for_replicas(stream: &stream::Stream, config: &NatsConfig) -> Resu
             Ok(i) => match &i.cluster {
                 Some(c)
                     if c.leader.is_some()
-                        && c.replicas.len() + 1 >= config.replicas
+                        && c.replicas.len() + 1 >= replicas
                         && c.replicas.iter().all(|r| r.current) =>
                 {
                     return Ok(())
                 }
                 Some(c) if c.leader.is_none() => "no leader yet".to_string(),
-                Some(c) if c.replicas.len() + 1 < config.replicas => format!(
-                    "{} of {} replicas known",
-                    c.replicas.len() + 1,
-                    config.replicas
-                ),
+                Some(c) if c.replicas.len() + 1 < replicas => {
+                    format!("{} of {} replicas known", c.replicas.len() + 1, replicas)
+                }
                 Some(c) => format!(
                     "replicas not current: {}",
                     c.replicas
@@ -128,10 +130,10 @@ async fn wait_for_replicas(stream: &stream::Stream, config: &NatsConfig) -> Resu
         if tokio::time::Instant::now() >= deadline {
             return Err(LogError::Unavailable(format!(
                 "stream {} at R{} is not ready after 60 s: {why}",
-                config.stream, config.replicas
+                name, replicas
             )));
         }
-        tracing::info!(stream = %config.stream, %why, "waiting for the stream's replicas");
+        tracing::info!(stream = %name, %why, "waiting for the stream's replicas");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -173,7 +175,7 @@ impl NatsLog {
                 LogError::Unavailable(format!("cannot create stream {}: {e}", config.stream))
             })?;
         if config.replicas > 1 {
-            wait_for_replicas(&stream, &config).await?;
+            wait_for_replicas(&stream, &config.stream, config.replicas).await?;
         }
         Ok(NatsLog {
             js,
@@ -190,25 +192,36 @@ impl NatsLog {
         self.snapshots
             .get_or_try_init(|| async {
                 let bucket = format!("{}_SNAPSHOTS", self.config.stream);
-                if let Ok(store) = self.js.get_object_store(&bucket).await {
-                    return Ok(store);
+                let store = match self.js.get_object_store(&bucket).await {
+                    Ok(store) => store,
+                    Err(_) => self.create_snapshots(&bucket).await?,
+                };
+                // Just created (or just after a server came back), a replicated bucket
+                // answers nothing until it has a leader, as the stream at `connect`.
+                if self.config.replicas > 1 {
+                    let stream = self
+                        .js
+                        .get_stream(format!("OBJ_{bucket}"))
+                        .await
+                        .map_err(unavailable)?;
+                    wait_for_replicas(&stream, &bucket, self.config.replicas).await?;
                 }
-                self.js
-                    .create_object_store(object_store::Config {
-                        bucket: bucket.clone(),
-                        description: Some(
-                            "Meridian's snapshots of state folded from the log".into(),
-                        ),
-                        storage: StorageType::File,
-                        num_replicas: self.config.replicas,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| {
-                        LogError::Unavailable(format!("cannot create the bucket {bucket}: {e}"))
-                    })
+                Ok(store)
             })
             .await
+    }
+
+    async fn create_snapshots(&self, bucket: &str) -> Result<object_store::ObjectStore, LogError> {
+        self.js
+            .create_object_store(object_store::Config {
+                bucket: bucket.to_string(),
+                description: Some("Meridian's snapshots of state folded from the log".into()),
+                storage: StorageType::File,
+                num_replicas: self.config.replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| LogError::Unavailable(format!("cannot create the bucket {bucket}: {e}")))
     }
 
     fn subject(&self, aggregate: AggregateRef) -> String {

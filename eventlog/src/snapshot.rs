@@ -39,14 +39,21 @@ struct Body<T> {
 }
 
 /// The state kept under `name` and the position it was folded up to, if a snapshot
-/// there is in `format` and matches the log; `None` otherwise (why is logged at WARN).
+/// there can be read, is in `format` and matches the log; `None` otherwise (why is
+/// logged at WARN). Fails only when the log itself cannot be read.
 pub async fn load<T: DeserializeOwned>(
     log: &dyn EventLog,
     name: &str,
     format: u32,
 ) -> Result<Option<(u64, T)>, LogError> {
-    let Some(snapshot) = log.load_snapshot(name).await? else {
-        return Ok(None);
+    // A snapshot is a cache: one that cannot be read now costs a longer fold, not a start.
+    let snapshot = match log.load_snapshot(name).await {
+        Ok(Some(snapshot)) => snapshot,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            tracing::warn!(snapshot = name, error = %e, "cannot read the snapshot; folding the log from its start");
+            return Ok(None);
+        }
     };
     let position = snapshot.position;
     let ignored = |why: String| {

@@ -12,34 +12,11 @@ use meridian_events::{Allocation, EventContext};
 use meridian_site_runner::OpenJobs;
 use uuid::Uuid;
 
+mod common;
+
 async fn dispatch(log: &dyn EventLog, site: &str) -> Uuid {
-    let job_id = Uuid::now_v7();
-    let rate = meridian_events::ComputeRate {
-        offer: "local".into(),
-        pricing: meridian_events::ComputePricing::Resource {
-            per_core_hour: rust_decimal::Decimal::ONE,
-            per_gib_memory_hour: rust_decimal::Decimal::ZERO,
-            per_gpu_hour: rust_decimal::Decimal::ZERO,
-        },
-        currency: meridian_events::Currency::USD,
-        effective_from: chrono::Utc::now(),
-        source: "test".into(),
-    };
-    execute::<Job, _>(log, job_id, &EventContext::new_chain("t"), |_| {
-        JobCommand::Dispatch {
-            workflow_id: Uuid::now_v7(),
-            job: "j".into(),
-            index: None,
-            attempt: 1,
-            site: site.into(),
-            rate: rate.clone(),
-            resources: meridian_spec::Resources::default(),
-            batch: None,
-        }
-    })
-    .await
-    .unwrap();
-    job_id
+    let resources = meridian_spec::Resources::default();
+    common::dispatch(log, site, Uuid::now_v7(), "j", resources).await
 }
 
 /// Submitted, started and finished: three commits.

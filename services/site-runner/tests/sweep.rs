@@ -136,30 +136,14 @@ async fn a_cancel_the_site_missed_is_passed_on_again() {
     })
     .await
     .unwrap();
-    let job_id = Uuid::now_v7();
-    let rate = meridian_events::ComputeRate {
-        offer: "local".into(),
-        pricing: meridian_events::ComputePricing::Resource {
-            per_core_hour: rust_decimal::Decimal::ONE,
-            per_gib_memory_hour: rust_decimal::Decimal::ZERO,
-            per_gpu_hour: rust_decimal::Decimal::ZERO,
-        },
-        currency: meridian_events::Currency::USD,
-        effective_from: chrono::Utc::now(),
-        source: "test".into(),
-    };
-    execute::<Job, _>(&*log, job_id, &ctx, |_| JobCommand::Dispatch {
+    let job_id = common::dispatch(
+        &*log,
+        "here",
         workflow_id,
-        job: "slow".into(),
-        index: None,
-        attempt: 1,
-        site: "here".into(),
-        rate: rate.clone(),
-        resources: spec.jobs["slow"].resources.clone(),
-        batch: None,
-    })
-    .await
-    .unwrap();
+        "slow",
+        spec.jobs["slow"].resources.clone(),
+    )
+    .await;
     let mut config = LocalConfig::new(dir.path().join("site"));
     config.container_runtime = ContainerRuntime::None;
     config.kill_grace = Duration::from_millis(200);

@@ -1,5 +1,8 @@
 //! What the site runner's tests share.
 
+// Each test file uses some of these.
+#![allow(dead_code)]
+
 use std::collections::BTreeMap;
 
 use meridian_eventlog::aggregates::execute;
@@ -25,4 +28,42 @@ pub async fn register(log: &dyn EventLog, name: &str) -> Uuid {
     .await
     .unwrap();
     site_id
+}
+
+/// Dispatches a new job of `workflow_id` to `site` at a local rate (one commit); its id.
+pub async fn dispatch(
+    log: &dyn EventLog,
+    site: &str,
+    workflow_id: Uuid,
+    job: &str,
+    resources: meridian_spec::Resources,
+) -> Uuid {
+    use meridian_events::aggregate::{Job, JobCommand};
+    let job_id = Uuid::now_v7();
+    let rate = meridian_events::ComputeRate {
+        offer: "local".into(),
+        pricing: meridian_events::ComputePricing::Resource {
+            per_core_hour: rust_decimal::Decimal::ONE,
+            per_gib_memory_hour: rust_decimal::Decimal::ZERO,
+            per_gpu_hour: rust_decimal::Decimal::ZERO,
+        },
+        currency: meridian_events::Currency::USD,
+        effective_from: chrono::Utc::now(),
+        source: "test".into(),
+    };
+    execute::<Job, _>(log, job_id, &EventContext::new_chain("t"), |_| {
+        JobCommand::Dispatch {
+            workflow_id,
+            job: job.into(),
+            index: None,
+            attempt: 1,
+            site: site.into(),
+            rate: rate.clone(),
+            resources: resources.clone(),
+            batch: None,
+        }
+    })
+    .await
+    .unwrap();
+    job_id
 }
