@@ -248,7 +248,7 @@ impl Catalog {
                     ) {
                         continue;
                     }
-                    events.push(raw.decode::<Event>().map_err(|e| LogError::Corrupt {
+                    events.push(raw.decode_event().map_err(|e| LogError::Corrupt {
                         position: commit.position,
                         message: e.to_string(),
                     })?);

@@ -115,7 +115,7 @@ async fn delivered(log: &dyn EventLog, after: u64) -> Vec<(u64, Envelope<Event>)
         .flat_map(|c| {
             c.events
                 .into_iter()
-                .map(move |e| (c.position, e.decode::<Event>().unwrap()))
+                .map(move |e| (c.position, e.decode_event().unwrap()))
         })
         .collect()
 }

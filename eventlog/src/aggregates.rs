@@ -35,8 +35,9 @@ pub struct Loaded<A> {
 pub fn decode_all(raw: Vec<RawEnvelope>) -> Result<Vec<Envelope<Event>>, String> {
     raw.into_iter()
         .map(|e| {
-            let at = format!("{} #{}", e.aggregate, e.sequence);
-            e.decode::<Event>().map_err(|err| format!("{at}: {err}"))
+            let (aggregate, sequence) = (e.aggregate, e.sequence);
+            e.decode_event()
+                .map_err(|err| format!("{aggregate} #{sequence}: {err}"))
         })
         .collect()
 }

@@ -219,4 +219,10 @@ impl RawEnvelope {
     pub fn decode<P: serde::de::DeserializeOwned>(self) -> Result<Envelope<P>, serde_json::Error> {
         self.try_map_payload(serde_json::from_value)
     }
+
+    /// Reads the payload as an [`Event`](crate::Event): what `decode::<Event>()` gives,
+    /// read in place ([`Event::from_payload`](crate::Event::from_payload)).
+    pub fn decode_event(self) -> Result<Envelope<crate::Event>, serde_json::Error> {
+        self.try_map_payload(|payload| crate::Event::from_payload(&payload))
+    }
 }

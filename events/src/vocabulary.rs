@@ -325,22 +325,30 @@ impl<'de> Deserialize<'de> for Event {
         // Read once as JSON, then hand the whole object to the enum its tag names; an
         // untagged enum would only say "did not match any variant".
         let value = serde_json::Value::deserialize(deserializer)?;
-        let tag = value
+        Event::from_payload(&value).map_err(D::Error::custom)
+    }
+}
+
+impl Event {
+    /// Decodes a payload the log already parsed, reading it in place: the enum its tag
+    /// names deserializes straight from it. Reading every event at a start or a rebuild
+    /// goes through here, so it must not copy the payload (as `from_value` would).
+    pub fn from_payload(payload: &serde_json::Value) -> Result<Event, serde_json::Error> {
+        let tag = payload
             .get("type")
             .and_then(|t| t.as_str())
-            .ok_or_else(|| D::Error::missing_field("type"))?;
+            .ok_or_else(|| serde_json::Error::missing_field("type"))?;
         let prefix = tag.split('.').next().unwrap_or_default();
         let kind = AggregateKind::parse(prefix)
-            .ok_or_else(|| D::Error::custom(format!("unknown event type {tag:?}")))?;
-        let event = match kind {
-            AggregateKind::Workflow => serde_json::from_value(value).map(Event::Workflow),
-            AggregateKind::Job => serde_json::from_value(value).map(Event::Job),
-            AggregateKind::Site => serde_json::from_value(value).map(Event::Site),
-            AggregateKind::Transfer => serde_json::from_value(value).map(Event::Transfer),
-            AggregateKind::Tenant => serde_json::from_value(value).map(Event::Tenant),
-            AggregateKind::Token => serde_json::from_value(value).map(Event::Token),
-        };
-        event.map_err(D::Error::custom)
+            .ok_or_else(|| serde_json::Error::custom(format!("unknown event type {tag:?}")))?;
+        match kind {
+            AggregateKind::Workflow => WorkflowEvent::deserialize(payload).map(Event::Workflow),
+            AggregateKind::Job => JobEvent::deserialize(payload).map(Event::Job),
+            AggregateKind::Site => SiteEvent::deserialize(payload).map(Event::Site),
+            AggregateKind::Transfer => TransferEvent::deserialize(payload).map(Event::Transfer),
+            AggregateKind::Tenant => TenantEvent::deserialize(payload).map(Event::Tenant),
+            AggregateKind::Token => TokenEvent::deserialize(payload).map(Event::Token),
+        }
     }
 }
 

@@ -629,6 +629,8 @@ fn every_variant_round_trips_through_the_envelope() {
         let typed: Envelope<Event> = stored.clone().decode().unwrap();
         assert_eq!(typed, envelope);
         assert_eq!(typed.sequence, 7);
+        // Read in place, as services read the log: the same event.
+        assert_eq!(stored.clone().decode_event().unwrap(), envelope);
 
         // Each per-aggregate enum reads its own events straight from the envelope too.
         let kind = envelope.payload.kind();
@@ -705,24 +707,25 @@ fn money_travels_as_strings_never_floats() {
 
 #[test]
 fn decoding_names_what_is_wrong() {
-    let err = serde_json::from_value::<Event>(json!({"type": "workflow.exploded.v1"}))
-        .unwrap_err()
-        .to_string();
+    // Through serde and read in place, the same message.
+    let decode = |payload: serde_json::Value| {
+        let through_serde = serde_json::from_value::<Event>(payload.clone())
+            .unwrap_err()
+            .to_string();
+        let in_place = Event::from_payload(&payload).unwrap_err().to_string();
+        assert_eq!(through_serde, in_place);
+        in_place
+    };
+    let err = decode(json!({"type": "workflow.exploded.v1"}));
     assert!(err.contains("workflow.exploded.v1"), "{err}");
-    let err = serde_json::from_value::<Event>(json!({"type": "bogus.thing.v1"}))
-        .unwrap_err()
-        .to_string();
+    let err = decode(json!({"type": "bogus.thing.v1"}));
     assert!(err.contains("unknown event type"), "{err}");
-    let err = serde_json::from_value::<Event>(json!({"finished_at": "2025-03-01T01:00:00Z"}))
-        .unwrap_err()
-        .to_string();
+    let err = decode(json!({"finished_at": "2025-03-01T01:00:00Z"}));
     assert!(err.contains("type"), "{err}");
     // A currency is validated on the way in.
-    let err = serde_json::from_value::<Event>(json!({
+    let err = decode(json!({
         "type": "workflow.billed.v1", "totals": {"usd": "1"}, "as_of_position": 1
-    }))
-    .unwrap_err()
-    .to_string();
+    }));
     assert!(err.contains("usd"), "{err}");
 }
 

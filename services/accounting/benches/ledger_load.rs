@@ -113,8 +113,7 @@ async fn read_alone(log: &dyn EventLog) -> Duration {
         for event in commits.iter().flat_map(|c| &c.events) {
             let tag = event.payload.get("type").and_then(|t| t.as_str());
             if tag.is_some_and(|t| meridian_accounting::ledger::READS.contains(&t)) {
-                let _: meridian_events::Event =
-                    serde::Deserialize::deserialize(&event.payload).expect("decode");
+                meridian_events::Event::from_payload(&event.payload).expect("decode");
                 decoded += 1;
             }
         }

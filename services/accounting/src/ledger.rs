@@ -41,7 +41,6 @@ use meridian_events::{
 use meridian_ops::trace;
 use meridian_store::{Projection, StoreError, Tx};
 use rust_decimal::Decimal;
-use serde::Deserialize;
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -299,7 +298,7 @@ fn decode(commits: &[Commit]) -> Result<Vec<Read<'_>>, StoreError> {
             if !tag.is_some_and(|t| READS.contains(&t)) {
                 continue;
             }
-            let event = Event::deserialize(&raw.payload)
+            let event = Event::from_payload(&raw.payload)
                 .map_err(|e| apply_error(commit.position, format!("{}: {e}", raw.event_id)))?;
             out.push(Read {
                 position: commit.position,

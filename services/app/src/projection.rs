@@ -14,6 +14,7 @@ use meridian_events::{
     AggregateKind, JobEvent, JobOutcome, RawEnvelope, TransferEvent, WorkflowEvent,
 };
 use meridian_store::{Projection, StoreError, Tx};
+use serde::Deserialize;
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -137,17 +138,17 @@ impl Projection for StatusProjection {
             };
             match envelope.aggregate.kind {
                 AggregateKind::Workflow => {
-                    let event: WorkflowEvent = serde_json::from_value(envelope.payload.clone())
+                    let event = WorkflowEvent::deserialize(&envelope.payload)
                         .map_err(|e| failed(e.to_string()))?;
                     apply_workflow(tx, commit.position, envelope, &event).await?;
                 }
                 AggregateKind::Job => {
-                    let event: JobEvent = serde_json::from_value(envelope.payload.clone())
+                    let event = JobEvent::deserialize(&envelope.payload)
                         .map_err(|e| failed(e.to_string()))?;
                     apply_job(tx, commit.position, envelope, &event).await?;
                 }
                 AggregateKind::Transfer => {
-                    let event: TransferEvent = serde_json::from_value(envelope.payload.clone())
+                    let event = TransferEvent::deserialize(&envelope.payload)
                         .map_err(|e| failed(e.to_string()))?;
                     apply_transfer(tx, commit.position, envelope, &event).await?;
                 }

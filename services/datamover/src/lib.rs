@@ -132,7 +132,7 @@ impl MoverStart {
         ) {
             return Ok(());
         }
-        let e = raw.decode::<Event>().map_err(|e| MoverError::Decode {
+        let e = raw.decode_event().map_err(|e| MoverError::Decode {
             position,
             message: e.to_string(),
         })?;
@@ -360,7 +360,7 @@ impl DataMover {
                             if raw.aggregate.kind != AggregateKind::Workflow {
                                 continue;
                             }
-                            let envelope = raw.decode::<Event>().map_err(|e| MoverError::Decode {
+                            let envelope = raw.decode_event().map_err(|e| MoverError::Decode {
                                 position: commit.position,
                                 message: e.to_string(),
                             })?;

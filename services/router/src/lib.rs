@@ -369,7 +369,7 @@ impl Router {
             for commit in commits {
                 let mut touched = BTreeSet::new();
                 for raw in commit.events {
-                    let envelope = raw.decode::<Event>().map_err(|e| RouterError::Decode {
+                    let envelope = raw.decode_event().map_err(|e| RouterError::Decode {
                         position: commit.position,
                         message: e.to_string(),
                     })?;

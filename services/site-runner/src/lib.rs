@@ -335,7 +335,7 @@ impl SiteRunner {
                             if raw.aggregate.kind != AggregateKind::Job {
                                 continue;
                             }
-                            let envelope = raw.decode::<Event>().map_err(|e| RunnerError::Decode {
+                            let envelope = raw.decode_event().map_err(|e| RunnerError::Decode {
                                 position: commit.position,
                                 message: e.to_string(),
                             })?;
