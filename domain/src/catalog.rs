@@ -154,10 +154,6 @@ pub struct Catalog {
     /// whenever its shapes, prices or cordons change.
     #[serde(skip)]
     pub(crate) fits: crate::placement::FitCache,
-    /// Commits folded in by [`Catalog::catch_up`] since the catalogue was loaded or last
-    /// saved as a snapshot.
-    #[serde(skip)]
-    unsaved: u64,
 }
 
 /// The name the catalogue's snapshot is kept under, and its format: bump the format
@@ -175,7 +171,14 @@ impl Catalog {
             .await?
             .map(|(_, catalog)| catalog)
             .unwrap_or_default();
-        catalog.catch_up(log).await?;
+        let read = catalog.catch_up_visiting(log, |_| {}).await?;
+        if read >= snapshot::SAVE_AFTER {
+            if let Err(e) =
+                snapshot::save(log, SNAPSHOT, SNAPSHOT_FORMAT, catalog.position, &catalog).await
+            {
+                tracing::warn!(error = %e, "could not save the catalogue's snapshot");
+            }
+        }
         Ok(catalog)
     }
 
@@ -198,23 +201,13 @@ impl Catalog {
 
     /// Reads the commits appended after [`Catalog::position`] and folds them in. On an
     /// error the commits before the failing one stay folded in, and the next call
-    /// resumes there. Once [`snapshot::SAVE_AFTER`] commits were folded in since the
-    /// catalogue was loaded or saved, saves it as the snapshot (a failure to save is
-    /// logged, and the catalogue is still good).
+    /// resumes there. Saves no snapshot: [`Catalog::load`] (a start) does, so that a
+    /// catalogue kept up to date on a request path never pays for one.
     pub async fn catch_up(&mut self, log: &dyn EventLog) -> Result<(), LogError> {
-        self.unsaved += self.catch_up_visiting(log, |_| {}).await?;
-        if self.unsaved >= snapshot::SAVE_AFTER {
-            self.unsaved = 0;
-            if let Err(e) =
-                snapshot::save(log, SNAPSHOT, SNAPSHOT_FORMAT, self.position, &*self).await
-            {
-                tracing::warn!(error = %e, "could not save the catalogue's snapshot");
-            }
-        }
-        Ok(())
+        self.catch_up_visiting(log, |_| {}).await.map(|_| ())
     }
 
-    /// [`Catalog::catch_up`] without snapshots, showing `visit` every event read
+    /// [`Catalog::catch_up`], showing `visit` every event read
     /// (undecoded); returns how many commits it read.
     pub async fn catch_up_visiting(
         &mut self,

@@ -415,6 +415,38 @@ pub async fn count_until(
     }
 }
 
+/// Runs job `job_id` to its end as a site reports it: submitted, started on one node,
+/// finished with `exit_code` (three commits), for tests of what follows a job's run.
+pub async fn run_job(log: &dyn crate::EventLog, job_id: uuid::Uuid, exit_code: i32) {
+    use meridian_events::aggregate::{Job, JobCommand};
+    let ctx = meridian_events::EventContext::new_chain("t");
+    let now = chrono::Utc::now();
+    for command in [
+        JobCommand::RecordSubmission {
+            backend_job_id: "1".into(),
+        },
+        JobCommand::Start {
+            started_at: now,
+            allocated: meridian_events::Allocation {
+                nodes: 1,
+                cpus: 1,
+                memory_bytes: 1 << 30,
+                gpus: None,
+            },
+            hosts: vec![],
+        },
+        JobCommand::Finish {
+            ended_at: now,
+            exit_code,
+            usage: meridian_events::vocabulary::Usage::default(),
+        },
+    ] {
+        crate::aggregates::execute::<Job, _>(log, job_id, &ctx, |_| command.clone())
+            .await
+            .expect("record the job's run");
+    }
+}
+
 /// What [`Intercepted`] runs before each append: given the commit about to be appended,
 /// the work to do first (say, another writer's append that the commit must meet).
 pub type BeforeAppend = Box<

@@ -61,8 +61,8 @@ pub struct App {
     store: Store,
     /// The application's tables exist; created on first use so that `new` needs no I/O.
     schema: Arc<OnceCell<()>>,
-    /// The site catalogue behind sites and quotes: starts empty, and each use catches it
-    /// up with what was appended since.
+    /// The site catalogue behind sites and quotes: loaded (from its snapshot) on first
+    /// use, then each use catches it up with what was appended since.
     catalog: Arc<Mutex<Catalog>>,
     /// The key of the workflow credentials this deployment's jobs carry; without it,
     /// workflow credentials are refused.
@@ -122,10 +122,15 @@ impl App {
     /// it: catch-ups wait on it.
     pub async fn catalog(&self) -> Result<MutexGuard<'_, Catalog>, AppError> {
         let mut catalog = self.catalog.lock().await;
-        catalog
-            .catch_up(&*self.log)
-            .await
-            .map_err(|e| AppError::from_log("reading the site catalogue", e))?;
+        let read = if catalog.position() == 0 {
+            // The first use is a start: from the catalogue's snapshot, when there is one.
+            Catalog::load(&*self.log)
+                .await
+                .map(|loaded| *catalog = loaded)
+        } else {
+            catalog.catch_up(&*self.log).await
+        };
+        read.map_err(|e| AppError::from_log("reading the site catalogue", e))?;
         Ok(catalog)
     }
 }

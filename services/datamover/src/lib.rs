@@ -132,10 +132,7 @@ impl MoverStart {
         ) {
             return Ok(());
         }
-        let e = raw.decode_event().map_err(|e| MoverError::Decode {
-            position,
-            message: e.to_string(),
-        })?;
+        let e = decode(position, raw)?;
         let id = e.aggregate.id;
         match e.payload {
             Event::Workflow(WorkflowEvent::VolumeAllocated {
@@ -193,6 +190,17 @@ impl MoverStart {
         }
         Ok(())
     }
+}
+
+/// The event of `raw`, read at log position `position`.
+fn decode(
+    position: u64,
+    raw: meridian_events::RawEnvelope,
+) -> Result<meridian_events::Envelope<Event>, MoverError> {
+    raw.decode_event().map_err(|e| MoverError::Decode {
+        position,
+        message: e.to_string(),
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -360,10 +368,7 @@ impl DataMover {
                             if raw.aggregate.kind != AggregateKind::Workflow {
                                 continue;
                             }
-                            let envelope = raw.decode_event().map_err(|e| MoverError::Decode {
-                                position: commit.position,
-                                message: e.to_string(),
-                            })?;
+                            let envelope = decode(commit.position, raw)?;
                             let id = envelope.aggregate.id;
                             match envelope.payload {
                                 Event::Workflow(WorkflowEvent::VolumeAllocated {

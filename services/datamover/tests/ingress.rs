@@ -16,8 +16,7 @@ use meridian_eventlog::aggregates::{decode_all, execute, load};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{
-    Job, JobCommand, Site, SiteCommand, Transfer, TransferCommand, Workflow, WorkflowCommand,
-    WorkflowState,
+    Site, SiteCommand, Transfer, TransferCommand, Workflow, WorkflowCommand, WorkflowState,
 };
 use meridian_events::vocabulary::Endpoint;
 use meridian_events::{
@@ -479,32 +478,7 @@ async fn a_copy_under_way_at_a_stop_is_finished_under_the_same_transfer() {
 
 /// Runs job `job_id` to success, as a site runner would.
 async fn run_job(log: &dyn EventLog, job_id: Uuid) {
-    let ctx = EventContext::new_chain("t");
-    let now = Utc::now();
-    for cmd in [
-        JobCommand::RecordSubmission {
-            backend_job_id: "1".into(),
-        },
-        JobCommand::Start {
-            started_at: now,
-            allocated: meridian_events::Allocation {
-                nodes: 1,
-                cpus: 1,
-                memory_bytes: 1 << 30,
-                gpus: None,
-            },
-            hosts: vec![],
-        },
-        JobCommand::Finish {
-            ended_at: now,
-            exit_code: 0,
-            usage: meridian_events::vocabulary::Usage::default(),
-        },
-    ] {
-        execute::<Job, _>(log, job_id, &ctx, |_| cmd.clone())
-            .await
-            .unwrap();
-    }
+    meridian_eventlog::testkit::run_job(log, job_id, 0).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -132,6 +132,15 @@ impl Bench {
         out
     }
 
+    /// The jobs of workflow `id` dispatched so far, once there are at least `count`.
+    async fn dispatched_at_least(&self, what: &str, id: Uuid, count: usize) -> Vec<(Uuid, String)> {
+        self.wait_for(what, async || {
+            let d = self.dispatched(id).await;
+            (d.len() >= count).then_some(d)
+        })
+        .await
+    }
+
     async fn wait_for<T>(&self, what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
@@ -178,32 +187,7 @@ impl Bench {
     }
 
     async fn run_job(&self, job_id: Uuid, exit_code: i32) {
-        let ctx = EventContext::new_chain("t");
-        let now = Utc::now();
-        for cmd in [
-            JobCommand::RecordSubmission {
-                backend_job_id: "1".into(),
-            },
-            JobCommand::Start {
-                started_at: now,
-                allocated: Allocation {
-                    nodes: 1,
-                    cpus: 1,
-                    memory_bytes: 1 << 30,
-                    gpus: None,
-                },
-                hosts: vec![],
-            },
-            JobCommand::Finish {
-                ended_at: now,
-                exit_code,
-                usage: Usage::default(),
-            },
-        ] {
-            execute::<Job, _>(&*self.log, job_id, &ctx, |_| cmd.clone())
-                .await
-                .unwrap();
-        }
+        meridian_eventlog::testkit::run_job(&*self.log, job_id, exit_code).await
     }
 }
 
@@ -284,12 +268,7 @@ jobs:
 async fn releases_follow_the_dag_and_the_array_cap() {
     let b = Bench::new().await;
     let id = b.submit(DAG).await;
-    let first = b
-        .wait_for("prep dispatched", async || {
-            let d = b.dispatched(id).await;
-            (!d.is_empty()).then_some(d)
-        })
-        .await;
+    let first = b.dispatched_at_least("prep dispatched", id, 1).await;
     assert_eq!(
         first.iter().map(|d| d.1.as_str()).collect::<Vec<_>>(),
         ["prep"]
@@ -298,12 +277,7 @@ async fn releases_follow_the_dag_and_the_array_cap() {
     assert_eq!(wf.placement().unwrap().site, "only");
 
     b.run_job(first[0].0, 0).await;
-    let sweep = b
-        .wait_for("two sweep tasks", async || {
-            let d = b.dispatched(id).await;
-            (d.len() >= 3).then_some(d)
-        })
-        .await;
+    let sweep = b.dispatched_at_least("two sweep tasks", id, 3).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let now = b.dispatched(id).await;
     assert_eq!(
@@ -453,12 +427,7 @@ async fn a_site_that_takes_arrays_gets_them_in_batches_held_to_the_cap() {
 async fn a_failed_job_fails_the_workflow_without_releasing_its_dependents() {
     let b = Bench::new().await;
     let id = b.submit(DAG).await;
-    let first = b
-        .wait_for("prep", async || {
-            let d = b.dispatched(id).await;
-            (!d.is_empty()).then_some(d)
-        })
-        .await;
+    let first = b.dispatched_at_least("prep", id, 1).await;
     b.run_job(first[0].0, 2).await;
     b.wait_for("the workflow fails", async || {
         (b.workflow(id).await.state() == Some(WorkflowState::Failed)).then_some(())
@@ -475,12 +444,7 @@ async fn a_failed_job_fails_the_workflow_without_releasing_its_dependents() {
 async fn a_cancel_request_reaches_running_jobs() {
     let b = Bench::new().await;
     let id = b.submit(DAG).await;
-    let first = b
-        .wait_for("prep", async || {
-            let d = b.dispatched(id).await;
-            (!d.is_empty()).then_some(d)
-        })
-        .await;
+    let first = b.dispatched_at_least("prep", id, 1).await;
     execute::<Workflow, _>(&*b.log, id, &EventContext::new_chain("t"), |_| {
         WorkflowCommand::RequestCancel {
             by: "tester".into(),
@@ -537,19 +501,10 @@ async fn an_unplaceable_workflow_is_rejected_with_reasons_and_fails() {
 async fn a_restarted_router_decides_nothing_twice() {
     let mut b = Bench::new().await;
     let id = b.submit(DAG).await;
-    let first = b
-        .wait_for("prep", async || {
-            let d = b.dispatched(id).await;
-            (!d.is_empty()).then_some(d)
-        })
-        .await;
+    let first = b.dispatched_at_least("prep", id, 1).await;
     b.restart().await;
     b.run_job(first[0].0, 0).await;
-    b.wait_for("sweep", async || {
-        let d = b.dispatched(id).await;
-        (d.len() >= 3).then_some(())
-    })
-    .await;
+    b.dispatched_at_least("sweep", id, 3).await;
     b.restart().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let all = b.dispatched(id).await;
@@ -575,19 +530,9 @@ async fn a_restarted_router_decides_nothing_twice() {
 async fn a_restart_from_the_snapshot_starts_where_a_fold_of_the_whole_log_would() {
     let mut b = Bench::new().await;
     let id = b.submit(DAG).await;
-    let first = b
-        .wait_for("prep", async || {
-            let d = b.dispatched(id).await;
-            (!d.is_empty()).then_some(d)
-        })
-        .await;
+    let first = b.dispatched_at_least("prep", id, 1).await;
     b.run_job(first[0].0, 0).await;
-    let sweep = b
-        .wait_for("sweep", async || {
-            let d = b.dispatched(id).await;
-            (d.len() >= 3).then_some(d)
-        })
-        .await;
+    let sweep = b.dispatched_at_least("sweep", id, 3).await;
     b.stop.send(true).unwrap();
     (&mut b.router).await.unwrap();
 
@@ -741,12 +686,7 @@ async fn volumes_are_held_from_placement_until_the_workflow_ends() {
     let id = b
         .submit("version: v1\nname: v\nvolumes:\n  data: {size: 10GiB}\njobs:\n  a: {image: host, command: [\"true\"], mounts: {data: /data}}\n")
         .await;
-    let first = b
-        .wait_for("the dispatch", async || {
-            let d = b.dispatched(id).await;
-            (!d.is_empty()).then_some(d)
-        })
-        .await;
+    let first = b.dispatched_at_least("the dispatch", id, 1).await;
     let held: Vec<(String, String, u64)> = b
         .workflow(id)
         .await
@@ -1135,12 +1075,7 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
             "version: v1\nname: g\njobs:\n  train:\n    image: host\n    command: [\"true\"]\n    array: {start: 1, end: 3, parallelism: 3}\n    resources: {gpus: {count: 2, vendor: any}}\n",
         )
         .await;
-    let two = b
-        .wait_for("two tasks dispatched", async || {
-            let d = b.dispatched(id).await;
-            (d.len() >= 2).then_some(d)
-        })
-        .await;
+    let two = b.dispatched_at_least("two tasks dispatched", id, 2).await;
     let held = b
         .wait_for("the third held", async || {
             let history = load::<Workflow>(&*b.log, id).await.unwrap().history;

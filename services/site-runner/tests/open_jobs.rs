@@ -3,12 +3,8 @@
 
 use std::sync::Arc;
 
-use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::{EventLog, Snapshot};
-use meridian_events::aggregate::{Job, JobCommand};
-use meridian_events::vocabulary::Usage;
-use meridian_events::{Allocation, EventContext};
 use meridian_site_runner::OpenJobs;
 use uuid::Uuid;
 
@@ -17,37 +13,6 @@ mod common;
 async fn dispatch(log: &dyn EventLog, site: &str) -> Uuid {
     let resources = meridian_spec::Resources::default();
     common::dispatch(log, site, Uuid::now_v7(), "j", resources).await
-}
-
-/// Submitted, started and finished: three commits.
-async fn finish(log: &dyn EventLog, job_id: Uuid) {
-    let now = chrono::Utc::now();
-    for command in [
-        JobCommand::RecordSubmission {
-            backend_job_id: "1".into(),
-        },
-        JobCommand::Start {
-            started_at: now,
-            allocated: Allocation {
-                nodes: 1,
-                cpus: 1,
-                memory_bytes: 1 << 30,
-                gpus: None,
-            },
-            hosts: vec![],
-        },
-        JobCommand::Finish {
-            ended_at: now,
-            exit_code: 0,
-            usage: Usage::default(),
-        },
-    ] {
-        execute::<Job, _>(log, job_id, &EventContext::new_chain("t"), |_| {
-            command.clone()
-        })
-        .await
-        .unwrap();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,7 +27,7 @@ async fn a_restart_folds_the_snapshot_and_the_commits_after_it() {
     ]
     .into();
     let there = dispatch(&*log, "there").await;
-    finish(&*log, here[0]).await;
+    meridian_eventlog::testkit::run_job(&*log, here[0], 0).await;
 
     let first = OpenJobs::load(&*log, "here", 1).await.unwrap();
     assert_eq!(first.jobs, [here[1], here[2]].into());
@@ -75,7 +40,7 @@ async fn a_restart_folds_the_snapshot_and_the_commits_after_it() {
 
     // The runner goes on; then a restart reads only what came after the snapshot.
     let later = dispatch(&*log, "here").await;
-    finish(&*log, here[1]).await;
+    meridian_eventlog::testkit::run_job(&*log, here[1], 0).await;
     let restarted = OpenJobs::load(&*log, "here", u64::MAX).await.unwrap();
     assert_eq!(
         restarted.read, 4,
