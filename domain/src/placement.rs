@@ -907,6 +907,17 @@ pub fn decide_for(
     }
 }
 
+/// What [`decide_for`] would decide were every site served by an adapter: an estimate
+/// (a budget's) that does not depend on which adapters are connected now.
+pub fn decide_as_if_connected(
+    spec: &Workflow,
+    tenant: Option<&str>,
+    catalog: &Catalog,
+    now: DateTime<Utc>,
+) -> Decision {
+    decide_among(spec, tenant, catalog, now, &BTreeSet::new())
+}
+
 fn decide_among(
     spec: &Workflow,
     tenant: Option<&str>,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use chrono::{TimeZone, Utc};
-use meridian_domain::placement::{decide, Decision};
+use meridian_domain::placement::{decide, decide_as_if_connected, decide_for, Decision};
 use meridian_domain::Catalog;
 use meridian_events::vocabulary::workflow::Verdict;
 use meridian_events::{
@@ -555,4 +555,35 @@ fn a_cordoned_device_takes_its_gpus_out_of_the_shape_and_lowers_reliability() {
         decide(&train("nvidia"), &catalog, now()),
         Decision::Placed(_)
     ));
+}
+
+#[test]
+fn an_estimate_as_if_connected_prices_sites_no_adapter_serves_yet() {
+    let spec = meridian_spec::parse(TWO_JOBS).unwrap();
+    let sites = [Site {
+        name: "only",
+        core_hour: "0.02",
+        gpus: 0,
+        cpus: 64,
+    }];
+    let priced_anywhere = catalog(&sites, &[]);
+    let mut served_only = priced_anywhere.clone();
+    served_only.ignore_connections = false;
+
+    // No adapter has connected the site: placement waits for one.
+    let waiting = decide_for(&spec, None, &served_only, now());
+    assert!(
+        matches!(&waiting, Decision::Waiting { sites, .. } if sites == &["only".to_string()]),
+        "{waiting:?}"
+    );
+    // A budget's estimate is the price it would run at once one does.
+    let Decision::Placed(estimate) = decide_as_if_connected(&spec, None, &served_only, now())
+    else {
+        panic!("the estimate places the workflow");
+    };
+    let Decision::Placed(anywhere) = decide(&spec, &priced_anywhere, now()) else {
+        panic!("placed when connections are ignored");
+    };
+    assert_eq!(estimate.site, "only");
+    assert_eq!(estimate.estimated_cost, anywhere.estimated_cost);
 }

@@ -20,7 +20,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use meridian_accounting::Period;
-use meridian_domain::placement::{decide_for, Decision};
+use meridian_domain::placement::{decide_as_if_connected, Decision};
 
 use crate::tenants::{check_tenant_path, no_tenant};
 use crate::{Action, App, AppError, Principal};
@@ -241,9 +241,8 @@ impl App {
             .as_ref()
             .map_or(meridian_events::Currency::USD, |m| m.currency);
         let estimate = {
-            let mut catalog = meridian_domain::Catalog::clone(&*self.catalog().await?);
-            catalog.ignore_connections = true;
-            match decide_for(spec, Some(tenant), &catalog, Utc::now()) {
+            let catalog = self.catalog().await?;
+            match decide_as_if_connected(spec, Some(tenant), &catalog, Utc::now()) {
                 Decision::Placed(p) => p.estimated_cost,
                 // Nowhere to run it: placement will reject it, and it costs nothing.
                 _ => Money::new(Decimal::ZERO, currency),
