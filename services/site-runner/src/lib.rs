@@ -175,7 +175,13 @@ impl OpenJobs {
                 .await?
                 .map(|(_, open)| open)
                 .unwrap_or_default(),
-            None => OpenJobs::default(),
+            None => {
+                tracing::warn!(
+                    site,
+                    "the site's name is too long for a snapshot name: each start reads the whole log"
+                );
+                OpenJobs::default()
+            }
         };
         loop {
             let commits = log.read_from(open.position, 512).await?;
@@ -324,10 +330,16 @@ impl SiteRunner {
                 commits = sub.next(128, Duration::from_millis(100)) => {
                     let commits = commits?;
                     // A restart then folds at most about SAVE_AFTER commits past the snapshot.
-                    let (log, site) = (self.log.clone(), self.site.clone());
-                    self.snapshots.delivered(commits.len() as u64, move || async move {
-                        if let Err(e) = OpenJobs::load(&*log, &site, snapshot::SAVE_AFTER).await {
-                            tracing::warn!(%site, error = %e, "could not fold the log for the site's snapshot");
+                    // (No snapshot can be kept under a site name too long for one.)
+                    self.snapshots.delivered(commits.len() as u64, || {
+                        let (log, site) = (self.log.clone(), self.site.clone());
+                        async move {
+                            if OpenJobs::snapshot_name(&site).is_none() {
+                                return;
+                            }
+                            if let Err(e) = OpenJobs::load(&*log, &site, snapshot::SAVE_AFTER).await {
+                                tracing::warn!(%site, error = %e, "could not fold the log for the site's snapshot");
+                            }
                         }
                     });
                     for commit in commits {
