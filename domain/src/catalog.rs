@@ -423,7 +423,7 @@ impl Catalog {
             event,
             SiteEvent::Heartbeat { .. } | SiteEvent::HealthReported { .. }
         ) {
-            self.fits.forget(&site.name);
+            self.fits.forget(site);
         }
         match event {
             SiteEvent::Registered { .. } => {}

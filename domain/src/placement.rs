@@ -15,11 +15,12 @@ use meridian_events::vocabulary::workflow::{
     VolumeMove,
 };
 use meridian_events::vocabulary::AcceleratorVendor;
-use meridian_events::{Allocation, ComputeRate, Currency, Money, StorageRate};
+use meridian_events::{Allocation, ComputeRate, Money, StorageRate};
 use meridian_spec::{GpuVendor, Resources, Size, Walltime, Workflow};
 use rust_decimal::Decimal;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use uuid::Uuid;
 
 use crate::catalog::{labels, Catalog, SiteEntry};
 use crate::shape_index::ShapeIndex;
@@ -326,9 +327,7 @@ fn shape_misfit<'a>(
 #[derive(Default)]
 pub struct FitCache {
     /// Request → site → its fit.
-    fits: std::sync::Mutex<
-        std::collections::HashMap<Request, std::collections::HashMap<String, Fit>>,
-    >,
+    fits: std::sync::Mutex<std::collections::HashMap<Request, SiteFits>>,
     /// Site → its shape index, and the price sheet it was built with.
     indexes: std::sync::Mutex<std::collections::HashMap<String, SheetIndex>>,
 }
@@ -341,18 +340,13 @@ type SheetIndex = (DateTime<Utc>, Arc<ShapeIndex>);
 const FITS_KEPT: usize = 100_000;
 
 impl FitCache {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        std::collections::HashMap<Request, std::collections::HashMap<String, Fit>>,
-    > {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Request, SiteFits>> {
         self.fits.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// What is known for each of `requests`, by site, taken out for one decision (a
     /// decision made meanwhile on the same catalogue learns afresh).
-    fn take(&self, requests: &[Request]) -> Vec<std::collections::HashMap<String, Fit>> {
+    fn take(&self, requests: &[Request]) -> Vec<SiteFits> {
         let mut fits = self.lock();
         requests
             .iter()
@@ -361,7 +355,7 @@ impl FitCache {
     }
 
     /// Puts back what [`FitCache::take`] took, with what the decision learnt.
-    fn put_back(&self, requests: Vec<Request>, known: Vec<std::collections::HashMap<String, Fit>>) {
+    fn put_back(&self, requests: Vec<Request>, known: Vec<SiteFits>) {
         let mut fits = self.lock();
         if fits.values().map(|sites| sites.len()).sum::<usize>() >= FITS_KEPT {
             fits.clear();
@@ -372,14 +366,14 @@ impl FitCache {
     }
 
     /// Drops what was learnt of `site`: its shapes, prices or cordons changed.
-    pub(crate) fn forget(&self, site: &str) {
+    pub(crate) fn forget(&self, site: &SiteEntry) {
         for sites in self.lock().values_mut() {
-            sites.remove(site);
+            sites.remove(&site.id);
         }
         self.indexes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(site);
+            .remove(&site.name);
     }
 
     /// `site`'s shape index for `sheet`, built on first use.
@@ -429,6 +423,41 @@ impl Clone for FitCache {
 impl std::fmt::Debug for FitCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "FitCache({} fits)", self.len())
+    }
+}
+
+/// What a decision knows of each site for one request, by the site's id: a site's
+/// entry keeps the id it was first registered with, and ids hash cheaply where names
+/// would be hashed and compared at every site of every decision.
+type SiteFits = std::collections::HashMap<Uuid, Fit, BuildSiteIdHasher>;
+
+/// Hashes a site's id (a UUIDv7, whose last 62 bits are random) by folding it, not
+/// through SipHash: the ids are not chosen by whoever submits work.
+#[derive(Clone, Copy, Default)]
+struct BuildSiteIdHasher;
+
+impl std::hash::BuildHasher for BuildSiteIdHasher {
+    type Hasher = SiteIdHasher;
+    fn build_hasher(&self) -> SiteIdHasher {
+        SiteIdHasher(0)
+    }
+}
+
+#[derive(Default)]
+struct SiteIdHasher(u64);
+
+impl std::hash::Hasher for SiteIdHasher {
+    fn finish(&self) -> u64 {
+        // Spread the bits: hashbrown takes its groups from the top seven.
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 =
+                (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x100_0000_01b3);
+        }
     }
 }
 
@@ -536,38 +565,44 @@ impl Search<'_> {
     }
 }
 
-/// The cheapest way to run `tasks` tasks of `resources` on one of `site`'s shapes: the
-/// rate and the compute cost, or why no shape fits. Learnt once per site, request and
-/// price sheet: `known` is what the [`FitCache`] holds for this request, by site.
+/// The compute cost of the cheapest way to run `tasks` tasks of `resources` on one of
+/// `site`'s shapes, or why no shape fits. Learnt once per site, request and price sheet:
+/// `known` is what the [`FitCache`] holds for this request, by site, and keeps the rate
+/// ([`SiteOffer::rate`]). Only the cost is copied out: every site is priced at every
+/// decision, and the rate is wanted of the chosen ones alone.
 fn cheapest_shape(
     site: &SiteEntry,
     sheet: &meridian_events::PriceSheet,
     job: &str,
     (resources, tasks, spot): (&Resources, u32, bool),
-    (search, known): (Search<'_>, &mut std::collections::HashMap<String, Fit>),
-) -> Result<(Arc<ComputeRate>, Decimal), String> {
-    let found = match known
-        .get(&site.name)
-        .filter(|fit| fit.sheet == sheet.effective_from)
-    {
-        Some(fit) => fit.found.clone(),
-        None => {
+    (search, known): (Search<'_>, &mut SiteFits),
+) -> Result<Decimal, String> {
+    let fit = match known.entry(site.id) {
+        std::collections::hash_map::Entry::Occupied(kept)
+            if kept.get().sheet == sheet.effective_from =>
+        {
+            kept.into_mut()
+        }
+        entry => {
             let found = match search.run(site, sheet, resources, tasks, spot) {
                 Ok((rate, cost)) => Ok((Arc::new(rate), cost)),
                 Err(why) => Err(Arc::new(why)),
             };
-            known.insert(
-                site.name.clone(),
-                Fit {
-                    sheet: sheet.effective_from,
-                    found: found.clone(),
-                },
-            );
-            found
+            let fit = Fit {
+                sheet: sheet.effective_from,
+                found,
+            };
+            match entry {
+                std::collections::hash_map::Entry::Occupied(mut stale) => {
+                    stale.insert(fit);
+                    stale.into_mut()
+                }
+                std::collections::hash_map::Entry::Vacant(new) => new.insert(fit),
+            }
         }
     };
-    found.map_err(|why| {
-        let (shown, more) = &*why;
+    fit.found.as_ref().map(|(_, cost)| *cost).map_err(|why| {
+        let (shown, more) = &**why;
         format!(
             "no shape fits job {job}: {}{}",
             shown.join("; "),
@@ -649,12 +684,27 @@ pub fn decide(spec: &Workflow, catalog: &Catalog, now: DateTime<Utc>) -> Decisio
     decide_for(spec, None, catalog, now)
 }
 
-/// What one site offers a workflow: each job's cheapest rate and compute cost there, or
-/// why the job does not fit.
+/// What one site offers a workflow: each job's cheapest compute cost there, or why the
+/// job does not fit, in the order of the workflow's work (a job past the first that does
+/// not fit is left out unless every job was priced).
 struct SiteOffer<'c> {
     site: &'c SiteEntry,
     sheet: &'c meridian_events::PriceSheet,
-    jobs: BTreeMap<&'c str, Result<(Arc<ComputeRate>, Decimal), String>>,
+    jobs: Vec<Result<Decimal, String>>,
+}
+
+impl SiteOffer<'_> {
+    /// The rate the cost of the `job`th of the work was priced at, if it fits: the
+    /// sheet's first offer at a site without shapes, else its fit in `known`.
+    fn rate(&self, job: usize, known: &[SiteFits]) -> Option<ComputeRate> {
+        self.jobs.get(job)?.as_ref().ok()?;
+        if self.site.shapes.is_empty() {
+            let first = self.sheet.compute.first()?;
+            return self.sheet.compute_rate(&first.offer);
+        }
+        let (rate, _) = known.get(job)?.get(&self.site.id)?.found.as_ref().ok()?;
+        Some(ComputeRate::clone(rate))
+    }
 }
 
 /// Egress estimates through volume tiers: the tenant's month so far out of each source,
@@ -812,32 +862,28 @@ fn offer<'c>(
     work: &'c [(String, &Resources, u32)],
     spot: bool,
     every_job: bool,
-    (search, known): (Search<'_>, &mut [std::collections::HashMap<String, Fit>]),
+    (search, known): (Search<'_>, &mut [SiteFits]),
 ) -> Result<SiteOffer<'c>, String> {
-    let mut jobs = BTreeMap::new();
+    let mut jobs = Vec::with_capacity(work.len());
     if site.shapes.is_empty() {
         // A site without declared shapes is judged by its labels and first offer.
         let offer = sheet
             .compute
             .first()
             .ok_or("its price sheet has no compute offer")?;
-        let rate = Arc::new(
-            sheet
-                .compute_rate(&offer.offer)
-                .expect("the offer comes from this sheet"),
-        );
         for (job, resources, tasks) in work {
             let priced = match misfit(site, job, resources) {
                 Some(reason) => Err(reason),
                 None => {
                     let seconds = Decimal::from(resources.walltime.secs()) * Decimal::from(*tasks);
-                    rate.cost(&allocation(resources), seconds)
-                        .map(|c| (rate.clone(), c.amount))
+                    offer
+                        .pricing
+                        .amount(&allocation(resources), seconds)
                         .map_err(|_| "the estimate overflows".to_string())
                 }
             };
             let misfit = priced.is_err();
-            jobs.insert(job.as_str(), priced);
+            jobs.push(priced);
             if misfit && !every_job {
                 break;
             }
@@ -847,7 +893,7 @@ fn offer<'c>(
             let priced =
                 cheapest_shape(site, sheet, job, (resources, *tasks, spot), (search, known));
             let misfit = priced.is_err();
-            jobs.insert(job.as_str(), priced);
+            jobs.push(priced);
             if misfit && !every_job {
                 break;
             }
@@ -967,32 +1013,26 @@ fn decide_among(
                 continue;
             }
         };
-        let whole = site_offer.jobs.values().try_fold(
-            (Decimal::ZERO, None::<Currency>, false),
-            |(sum, first, mixed), r| {
-                let (rate, cost) = r.as_ref().map_err(Clone::clone)?;
-                let first = first.unwrap_or(rate.currency);
-                Ok::<_, String>((sum + cost, Some(first), mixed || rate.currency != first))
-            },
-        );
+        // Every rate of a site comes from its sheet in force, so in the sheet's currency.
+        let whole = site_offer.jobs.iter().try_fold(Decimal::ZERO, |sum, cost| {
+            Ok::<_, String>(sum + cost.as_ref().map_err(Clone::clone)?)
+        });
+        let nothing_to_run = site_offer.jobs.is_empty();
         // What fits here counts for the split plan too.
         offers.push(site_offer);
         let offer_at = offers.len() - 1;
-        let (compute, currency) = match whole {
-            Ok((_, None, _)) => {
+        let compute = match whole {
+            Ok(_) if nothing_to_run => {
                 candidates.push(reject("the workflow has nothing to run".into()));
                 continue;
             }
-            Ok((_, Some(_), true)) => {
-                candidates.push(reject("its offers are priced in several currencies".into()));
-                continue;
-            }
-            Ok((compute, Some(currency), false)) => (compute, currency),
+            Ok(compute) => compute,
             Err(reason) => {
                 candidates.push(reject(reason));
                 continue;
             }
         };
+        let currency = sheet.currency;
         let mut meter = EgressMeter::new(catalog, tenant, now);
         let data_in = spec
             .volumes
@@ -1026,7 +1066,6 @@ fn decide_among(
         });
         priced.push((total, site, offer_at));
     }
-    catalog.fits.put_back(requests, known);
 
     // Sites priced in different currencies are not compared by amount alone (there are
     // no exchange rates yet): currency orders first. `prefer: cheapest` then takes the
@@ -1039,11 +1078,11 @@ fn decide_among(
     let short = |s: &SiteEntry| gpu_shortfall(s, &work);
     // Each site's shortfall, queue and unreliability, worked out once rather than at
     // every comparison.
-    let mut keyed: Vec<(_, (Money, &SiteEntry, usize))> = priced
+    let keyed = priced
         .into_iter()
-        .map(|p| ((short(p.1), queue(p.1), unreliability(p.1)), p))
-        .collect();
-    keyed.sort_by(|(ka, a), (kb, b)| {
+        .map(|p| ((short(p.1), queue(p.1), unreliability(p.1)), p));
+    // Only the first in that order is wanted: the least, not a sort of them all.
+    let first = keyed.min_by(|(ka, a), (kb, b)| {
         let (short_a, queue_a, unreliable_a) = ka;
         let (short_b, queue_b, unreliable_b) = kb;
         let currency = a.0.currency.cmp(&b.0.currency);
@@ -1064,16 +1103,12 @@ fn decide_among(
         currency.then(order).then(a.1.name.cmp(&b.1.name))
     });
     // The chosen site's rates: what fits there, every job.
-    let best = keyed.into_iter().next().map(|(_, (total, site, at))| {
+    let best = first.map(|(_, (total, site, at))| {
         let offer = &offers[at];
-        let job_rates: BTreeMap<String, ComputeRate> = offer
-            .jobs
+        let job_rates: BTreeMap<String, ComputeRate> = work
             .iter()
-            .filter_map(|(job, r)| {
-                r.as_ref()
-                    .ok()
-                    .map(|(rate, _)| (job.to_string(), ComputeRate::clone(rate)))
-            })
+            .enumerate()
+            .filter_map(|(at, (job, ..))| Some((job.clone(), offer.rate(at, &known)?)))
             .collect();
         (total, site, offer.sheet.storage_rate(), job_rates)
     });
@@ -1090,8 +1125,18 @@ fn decide_among(
             }));
         }
         let currency = best.as_ref().map(|b| b.0.currency);
-        split_plan(spec, &work, &offers, currency, catalog, tenant, now, policy)
+        split_plan(
+            spec,
+            &work,
+            (&offers, &known),
+            currency,
+            catalog,
+            tenant,
+            now,
+            policy,
+        )
     });
+    catalog.fits.put_back(requests, known);
     let mut split_explained = None;
     let mut chosen_split = None;
     match split {
@@ -1223,7 +1268,7 @@ struct PlannedSplit {
 fn split_plan(
     spec: &Workflow,
     work: &[(String, &Resources, u32)],
-    offers: &[SiteOffer],
+    (offers, known): (&[SiteOffer], &[SiteFits]),
     currency: Option<meridian_events::Currency>,
     catalog: &Catalog,
     tenant: Option<&str>,
@@ -1237,7 +1282,7 @@ fn split_plan(
         None => {
             let mut codes: Vec<_> = offers
                 .iter()
-                .filter(|o| o.jobs.values().any(Result::is_ok))
+                .filter(|o| o.jobs.iter().any(Result::is_ok))
                 .map(|o| o.sheet.currency)
                 .collect();
             codes.sort_by_key(|c| c.to_string());
@@ -1247,7 +1292,16 @@ fn split_plan(
     };
     let mut last = None;
     for currency in currencies {
-        match split_plan_in(spec, work, offers, currency, catalog, tenant, now, policy) {
+        match split_plan_in(
+            spec,
+            work,
+            (offers, known),
+            currency,
+            catalog,
+            tenant,
+            now,
+            policy,
+        ) {
             Ok(plan) => return Ok(plan),
             Err(plan) => last = Some(plan),
         }
@@ -1269,7 +1323,7 @@ fn rejected(reason: String) -> Box<SplitPlan> {
 fn split_plan_in(
     spec: &Workflow,
     work: &[(String, &Resources, u32)],
-    offers: &[SiteOffer],
+    (offers, known): (&[SiteOffer], &[SiteFits]),
     currency: meridian_events::Currency,
     catalog: &Catalog,
     tenant: Option<&str>,
@@ -1298,13 +1352,14 @@ fn split_plan_in(
     };
     let order = spec.job_order();
     for job in order.iter().copied() {
-        if !work.iter().any(|(name, ..)| name == job) {
+        // Where the job's offers are in each site's.
+        let Some(at) = work.iter().position(|(name, ..)| name == job) else {
             continue;
-        }
+        };
         let mounted: Vec<&str> = spec.mounts_of(job).collect();
         // What running `job` at `o` would add: compute, plus its volumes' arrival.
         let cost_at = |o: &SiteOffer| -> Option<Decimal> {
-            let (_, compute) = o.jobs.get(job)?.as_ref().ok()?;
+            let compute = o.jobs.get(at)?.as_ref().ok()?;
             let mut sum = *compute;
             for volume in &mounted {
                 sum += match volume_at.get(volume) {
@@ -1340,7 +1395,7 @@ fn split_plan_in(
         let Some((_, chosen)) = choice else {
             let why = offers
                 .iter()
-                .filter_map(|o| match o.jobs.get(job) {
+                .filter_map(|o| match o.jobs.get(at) {
                     Some(Err(reason)) => Some(format!("{}: {reason}", o.site.name)),
                     _ => None,
                 })
@@ -1356,7 +1411,8 @@ fn split_plan_in(
                 }
             )));
         };
-        let (rate, compute) = chosen.jobs[job].as_ref().expect("chosen where it fits");
+        let compute = chosen.jobs[at].as_ref().expect("chosen where it fits");
+        let rate = chosen.rate(at, known).expect("chosen where it fits");
         terms.compute += *compute;
         for volume in &mounted {
             let Some(declared) = spec.volumes.get(*volume) else {
@@ -1385,7 +1441,6 @@ fn split_plan_in(
                 .or_default()
                 .insert(chosen.site.name.as_str());
         }
-        job_rates.insert(job.to_string(), ComputeRate::clone(rate));
         sheets.insert(chosen.site.name.clone(), chosen.sheet.storage_rate());
         jobs.push(JobPlacement {
             job: job.to_string(),
@@ -1393,6 +1448,7 @@ fn split_plan_in(
             offer: rate.offer.clone(),
             compute: *compute,
         });
+        job_rates.insert(job.to_string(), rate);
     }
     let Some(home) = jobs.first().map(|j| j.site.clone()) else {
         return Err(rejected("the workflow has nothing to run".into()));
