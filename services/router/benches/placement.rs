@@ -6,7 +6,8 @@
 //!    `DescribeInstanceTypes`, benches/data) in 30 regions, GCP-, Azure- and OCI-like
 //!    families of the same order, and HPC sites;
 //! 2. sustained placements per second through the router service over JetStream (a
-//!    real nats-server; submissions appended as fast as the log takes them).
+//!    real nats-server; submissions appended as fast as the log takes them), and over
+//!    the embedded default's SQLite log.
 //!
 //! `cargo bench -p meridian-router --bench placement [-- --quick] [--latency-only]`
 
@@ -18,6 +19,7 @@ use meridian_domain::catalog_file::{offline_catalog, SiteSpec};
 use meridian_domain::placement::decide;
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
+use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::testkit::{count_until, nats_url_or_start, NatsCluster};
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand, Workflow, WorkflowCommand};
@@ -494,11 +496,10 @@ fn latency(quick: bool) {
     }
 }
 
-/// Workflows submitted to placed per second, through the router, on the log at `url`
-/// with the stream at `replicas`.
-async fn throughput(quick: bool, url: String, replicas: usize) -> Throughput {
+/// A fresh stream on the JetStream at `url`, at `replicas`.
+async fn jetstream(url: String, replicas: usize) -> Arc<dyn EventLog> {
     let unique = Uuid::now_v7().simple().to_string();
-    let log: Arc<dyn EventLog> = Arc::new(
+    Arc::new(
         NatsLog::connect(NatsConfig {
             url,
             stream: format!("BENCH_{unique}"),
@@ -508,7 +509,11 @@ async fn throughput(quick: bool, url: String, replicas: usize) -> Throughput {
         })
         .await
         .unwrap(),
-    );
+    )
+}
+
+/// Workflows submitted to placed per second, through the router, on `log`.
+async fn throughput(quick: bool, log: Arc<dyn EventLog>) -> Throughput {
     for i in 0..10 {
         let s = site(i);
         execute::<Site, _>(
@@ -630,16 +635,22 @@ async fn main() {
     // One server (R1), then the production shape: three servers run from
     // infra/nats/cluster.conf on this machine, the stream at R3.
     let (url, _server) = nats_url_or_start().expect("a nats-server");
-    let single = throughput(quick, url, 1).await;
+    let single = throughput(quick, jetstream(url, 1).await).await;
     drop(_server);
     let config =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra/nats/cluster.conf");
     let cluster = NatsCluster::start(&config, 3).expect("a three-server cluster");
-    let three = throughput(quick, cluster.urls(), 3).await;
-    println!("\n| router over JetStream, 10 sites × 50 shapes, three-job workflows, submit → placement_decided (plus the first release and dispatch) | workflows | seconds | placements/s |\n| --- | ---: | ---: | ---: |");
+    let three = throughput(quick, jetstream(cluster.urls(), 3).await).await;
+    drop(cluster);
+    // The embedded default's log: a SQLite file, every commit fsynced.
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = SqliteLog::open(&dir.path().join("events.sqlite")).await.unwrap();
+    let embedded = throughput(quick, Arc::new(sqlite)).await;
+    println!("\n| router, 10 sites × 50 shapes, three-job workflows, submit → placement_decided (plus the first release and dispatch) | workflows | seconds | placements/s |\n| --- | ---: | ---: | ---: |");
     for (label, t) in [
-        ("one server, R1", single),
-        ("three servers on this machine, R3", three),
+        ("JetStream, one server, R1", single),
+        ("JetStream, three servers on this machine, R3", three),
+        ("SQLite (synchronous=FULL)", embedded),
     ] {
         for (how, elapsed) in [
             ("submitted by 8 writers while the router runs", t.live),
