@@ -644,7 +644,9 @@ async fn main() {
     drop(cluster);
     // The embedded default's log: a SQLite file, every commit fsynced.
     let dir = tempfile::tempdir().unwrap();
-    let sqlite = SqliteLog::open(&dir.path().join("events.sqlite")).await.unwrap();
+    let sqlite = SqliteLog::open(&dir.path().join("events.sqlite"))
+        .await
+        .unwrap();
     let embedded = throughput(quick, Arc::new(sqlite)).await;
     println!("\n| router, 10 sites × 50 shapes, three-job workflows, submit → placement_decided (plus the first release and dispatch) | workflows | seconds | placements/s |\n| --- | ---: | ---: | ---: |");
     for (label, t) in [
