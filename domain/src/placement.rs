@@ -431,8 +431,10 @@ impl std::fmt::Debug for FitCache {
 /// would be hashed and compared at every site of every decision.
 type SiteFits = std::collections::HashMap<Uuid, Fit, BuildSiteIdHasher>;
 
-/// Hashes a site's id (a UUIDv7, whose last 62 bits are random) by folding it, not
-/// through SipHash: the ids are not chosen by whoever submits work.
+/// Hashes a site's id by folding its bytes and mixing the result, not through SipHash:
+/// the ids are not chosen by whoever submits work. The mixing matters: ids made in the
+/// same millisecond differ only in a counter and a few random bytes, and hashbrown takes
+/// a key's bucket from the low bits and its tag from the top seven.
 #[derive(Clone, Copy, Default)]
 struct BuildSiteIdHasher;
 
@@ -448,15 +450,17 @@ struct SiteIdHasher(u64);
 
 impl std::hash::Hasher for SiteIdHasher {
     fn finish(&self) -> u64 {
-        // Spread the bits: hashbrown takes its groups from the top seven.
-        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        // SplitMix64's finaliser: every input bit reaches both ends of the hash.
+        let mut h = self.0;
+        h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        h ^ (h >> 31)
     }
     fn write(&mut self, bytes: &[u8]) {
         for chunk in bytes.chunks(8) {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
-            self.0 =
-                (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x100_0000_01b3);
+            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
         }
     }
 }
@@ -1014,9 +1018,18 @@ fn decide_among(
             }
         };
         // Every rate of a site comes from its sheet in force, so in the sheet's currency.
-        let whole = site_offer.jobs.iter().try_fold(Decimal::ZERO, |sum, cost| {
-            Ok::<_, String>(sum + cost.as_ref().map_err(Clone::clone)?)
-        });
+        // When several jobs do not fit (a split prices them all), the reason given is
+        // that of the job first by name.
+        let misfit = site_offer
+            .jobs
+            .iter()
+            .zip(&work)
+            .filter_map(|(cost, (job, ..))| cost.as_ref().err().map(|why| (job, why)))
+            .min_by_key(|(job, _)| *job);
+        let whole = match misfit {
+            Some((_, why)) => Err(why.clone()),
+            None => Ok(site_offer.jobs.iter().flatten().sum::<Decimal>()),
+        };
         let nothing_to_run = site_offer.jobs.is_empty();
         // What fits here counts for the split plan too.
         offers.push(site_offer);
@@ -1108,7 +1121,13 @@ fn decide_among(
         let job_rates: BTreeMap<String, ComputeRate> = work
             .iter()
             .enumerate()
-            .filter_map(|(at, (job, ..))| Some((job.clone(), offer.rate(at, &known)?)))
+            .map(|(at, (job, ..))| {
+                let rate = offer.rate(at, &known);
+                (
+                    job.clone(),
+                    rate.expect("a priced site has a rate for every job"),
+                )
+            })
             .collect();
         (total, site, offer.sheet.storage_rate(), job_rates)
     });

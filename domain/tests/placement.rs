@@ -230,6 +230,30 @@ fn an_impossible_request_is_rejected_with_a_reason_per_site() {
 }
 
 #[test]
+fn with_every_job_priced_a_site_names_the_misfit_first_by_name() {
+    // A split prices every job and service at every site; where several do not fit, the
+    // site's reason is that of the one first by name, services and jobs alike.
+    let spec = meridian_spec::parse(
+        "version: v1\nname: big\nplacement: {split: true}\njobs:\n  zz: {image: host, command: [\"true\"], resources: {cpus: 128}}\n  mm: {image: host, command: [\"true\"], resources: {cpus: 1}}\nservices:\n  aa: {image: host, command: [\"true\"], port: 80, resources: {cpus: 96}}\n",
+    )
+    .unwrap();
+    let sites = [Site {
+        name: "a",
+        core_hour: "0.01",
+        gpus: 0,
+        cpus: 64,
+    }];
+    let Decision::Rejected { rejections } = decide(&spec, &catalog(&sites, &[]), now()) else {
+        panic!("expected a rejection");
+    };
+    assert_eq!(rejections[0].site, "a");
+    assert_eq!(
+        rejections[0].reason, "job aa needs 96 CPUs per node; the site offers at most 64",
+        "{rejections:?}"
+    );
+}
+
+#[test]
 fn placement_hints_and_the_budget_filter_sites() {
     let mut spec = meridian_spec::parse(TWO_JOBS).unwrap();
     let sites = [
