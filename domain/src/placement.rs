@@ -429,22 +429,12 @@ impl std::fmt::Debug for FitCache {
 /// What a decision knows of each site for one request, by the site's id: a site's
 /// entry keeps the id it was first registered with, and ids hash cheaply where names
 /// would be hashed and compared at every site of every decision.
-type SiteFits = std::collections::HashMap<Uuid, Fit, BuildSiteIdHasher>;
+type SiteFits = std::collections::HashMap<Uuid, Fit, std::hash::BuildHasherDefault<SiteIdHasher>>;
 
 /// Hashes a site's id by folding its bytes and mixing the result, not through SipHash:
 /// the ids are not chosen by whoever submits work. The mixing matters: ids made in the
 /// same millisecond differ only in a counter and a few random bytes, and hashbrown takes
 /// a key's bucket from the low bits and its tag from the top seven.
-#[derive(Clone, Copy, Default)]
-struct BuildSiteIdHasher;
-
-impl std::hash::BuildHasher for BuildSiteIdHasher {
-    type Hasher = SiteIdHasher;
-    fn build_hasher(&self) -> SiteIdHasher {
-        SiteIdHasher(0)
-    }
-}
-
 #[derive(Default)]
 struct SiteIdHasher(u64);
 
@@ -581,30 +571,22 @@ fn cheapest_shape(
     (resources, tasks, spot): (&Resources, u32, bool),
     (search, known): (Search<'_>, &mut SiteFits),
 ) -> Result<Decimal, String> {
-    let fit = match known.entry(site.id) {
-        std::collections::hash_map::Entry::Occupied(kept)
-            if kept.get().sheet == sheet.effective_from =>
-        {
-            kept.into_mut()
-        }
-        entry => {
-            let found = match search.run(site, sheet, resources, tasks, spot) {
-                Ok((rate, cost)) => Ok((Arc::new(rate), cost)),
-                Err(why) => Err(Arc::new(why)),
-            };
-            let fit = Fit {
-                sheet: sheet.effective_from,
-                found,
-            };
-            match entry {
-                std::collections::hash_map::Entry::Occupied(mut stale) => {
-                    stale.insert(fit);
-                    stale.into_mut()
-                }
-                std::collections::hash_map::Entry::Vacant(new) => new.insert(fit),
-            }
-        }
+    let learn = || Fit {
+        sheet: sheet.effective_from,
+        found: match search.run(site, sheet, resources, tasks, spot) {
+            Ok((rate, cost)) => Ok((Arc::new(rate), cost)),
+            Err(why) => Err(Arc::new(why)),
+        },
     };
+    // One lookup: kept, learnt again when priced with an older sheet, or learnt now.
+    let fit = known
+        .entry(site.id)
+        .and_modify(|kept| {
+            if kept.sheet != sheet.effective_from {
+                *kept = learn();
+            }
+        })
+        .or_insert_with(learn);
     fit.found.as_ref().map(|(_, cost)| *cost).map_err(|why| {
         let (shown, more) = &**why;
         format!(
