@@ -201,7 +201,7 @@ impl Store {
 }
 
 /// Records `position` for `projection` inside the caller's transaction.
-async fn save_position(tx: &mut Tx, projection: &str, position: u64) -> Result<(), StoreError> {
+pub async fn save_position(tx: &mut Tx, projection: &str, position: u64) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO projection_positions (name, position) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET position = excluded.position
@@ -212,6 +212,16 @@ async fn save_position(tx: &mut Tx, projection: &str, position: u64) -> Result<(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// The position `projection` has applied, read inside the caller's transaction.
+pub async fn position_in(tx: &mut Tx, projection: &str) -> Result<u64, StoreError> {
+    let row: Option<AnyRow> =
+        sqlx::query("SELECT position FROM projection_positions WHERE name = $1")
+            .bind(projection)
+            .fetch_optional(&mut **tx)
+            .await?;
+    Ok(row.map_or(0, |r| r.get::<i64, _>(0) as u64))
 }
 
 /// A read model: tables, and how a commit changes them.
@@ -239,7 +249,7 @@ pub trait Projection: Send + Sync {
 /// How many commits one transaction applies at most while following the log.
 const BATCH: usize = 256;
 /// … and while catching up (a start or a rebuild): fewer, larger transactions.
-const CATCH_UP_BATCH: usize = 4096;
+pub const CATCH_UP_BATCH: usize = 4096;
 
 /// Applies one batch of commits and their position atomically; returns the new position.
 async fn apply_batch(
@@ -250,12 +260,7 @@ async fn apply_batch(
     let mut tx = store.begin().await?;
     // Re-read the position inside the transaction: another runner of the same
     // projection (a second replica) may have applied these commits meanwhile.
-    let row: Option<AnyRow> =
-        sqlx::query("SELECT position FROM projection_positions WHERE name = $1")
-            .bind(projection.name())
-            .fetch_optional(&mut *tx)
-            .await?;
-    let applied = row.map_or(0, |r| r.get::<i64, _>(0) as u64);
+    let applied = position_in(&mut tx, projection.name()).await?;
     // Commits come in position order: those not yet applied are a suffix.
     let fresh = &commits[commits.partition_point(|c| c.position <= applied)..];
     let last = fresh.last().map_or(applied, |c| c.position);

@@ -29,7 +29,7 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
-use meridian_eventlog::Commit;
+use meridian_eventlog::{Commit, EventLog};
 use meridian_events::vocabulary::tenant::{ChargeKind, Meter};
 use meridian_events::vocabulary::transfer::TransferEvent;
 use meridian_events::vocabulary::workflow::WorkflowEvent;
@@ -39,7 +39,7 @@ use meridian_events::{
     TenantEvent,
 };
 use meridian_ops::trace;
-use meridian_store::{Projection, StoreError, Tx};
+use meridian_store::{catch_up, position_in, save_position, Projection, Store, StoreError, Tx};
 use rust_decimal::Decimal;
 use sqlx::Row;
 use uuid::Uuid;
@@ -239,7 +239,7 @@ impl Projection for Ledger {
         if events.is_empty() {
             return Ok(());
         }
-        let claimed = claim(tx, &events).await?;
+        let claimed = claim(tx, egress_rows(&events)).await?;
         let mut known = Known::load(tx, &events).await?;
         let mut writes = Writes::default();
         for read in events {
@@ -252,6 +252,135 @@ impl Projection for Ledger {
         }
         writes.flush(tx).await
     }
+}
+
+/// Replays the whole log into the ledger's tables, which a rebuild has just emptied.
+///
+/// Each page of the log is priced on a blocking thread while the page before it is
+/// written, so that deciding and writing use a core each. That needs no reads between
+/// pages: while the tables start empty and only this replay writes them, everything
+/// pricing needs (jobs, sites, adjustments, egress volumes) is what the replay itself
+/// has applied, kept in memory from the first page to the last. Each page's
+/// transaction checks that: should the position be other than where the page before
+/// left it, or an egress event already claimed (another consumer of the ledger left
+/// running), the page is rolled back and the rest of the log applied by [`catch_up`],
+/// which takes turns with other writers.
+pub(crate) async fn replay(
+    store: &Store,
+    log: &dyn EventLog,
+    page: usize,
+) -> Result<u64, StoreError> {
+    store.migrate(SCHEMA).await?;
+    if store.position(NAME).await? != 0 {
+        return catch_up(store, log, &Ledger).await;
+    }
+    // The lines' secondary indexes are built once at the end rather than kept up to
+    // date row by row (a tenth of the writing). A replay cut short leaves them to the
+    // next start's migration, which every consumer of the ledger runs.
+    for index in SECONDARY_INDEXES {
+        sqlx::query(&format!("DROP INDEX IF EXISTS {index}"))
+            .execute(store.writer())
+            .await?;
+    }
+    let position = replay_pages(store, log, page).await?;
+    store.migrate(SCHEMA).await?;
+    Ok(position)
+}
+
+/// The secondary indexes of `ledger_charges`, as [`SCHEMA`] creates them.
+const SECONDARY_INDEXES: [&str; 2] = ["ledger_charges_workflow", "ledger_charges_period"];
+
+async fn replay_pages(store: &Store, log: &dyn EventLog, page: usize) -> Result<u64, StoreError> {
+    let mut known = Known::default();
+    let mut commits = log.read_from(0, page).await?;
+    let mut writing: Option<tokio::task::JoinHandle<Result<bool, StoreError>>> = None;
+    let mut after = 0;
+    while let Some(end) = commits.last().map(|c| c.position) {
+        let pricing = tokio::task::spawn_blocking(move || {
+            let priced = price(&commits, &mut known);
+            (priced, known)
+        });
+        let written = async {
+            match writing.take() {
+                Some(write) => joined(write.await, after)?,
+                None => Ok(true),
+            }
+        };
+        let (priced, next, written) = tokio::join!(pricing, log.read_from(end, page), written);
+        if !written? {
+            return hand_over(store, log, after).await;
+        }
+        let (priced, left) = joined(priced, end)?;
+        known = left;
+        writing = Some(tokio::spawn(write_page(store.clone(), priced?, after, end)));
+        after = end;
+        commits = next?;
+    }
+    if let Some(write) = writing {
+        if !joined(write.await, after)?? {
+            return hand_over(store, log, after).await;
+        }
+    }
+    Ok(after)
+}
+
+/// The rest of a replay that found another writer of the ledger: batch by batch.
+async fn hand_over(store: &Store, log: &dyn EventLog, after: u64) -> Result<u64, StoreError> {
+    tracing::warn!(
+        after,
+        "the ledger was written beside the rebuild (another consumer is running); \
+         going on batch by batch, taking turns with it"
+    );
+    catch_up(store, log, &Ledger).await
+}
+
+/// A task's result; a panic in it goes on in the caller.
+fn joined<T>(result: Result<T, tokio::task::JoinError>, position: u64) -> Result<T, StoreError> {
+    result.map_err(|e| match e.try_into_panic() {
+        Ok(panic) => std::panic::resume_unwind(panic),
+        Err(e) => apply_error(position, format!("replaying the log: {e}")),
+    })
+}
+
+/// One page of the log, priced: its rows, and the egress events to claim for them.
+struct Priced {
+    writes: Writes,
+    egress: Vec<(String, i64)>,
+}
+
+/// Prices a page with what the pages before it left in `known`, changing it as the
+/// page's events do.
+fn price(commits: &[Commit], known: &mut Known) -> Result<Priced, StoreError> {
+    let events = decode(commits)?;
+    let egress = egress_rows(&events);
+    let mut writes = Writes::default();
+    for read in events {
+        read.span().in_scope(|| known.apply(read, &mut writes))?;
+    }
+    Ok(Priced { writes, egress })
+}
+
+/// Writes a priced page in one transaction with its position, if the ledger is where
+/// the page before left it (`after`) and every egress event is claimed now; otherwise
+/// writes nothing and returns false.
+async fn write_page(
+    store: Store,
+    priced: Priced,
+    after: u64,
+    end: u64,
+) -> Result<bool, StoreError> {
+    let mut tx = store.begin().await?;
+    if position_in(&mut tx, NAME).await? != after {
+        return Ok(false);
+    }
+    let egress = priced.egress.len();
+    if claim(&mut tx, priced.egress).await?.len() != egress {
+        return Ok(false);
+    }
+    priced.writes.flush(&mut tx).await?;
+    save_position(&mut tx, NAME, end).await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// An event the ledger reads, decoded, and the commit it came in.
@@ -310,15 +439,19 @@ fn decode(commits: &[Commit]) -> Result<Vec<Read<'_>>, StoreError> {
     Ok(out)
 }
 
-/// Marks the batch's egress events as billed in `ledger_applied`, and returns those
-/// claimed now: one already there (a redelivery, or another replica that went first;
-/// PostgreSQL makes this wait for that replica's transaction) is not billed again.
-async fn claim(tx: &mut Tx, events: &[Read<'_>]) -> Result<HashSet<Uuid>, StoreError> {
-    let rows: Vec<(String, i64)> = events
+/// The (event id, position) of each egress event among `events`: what [`claim`] takes.
+fn egress_rows(events: &[Read<'_>]) -> Vec<(String, i64)> {
+    events
         .iter()
         .filter(|r| r.is_egress())
         .map(|r| (r.raw.event_id.to_string(), r.position as i64))
-        .collect();
+        .collect()
+}
+
+/// Marks the batch's egress events as billed in `ledger_applied`, and returns those
+/// claimed now: one already there (a redelivery, or another replica that went first;
+/// PostgreSQL makes this wait for that replica's transaction) is not billed again.
+async fn claim(tx: &mut Tx, rows: Vec<(String, i64)>) -> Result<HashSet<Uuid>, StoreError> {
     let mut claimed = HashSet::new();
     let style = Placeholders::of(tx);
     let mut left = rows.into_iter();
@@ -580,11 +713,12 @@ impl Known {
                     effective_until: effective_until.map(timestamp),
                 };
                 let rule = stored.rule(position)?;
-                if let Some(rules) = self.rules.get_mut(&stored.tenant) {
-                    if !rules.iter().any(|r| r.id == rule.id) {
-                        rules.push(rule);
-                        rules.sort_by_key(|r| (r.order, r.id));
-                    }
+                // A batch loads the rules of every tenant it grants to, and a replay
+                // knows them all: the tenant's rules in memory are the table's.
+                let rules = self.rules.entry(stored.tenant.clone()).or_default();
+                if !rules.iter().any(|r| r.id == rule.id) {
+                    rules.push(rule);
+                    rules.sort_by_key(|r| (r.order, r.id));
                 }
                 if writes.grant_ids.insert(adjustment_id) {
                     writes.grants.push(stored);

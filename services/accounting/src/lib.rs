@@ -22,7 +22,7 @@ pub mod ledger;
 pub mod synthetic;
 
 use meridian_eventlog::EventLog;
-use meridian_store::{catch_up, Store, StoreError};
+use meridian_store::{Store, StoreError, CATCH_UP_BATCH};
 
 pub use bills::{
     bill, snapshot, tenant_bill, Bill, BillLine, CategoryTotal, SiteTotal, Snapshot, TenantBill,
@@ -41,10 +41,20 @@ pub struct Rebuilt {
     pub lines: u64,
 }
 
-/// Drops the ledger's tables and position and replays the whole log into them.
+/// Drops the ledger's tables and position and replays the whole log into them, each
+/// page of the log priced while the page before it is written.
 pub async fn rebuild(store: &Store, log: &dyn EventLog) -> Result<Rebuilt, StoreError> {
+    rebuild_in_pages(store, log, CATCH_UP_BATCH).await
+}
+
+/// [`rebuild`], reading the log `page` commits at a time.
+pub async fn rebuild_in_pages(
+    store: &Store,
+    log: &dyn EventLog,
+    page: usize,
+) -> Result<Rebuilt, StoreError> {
     store.reset(&Ledger).await?;
-    let position = catch_up(store, log, &Ledger).await?;
+    let position = ledger::replay(store, log, page).await?;
     let lines: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger_charges")
         .fetch_one(store.pool())
         .await?;

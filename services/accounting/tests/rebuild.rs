@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use meridian_accounting::{rebuild, snapshot, Ledger, NAME};
+use meridian_accounting::{rebuild, rebuild_in_pages, snapshot, Ledger, NAME};
 use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms};
 use meridian_events::{Event, SiteKind, TenantEvent};
 use meridian_store::{catch_up, Store};
@@ -88,6 +88,11 @@ async fn rebuild_equals_the_live_ledger(store: &Store) {
     assert_eq!(rebuilt.position, head);
     assert_eq!(rebuilt.lines as usize, live.lines.len());
     assert_eq!(snapshot(store).await.unwrap(), live);
+    // In many small pages, each priced from what the pages before it left in memory
+    // while the one before is written.
+    let rebuilt = rebuild_in_pages(store, &*log.log, 5).await.unwrap();
+    assert_eq!(rebuilt.position, head);
+    assert_eq!(snapshot(store).await.unwrap(), live);
 }
 
 #[tokio::test]
@@ -98,6 +103,18 @@ async fn sqlite_rebuild_equals_the_live_ledger() {
         .await
         .unwrap();
     rebuild_equals_the_live_ledger(&store).await;
+    // Dropped for the replay, built again at its end.
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ledger_charges'
+         AND name NOT LIKE 'sqlite_autoindex%' ORDER BY name",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        ["ledger_charges_period", "ledger_charges_workflow"]
+    );
     db.finish().await;
 }
 
@@ -167,6 +184,55 @@ async fn postgres_racing_replicas_bill_once() {
     let (db, store) = Db::postgres().await;
     let (db2, reference) = Db::postgres().await;
     racing_replicas_bill_once(store, reference).await;
+    db.finish().await;
+    db2.finish().await;
+}
+
+/// A rebuild while a consumer of the ledger still runs (a replica left up) ends with
+/// the ledger one consumer makes: a page of the replay that finds the other writer's
+/// work rolls back and the rest is applied taking turns with it.
+async fn rebuild_beside_a_running_consumer_bills_once(store: Store, reference: Store) {
+    let log = synthetic_log(300).await;
+    catch_up(&reference, &*log.log, &Ledger).await.unwrap();
+    let head = log.log.head().await.unwrap();
+    let (stop, _) = watch::channel(false);
+    let consumer = {
+        let (store, log, stop) = (store.clone(), log.log.clone(), stop.subscribe());
+        tokio::spawn(async move { meridian_store::run(store, &*log, &Ledger, stop).await })
+    };
+    let rebuilt = rebuild_in_pages(&store, &*log.log, 3).await.unwrap();
+    assert_eq!(rebuilt.position, head);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while store.position(NAME).await.unwrap() < head {
+        assert!(tokio::time::Instant::now() < deadline, "never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.send(true).unwrap();
+    consumer.await.unwrap().unwrap();
+    let (raced, single) = (
+        snapshot(&store).await.unwrap(),
+        snapshot(&reference).await.unwrap(),
+    );
+    assert_eq!(raced.lines, single.lines);
+    assert_eq!(raced.egress_volume, single.egress_volume);
+    assert_eq!(raced.applied, single.applied);
+    assert_eq!(raced.adjustments, single.adjustments);
+}
+
+#[tokio::test]
+async fn sqlite_rebuild_beside_a_running_consumer_bills_once() {
+    let (db, store) = Db::sqlite().await;
+    let (db2, reference) = Db::sqlite().await;
+    rebuild_beside_a_running_consumer_bills_once(store, reference).await;
+    db.finish().await;
+    db2.finish().await;
+}
+
+#[tokio::test]
+async fn postgres_rebuild_beside_a_running_consumer_bills_once() {
+    let (db, store) = Db::postgres().await;
+    let (db2, reference) = Db::postgres().await;
+    rebuild_beside_a_running_consumer_bills_once(store, reference).await;
     db.finish().await;
     db2.finish().await;
 }
