@@ -8,15 +8,13 @@
 //! Starts its own nats-server (2.10+) unless NATS_URL is set. Prints a Markdown table.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::stream::{FuturesUnordered, StreamExt};
-use meridian_eventlog::conformance::{event, workflow};
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
+use meridian_eventlog::testkit::ceiling::{appends, raw_publish};
 use meridian_eventlog::testkit::nats_url_or_start;
 use meridian_eventlog::EventLog;
-use serde_json::json;
 
 struct Row {
     what: String,
@@ -54,87 +52,6 @@ impl Row {
     }
 }
 
-/// A realistic event: a job-finished fact with times, resources and usage.
-fn job_finished(i: u64) -> serde_json::Value {
-    json!({
-        "type": "job.finished.v1",
-        "workflow_id": "01936f3e-8a5c-7cc2-9b9e-3f1c2d4e5f60",
-        "job": "train",
-        "array_index": i,
-        "started_at": "2026-11-29T10:00:00Z",
-        "ended_at": "2026-11-29T11:00:00Z",
-        "exit_code": 0,
-        "allocated": {"nodes": 1, "cpus": 8, "memory_bytes": 34359738368u64,
-                      "gpus": {"count": 1, "vendor": "nvidia", "model": "H100"}},
-    })
-}
-
-/// `writers` tasks, each appending `per_writer` single-event commits to its own aggregate.
-async fn appends(
-    log: Arc<dyn EventLog>,
-    writers: usize,
-    per_writer: usize,
-) -> (Duration, Vec<Duration>) {
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..writers {
-        let log = log.clone();
-        tasks.push(tokio::spawn(async move {
-            let a = workflow();
-            let mut latencies = Vec::with_capacity(per_writer);
-            for seq in 1..=per_writer as u64 {
-                let e = event(a, seq, job_finished(seq));
-                let t = Instant::now();
-                log.append(vec![e]).await.expect("append");
-                latencies.push(t.elapsed());
-            }
-            latencies
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.expect("writer task"));
-    }
-    (start.elapsed(), all)
-}
-
-async fn raw_publish(url: &str, count: usize, window: usize) -> (Duration, Vec<Duration>) {
-    let client = async_nats::connect(url).await.expect("connect");
-    let js = async_nats::jetstream::new(client);
-    let name = format!("BENCH_RAW_{}", uuid::Uuid::now_v7().simple());
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: name.clone(),
-        subjects: vec![format!("{name}.>")],
-        storage: async_nats::jetstream::stream::StorageType::File,
-        ..Default::default()
-    })
-    .await
-    .expect("create stream");
-    let subject = format!("{name}.raw");
-    let payload = vec![b'x'; 128];
-    let start = Instant::now();
-    let mut in_flight = FuturesUnordered::new();
-    let mut latencies = Vec::with_capacity(count);
-    for _ in 0..count {
-        if in_flight.len() >= window {
-            latencies.push(in_flight.next().await.expect("in flight"));
-        }
-        let t = Instant::now();
-        let ack = js
-            .publish(subject.clone(), payload.clone().into())
-            .await
-            .expect("publish");
-        in_flight.push(async move {
-            ack.await.expect("ack");
-            t.elapsed()
-        });
-    }
-    while let Some(l) = in_flight.next().await {
-        latencies.push(l);
-    }
-    (start.elapsed(), latencies)
-}
-
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let scale: f64 = std::env::args()
@@ -160,7 +77,7 @@ async fn main() {
     );
 
     let mut rows = Vec::new();
-    let (t, l) = raw_publish(&url, n(100_000), 256).await;
+    let (t, l) = raw_publish(&url, 1, n(100_000), 256).await;
     rows.push(Row::new(
         "JetStream raw async publish, 128 B, 256 in flight (ceiling)",
         t,

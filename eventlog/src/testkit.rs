@@ -535,3 +535,112 @@ impl crate::EventLog for Intercepted {
         self.inner.load_snapshot(name).await
     }
 }
+
+/// What a log takes on its own, for load generators to print beside what a service
+/// reaches on it, in the same run.
+pub mod ceiling {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use futures::stream::{FuturesUnordered, StreamExt};
+
+    use crate::conformance::{event, workflow};
+    use crate::EventLog;
+
+    /// A realistic event: a job-finished fact with times, resources and usage.
+    pub fn job_finished(i: u64) -> serde_json::Value {
+        serde_json::json!({
+            "type": "job.finished.v1",
+            "workflow_id": "01936f3e-8a5c-7cc2-9b9e-3f1c2d4e5f60",
+            "job": "train",
+            "array_index": i,
+            "started_at": "2026-11-29T10:00:00Z",
+            "ended_at": "2026-11-29T11:00:00Z",
+            "exit_code": 0,
+            "allocated": {"nodes": 1, "cpus": 8, "memory_bytes": 34359738368u64,
+                          "gpus": {"count": 1, "vendor": "nvidia", "model": "H100"}},
+        })
+    }
+
+    /// `writers` tasks, each appending `per_writer` single-event commits to its own
+    /// aggregate through `log`: the time taken and each append's latency.
+    pub async fn appends(
+        log: Arc<dyn EventLog>,
+        writers: usize,
+        per_writer: usize,
+    ) -> (Duration, Vec<Duration>) {
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..writers {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                let a = workflow();
+                let mut latencies = Vec::with_capacity(per_writer);
+                for seq in 1..=per_writer as u64 {
+                    let e = event(a, seq, job_finished(seq));
+                    let t = Instant::now();
+                    log.append(vec![e]).await.expect("append");
+                    latencies.push(t.elapsed());
+                }
+                latencies
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.expect("writer task"));
+        }
+        (start.elapsed(), all)
+    }
+
+    /// `count` raw JetStream publishes of 128 bytes to a new stream of `replicas` at
+    /// `url` (several comma-separated), `window` awaiting their acknowledgement at once, without Meridian's
+    /// concurrency headers: the time taken and each publish's latency.
+    pub async fn raw_publish(
+        url: &str,
+        replicas: usize,
+        count: usize,
+        window: usize,
+    ) -> (Duration, Vec<Duration>) {
+        let servers = url
+            .split(',')
+            .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("NATS URLs");
+        let client = async_nats::connect(servers).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        let name = format!("BENCH_RAW_{}", uuid::Uuid::now_v7().simple());
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{name}.>")],
+            storage: async_nats::jetstream::stream::StorageType::File,
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+        let subject = format!("{name}.raw");
+        let payload = vec![b'x'; 128];
+        let start = Instant::now();
+        let mut in_flight = FuturesUnordered::new();
+        let mut latencies = Vec::with_capacity(count);
+        for _ in 0..count {
+            if in_flight.len() >= window {
+                latencies.push(in_flight.next().await.expect("in flight"));
+            }
+            let t = Instant::now();
+            let ack = js
+                .publish(subject.clone(), payload.clone().into())
+                .await
+                .expect("publish");
+            in_flight.push(async move {
+                ack.await.expect("ack");
+                t.elapsed()
+            });
+        }
+        while let Some(l) = in_flight.next().await {
+            latencies.push(l);
+        }
+        let _ = js.delete_stream(&name).await;
+        (start.elapsed(), latencies)
+    }
+}

@@ -23,6 +23,10 @@
 //! names, kept up to date in memory as its events are applied in log order, and the
 //! batch's rows are written with multi-row statements. Applying commits one at a time
 //! gives the same rows.
+//!
+//! A rebuild ([`crate::rebuild`]) reads nothing back: it starts from empty tables, so what it
+//! has applied, kept in memory, is all the tables hold, and each page of the log is
+//! priced on a blocking thread while the page before is written.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
@@ -39,7 +43,9 @@ use meridian_events::{
     TenantEvent,
 };
 use meridian_ops::trace;
-use meridian_store::{catch_up, position_in, save_position, Projection, Store, StoreError, Tx};
+use meridian_store::{
+    catch_up, position_in, save_position, Backend, Projection, Store, StoreError, Tx,
+};
 use rust_decimal::Decimal;
 use sqlx::Row;
 use uuid::Uuid;
@@ -268,7 +274,7 @@ impl Projection for Ledger {
 pub(crate) async fn replay(
     store: &Store,
     log: &dyn EventLog,
-    page: usize,
+    how: Replay,
 ) -> Result<u64, StoreError> {
     store.migrate(SCHEMA).await?;
     if store.position(NAME).await? != 0 {
@@ -282,20 +288,53 @@ pub(crate) async fn replay(
             .execute(store.writer())
             .await?;
     }
-    let position = replay_pages(store, log, page).await?;
+    let position = replay_pages(store, log, how).await?;
     store.migrate(SCHEMA).await?;
     Ok(position)
+}
+
+/// How a rebuild replays the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replay {
+    /// Commits read, priced and written at a time.
+    pub page: usize,
+    /// Jobs kept in memory at most (their names, array indexes and attempts). Past
+    /// this, the rest of the log is applied batch by batch, each batch reading what it
+    /// needs from the tables.
+    pub jobs_in_memory: usize,
+}
+
+impl Default for Replay {
+    fn default() -> Replay {
+        Replay {
+            page: meridian_store::CATCH_UP_BATCH,
+            jobs_in_memory: 2_000_000,
+        }
+    }
 }
 
 /// The secondary indexes of `ledger_charges`, as [`SCHEMA`] creates them.
 const SECONDARY_INDEXES: [&str; 2] = ["ledger_charges_workflow", "ledger_charges_period"];
 
-async fn replay_pages(store: &Store, log: &dyn EventLog, page: usize) -> Result<u64, StoreError> {
+async fn replay_pages(store: &Store, log: &dyn EventLog, how: Replay) -> Result<u64, StoreError> {
     let mut known = Known::default();
-    let mut commits = log.read_from(0, page).await?;
+    let mut commits = log.read_from(0, how.page).await?;
     let mut writing: Option<tokio::task::JoinHandle<Result<bool, StoreError>>> = None;
     let mut after = 0;
     while let Some(end) = commits.last().map(|c| c.position) {
+        if known.jobs.len() > how.jobs_in_memory {
+            if let Some(write) = writing.take() {
+                if !joined(write.await, after)?? {
+                    return hand_over(store, log, after).await;
+                }
+            }
+            tracing::info!(
+                after,
+                jobs = known.jobs.len(),
+                "the rebuild holds as many jobs in memory as it may; going on batch by batch"
+            );
+            return catch_up(store, log, &Ledger).await;
+        }
         let pricing = tokio::task::spawn_blocking(move || {
             let priced = price(&commits, &mut known);
             (priced, known)
@@ -306,7 +345,7 @@ async fn replay_pages(store: &Store, log: &dyn EventLog, page: usize) -> Result<
                 None => Ok(true),
             }
         };
-        let (priced, next, written) = tokio::join!(pricing, log.read_from(end, page), written);
+        let (priced, next, written) = tokio::join!(pricing, log.read_from(end, how.page), written);
         if !written? {
             return hand_over(store, log, after).await;
         }
@@ -370,6 +409,14 @@ async fn write_page(
     end: u64,
 ) -> Result<bool, StoreError> {
     let mut tx = store.begin().await?;
+    if store.backend() == Backend::Postgres {
+        // The page's position commits with its rows, so a page a crash loses is only
+        // replayed again: PostgreSQL need not flush its WAL before answering (the
+        // index build at the end does, and everything before it is durable then).
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut *tx)
+            .await?;
+    }
     if position_in(&mut tx, NAME).await? != after {
         return Ok(false);
     }

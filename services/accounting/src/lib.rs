@@ -22,13 +22,13 @@ pub mod ledger;
 pub mod synthetic;
 
 use meridian_eventlog::EventLog;
-use meridian_store::{Store, StoreError, CATCH_UP_BATCH};
+use meridian_store::{Store, StoreError};
 
 pub use bills::{
     bill, snapshot, tenant_bill, Bill, BillLine, CategoryTotal, SiteTotal, Snapshot, TenantBill,
     Total, WorkflowTotal,
 };
-pub use ledger::{Ledger, NAME};
+pub use ledger::{Ledger, Replay, NAME};
 pub use meridian_domain::period::{self, InvalidPeriod, Period};
 pub use meridian_domain::pricing;
 
@@ -44,17 +44,17 @@ pub struct Rebuilt {
 /// Drops the ledger's tables and position and replays the whole log into them, each
 /// page of the log priced while the page before it is written.
 pub async fn rebuild(store: &Store, log: &dyn EventLog) -> Result<Rebuilt, StoreError> {
-    rebuild_in_pages(store, log, CATCH_UP_BATCH).await
+    rebuild_with(store, log, Replay::default()).await
 }
 
-/// [`rebuild`], reading the log `page` commits at a time.
-pub async fn rebuild_in_pages(
+/// [`rebuild`], replaying the log as `how` says.
+pub async fn rebuild_with(
     store: &Store,
     log: &dyn EventLog,
-    page: usize,
+    how: Replay,
 ) -> Result<Rebuilt, StoreError> {
     store.reset(&Ledger).await?;
-    let position = ledger::replay(store, log, page).await?;
+    let position = ledger::replay(store, log, how).await?;
     let lines: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger_charges")
         .fetch_one(store.pool())
         .await?;

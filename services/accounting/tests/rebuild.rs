@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use meridian_accounting::{rebuild, rebuild_in_pages, snapshot, Ledger, NAME};
+use meridian_accounting::{rebuild, rebuild_with, snapshot, Ledger, Replay, NAME};
 use meridian_events::vocabulary::tenant::{AdjustmentScope, AdjustmentTerms};
 use meridian_events::{Event, SiteKind, TenantEvent};
 use meridian_store::{catch_up, Store};
@@ -90,7 +90,19 @@ async fn rebuild_equals_the_live_ledger(store: &Store) {
     assert_eq!(snapshot(store).await.unwrap(), live);
     // In many small pages, each priced from what the pages before it left in memory
     // while the one before is written.
-    let rebuilt = rebuild_in_pages(store, &*log.log, 5).await.unwrap();
+    let pages = Replay {
+        page: 5,
+        ..Replay::default()
+    };
+    let rebuilt = rebuild_with(store, &*log.log, pages).await.unwrap();
+    assert_eq!(rebuilt.position, head);
+    assert_eq!(snapshot(store).await.unwrap(), live);
+    // With room for a few jobs only: half-way, the rest batch by batch.
+    let bounded = Replay {
+        page: 5,
+        jobs_in_memory: 40,
+    };
+    let rebuilt = rebuild_with(store, &*log.log, bounded).await.unwrap();
     assert_eq!(rebuilt.position, head);
     assert_eq!(snapshot(store).await.unwrap(), live);
 }
@@ -200,7 +212,11 @@ async fn rebuild_beside_a_running_consumer_bills_once(store: Store, reference: S
         let (store, log, stop) = (store.clone(), log.log.clone(), stop.subscribe());
         tokio::spawn(async move { meridian_store::run(store, &*log, &Ledger, stop).await })
     };
-    let rebuilt = rebuild_in_pages(&store, &*log.log, 3).await.unwrap();
+    let pages = Replay {
+        page: 3,
+        ..Replay::default()
+    };
+    let rebuilt = rebuild_with(&store, &*log.log, pages).await.unwrap();
     assert_eq!(rebuilt.position, head);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while store.position(NAME).await.unwrap() < head {

@@ -11,7 +11,7 @@ struct Up {
     proc: Proc,
 }
 
-fn up_in(dir: tempfile::TempDir, port: u16) -> Up {
+fn up_on(dir: tempfile::TempDir, port: u16) -> Up {
     up_with(dir, port, &[])
 }
 
@@ -22,25 +22,12 @@ fn up_with(dir: tempfile::TempDir, port: u16, extra: &[&str]) -> Up {
 
 /// [`up_with`], with `env` set for Meridian.
 fn up_with_env(dir: tempfile::TempDir, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Up {
-    let server = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let mut args = vec![
-        "up",
-        "--data-dir",
-        "data",
-        "--listen",
-        &listen,
-        "--local-cpus",
-        "2",
-    ];
-    args.extend_from_slice(extra);
-    let proc = Proc::spawn("up", dir.path(), &args, env);
-    wait_ready(&server, &[&proc]);
+    let (server, proc) = up_at(dir.path(), port, extra, env);
     Up { server, dir, proc }
 }
 
 fn up() -> Up {
-    up_in(tempfile::tempdir().unwrap(), free_port())
+    up_on(tempfile::tempdir().unwrap(), free_port())
 }
 
 #[test]
@@ -172,7 +159,7 @@ fn embedded_restart_resumes_without_running_anything_twice() {
     let port: u16 = up.server.rsplit(':').next().unwrap().parse().unwrap();
     let dir = std::mem::replace(&mut up.dir, tempfile::tempdir().unwrap());
     drop(up);
-    let up = up_in(dir, port);
+    let up = up_on(dir, port);
     let status = wait_state(&up.server, &id, &["finished", "failed"]);
     assert_eq!(status["state"], "finished", "{status:#}");
     let runs = std::fs::read_to_string(&marker).unwrap();
@@ -207,7 +194,7 @@ fn a_service_outlives_a_kill_of_meridian_and_runs_once() {
         http_get(&address, "/index.txt").is_some(),
         "the service serves while Meridian is down"
     );
-    let up = up_in(dir, port);
+    let up = up_on(dir, port);
     assert_eq!(wait_address(&up.server, &id, "web"), address);
     std::thread::sleep(std::time::Duration::from_secs(1));
     assert_eq!(
@@ -1122,7 +1109,7 @@ fn a_tenants_concurrency_limit_holds_work_queued_and_says_why() {
     let port: u16 = up.server.rsplit(':').next().unwrap().parse().unwrap();
     let Up { dir, mut proc, .. } = up;
     proc.kill();
-    let up = up_in(dir, port);
+    let up = up_on(dir, port);
     let held = cli_json(&up.server, &["status", &second]);
     assert!(
         held["state"] == "waiting" || runs(&up.server, &first).len() == 1,
@@ -1612,7 +1599,7 @@ fn a_kill_mid_ingress_resumes_under_the_same_transfer() {
     let port: u16 = up.server.rsplit(':').next().unwrap().parse().unwrap();
     let dir = std::mem::replace(&mut up.dir, tempfile::tempdir().unwrap());
     drop(up);
-    let up = up_in(dir, port);
+    let up = up_on(dir, port);
     let status = wait_state(&up.server, &id, &["finished", "failed"]);
     assert_eq!(
         status["state"],

@@ -7,7 +7,8 @@
 //!    families of the same order, and HPC sites;
 //! 2. sustained placements per second through the router service over JetStream (a
 //!    real nats-server; submissions appended as fast as the log takes them), and over
-//!    the embedded default's SQLite log.
+//!    the embedded default's SQLite log, each beside the log's own ceiling measured in
+//!    the same run (raw JetStream publishes; fsynced SQLite appends from 16 writers).
 //!
 //! `cargo bench -p meridian-router --bench placement [-- --quick] [--latency-only]`
 
@@ -20,7 +21,7 @@ use meridian_domain::placement::decide;
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
-use meridian_eventlog::testkit::{count_until, nats_url_or_start, NatsCluster};
+use meridian_eventlog::testkit::{ceiling, count_until, nats_url_or_start, NatsCluster};
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand, Workflow, WorkflowCommand};
 use meridian_events::vocabulary::site::{Shape, ShapeGpus};
@@ -624,6 +625,21 @@ async fn submit(log: &Arc<dyn EventLog>, spec: &meridian_spec::Workflow, workflo
     }
 }
 
+/// The log's own ceiling, measured in the same run: appends (or raw publishes) a second.
+struct Ceiling {
+    what: &'static str,
+    per_second: f64,
+}
+
+async fn raw_publish_ceiling(quick: bool, url: &str, replicas: usize) -> Ceiling {
+    let count = if quick { 2_000 } else { 50_000 };
+    let (elapsed, _) = ceiling::raw_publish(url, replicas, count, 256).await;
+    Ceiling {
+        what: "raw async publish, 128 B, 256 in flight",
+        per_second: count as f64 / elapsed.as_secs_f64(),
+    }
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -633,26 +649,45 @@ async fn main() {
         return;
     }
     // One server (R1), then the production shape: three servers run from
-    // infra/nats/cluster.conf on this machine, the stream at R3.
+    // infra/nats/cluster.conf on this machine, the stream at R3. Each log's ceiling is
+    // measured on the same servers just before the router runs on them.
     let (url, _server) = nats_url_or_start().expect("a nats-server");
+    let single_ceiling = raw_publish_ceiling(quick, &url, 1).await;
     let single = throughput(quick, jetstream(url, 1).await).await;
     drop(_server);
     let config =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra/nats/cluster.conf");
     let cluster = NatsCluster::start(&config, 3).expect("a three-server cluster");
+    let three_ceiling = raw_publish_ceiling(quick, &cluster.urls(), 3).await;
     let three = throughput(quick, jetstream(cluster.urls(), 3).await).await;
     drop(cluster);
-    // The embedded default's log: a SQLite file, every commit fsynced.
+    // The embedded default's log: a SQLite file, every commit fsynced. Its ceiling:
+    // single-event appends from 16 writers to a file of its own.
     let dir = tempfile::tempdir().unwrap();
+    let apart: Arc<dyn EventLog> = Arc::new(
+        SqliteLog::open(&dir.path().join("ceiling.sqlite"))
+            .await
+            .unwrap(),
+    );
+    let per_writer = if quick { 20 } else { 300 };
+    let (elapsed, _) = ceiling::appends(apart, 16, per_writer).await;
+    let embedded_ceiling = Ceiling {
+        what: "fsynced appends from 16 writers",
+        per_second: (16 * per_writer) as f64 / elapsed.as_secs_f64(),
+    };
     let sqlite = SqliteLog::open(&dir.path().join("events.sqlite"))
         .await
         .unwrap();
     let embedded = throughput(quick, Arc::new(sqlite)).await;
-    println!("\n| router, 10 sites × 50 shapes, three-job workflows, submit → placement_decided (plus the first release and dispatch) | workflows | seconds | placements/s |\n| --- | ---: | ---: | ---: |");
-    for (label, t) in [
-        ("JetStream, one server, R1", single),
-        ("JetStream, three servers on this machine, R3", three),
-        ("SQLite (synchronous=FULL)", embedded),
+    println!("\n| router, 10 sites × 50 shapes, three-job workflows, submit → placement_decided (plus the first release and dispatch) | workflows | seconds | placements/s | the log's ceiling, same run | ceiling/s | placements ÷ ceiling |\n| --- | ---: | ---: | ---: | --- | ---: | ---: |");
+    for (label, t, ceiling) in [
+        ("JetStream, one server, R1", single, single_ceiling),
+        (
+            "JetStream, three servers on this machine, R3",
+            three,
+            three_ceiling,
+        ),
+        ("SQLite (synchronous=FULL)", embedded, embedded_ceiling),
     ] {
         for (how, elapsed) in [
             ("submitted by 8 writers while the router runs", t.live),
@@ -661,11 +696,14 @@ async fn main() {
                 t.backlog,
             ),
         ] {
+            let rate = t.workflows as f64 / elapsed.as_secs_f64();
             println!(
-                "| {label}: {how} | {} | {:.2} | {:.0} |",
+                "| {label}: {how} | {} | {:.2} | {rate:.0} | {} | {:.0} | {:.1} % |",
                 t.workflows,
                 elapsed.as_secs_f64(),
-                t.workflows as f64 / elapsed.as_secs_f64()
+                ceiling.what,
+                ceiling.per_second,
+                100.0 * rate / ceiling.per_second,
             );
         }
     }

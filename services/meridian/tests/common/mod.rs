@@ -884,23 +884,25 @@ pub fn run_bootstrap(dir: &Path, script: &[u8], off: &Path, power_off: &str) {
 /// `meridian up` on a free port in `dir` with a two-CPU local site, once it answers:
 /// its address and its process.
 pub fn up_in(dir: &Path) -> (String, Proc) {
-    let port = free_port();
+    up_at(dir, free_port(), &[], &[])
+}
+
+/// `meridian up` in `dir` on `port` with a two-CPU local site, `extra` arguments and
+/// `env` set for it, once it answers: its address and its process.
+pub fn up_at(dir: &Path, port: u16, extra: &[&str], env: &[(&str, &str)]) -> (String, Proc) {
     let server = format!("http://127.0.0.1:{port}");
     let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
+    let mut args = vec![
         "up",
-        dir,
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--local-cpus",
-            "2",
-        ],
-        &[],
-    );
+        "--data-dir",
+        "data",
+        "--listen",
+        &listen,
+        "--local-cpus",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let proc = Proc::spawn("up", dir, &args, env);
     wait_ready(&server, &[&proc]);
     (server, proc)
 }
