@@ -592,6 +592,20 @@ pub mod ceiling {
         (start.elapsed(), all)
     }
 
+    /// Single-event appends a second that a new SQLite log at `path` takes from
+    /// `writers` writers at once, each commit fsynced.
+    pub async fn sqlite_appends_per_second(
+        path: &std::path::Path,
+        writers: usize,
+        per_writer: usize,
+    ) -> f64 {
+        let log = crate::sqlite::SqliteLog::open(path)
+            .await
+            .expect("a SQLite log");
+        let (elapsed, _) = appends(Arc::new(log), writers, per_writer).await;
+        (writers * per_writer) as f64 / elapsed.as_secs_f64()
+    }
+
     /// `count` raw JetStream publishes of 128 bytes to a new stream of `replicas` at
     /// `url` (several comma-separated), `window` awaiting their acknowledgement at once, without Meridian's
     /// concurrency headers: the time taken and each publish's latency.
@@ -640,6 +654,7 @@ pub mod ceiling {
         while let Some(l) = in_flight.next().await {
             latencies.push(l);
         }
+        // Best effort: the stream lives on the bench's own server or cluster.
         let _ = js.delete_stream(&name).await;
         (start.elapsed(), latencies)
     }

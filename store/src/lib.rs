@@ -175,11 +175,10 @@ impl Store {
 
     /// The last position `projection` has applied (0: none).
     pub async fn position(&self, projection: &str) -> Result<u64, StoreError> {
-        let row: Option<AnyRow> =
-            sqlx::query("SELECT position FROM projection_positions WHERE name = $1")
-                .bind(projection)
-                .fetch_optional(&self.pool)
-                .await?;
+        let row: Option<AnyRow> = sqlx::query(POSITION)
+            .bind(projection)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(row.map_or(0, |r| r.get::<i64, _>(0) as u64))
     }
 
@@ -214,13 +213,15 @@ pub async fn save_position(tx: &mut Tx, projection: &str, position: u64) -> Resu
     Ok(())
 }
 
+/// A projection's position, by name (none: no row).
+const POSITION: &str = "SELECT position FROM projection_positions WHERE name = $1";
+
 /// The position `projection` has applied, read inside the caller's transaction.
 pub async fn position_in(tx: &mut Tx, projection: &str) -> Result<u64, StoreError> {
-    let row: Option<AnyRow> =
-        sqlx::query("SELECT position FROM projection_positions WHERE name = $1")
-            .bind(projection)
-            .fetch_optional(&mut **tx)
-            .await?;
+    let row: Option<AnyRow> = sqlx::query(POSITION)
+        .bind(projection)
+        .fetch_optional(&mut **tx)
+        .await?;
     Ok(row.map_or(0, |r| r.get::<i64, _>(0) as u64))
 }
 

@@ -8,12 +8,10 @@
 //! `MERIDIAN_BIN=PATH` runs another `meridian` binary.
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meridian_eventlog::conformance::{event, workflow};
 use meridian_eventlog::sqlite::SqliteLog;
-use meridian_eventlog::testkit::count_until;
+use meridian_eventlog::testkit::{ceiling, count_until};
 use meridian_eventlog::EventLog;
 
 const CLIENTS: usize = 16;
@@ -38,27 +36,6 @@ impl Drop for Up {
 
 fn free_port() -> u16 {
     meridian_eventlog::testkit::free_port().unwrap()
-}
-
-/// Appends per second that `log` takes from `writers` writers, one event per commit.
-async fn ceiling(log: Arc<dyn EventLog>, writers: usize, per_writer: u64) -> f64 {
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..writers)
-        .map(|_| {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let a = workflow();
-                for seq in 1..=per_writer {
-                    let e = event(a, seq, serde_json::json!({"type": "bench"}));
-                    log.append(vec![e]).await.expect("append");
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (writers as u64 * per_writer) as f64 / start.elapsed().as_secs_f64()
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -157,12 +134,9 @@ async fn main() {
     let accepted = accepted.await.unwrap();
     drop(_up);
     let fresh = tempfile::tempdir().unwrap();
-    let sqlite: Arc<dyn EventLog> = Arc::new(
-        SqliteLog::open(&fresh.path().join("ceiling.sqlite"))
-            .await
-            .unwrap(),
-    );
-    let appends = ceiling(sqlite, CLIENTS, 200).await;
+    let appends =
+        ceiling::sqlite_appends_per_second(&fresh.path().join("ceiling.sqlite"), CLIENTS, 200)
+            .await;
     let rate = workflows as f64 / elapsed.as_secs_f64();
     println!("| measurement | count | seconds | per second |");
     println!("| --- | ---: | ---: | ---: |");

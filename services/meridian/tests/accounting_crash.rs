@@ -246,22 +246,7 @@ fn embedded_rebuild_from_the_cli() {
 fn bills_and_focus_exports_through_a_running_meridian() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let up = Proc::spawn(
-        "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--local-cpus",
-            "2",
-        ],
-        &[],
-    );
-    wait_ready(&server, &[&up]);
+    let (server, _up) = up_at(dir.path(), port, &[], &[]);
     let file = write(
         dir.path(),
         "one.yaml",

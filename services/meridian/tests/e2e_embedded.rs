@@ -1016,16 +1016,10 @@ fn the_api_serves_https_and_refuses_plain_http_beyond_loopback() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
-    let listen = format!("127.0.0.1:{port}");
-    let proc = Proc::spawn(
-        "up",
+    let proc = spawn_up(
         dir.path(),
+        port,
         &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
             "--local-cpus",
             "2",
             "--tls-cert",
@@ -1250,28 +1244,12 @@ fn inputs_from_every_store_and_the_hub_results_out_and_a_second_run_fetches_noth
 
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
     let mut env: Vec<(&str, String)> = moto.env();
     env.extend(gcs.env());
     env.extend(azurite.env());
     env.push(("HF_ENDPOINT", hub_url));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let up = Proc::spawn(
-        "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--local-cpus",
-            "2",
-        ],
-        &env,
-    );
-    wait_ready(&server, &[&up]);
+    let (server, up) = up_at(dir.path(), port, &[], &env);
     let file = write(
         dir.path(),
         "stores.yaml",
@@ -1414,25 +1392,9 @@ fn outputs_whose_copy_out_failed_are_kept_until_retried_or_released() {
     let moto = meridian_datamover::testkit::Moto::start();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
     let env: Vec<(&str, String)> = moto.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let up = Proc::spawn(
-        "up",
-        dir.path(),
-        &[
-            "up",
-            "--data-dir",
-            "data",
-            "--listen",
-            &listen,
-            "--local-cpus",
-            "2",
-        ],
-        &env,
-    );
-    wait_ready(&server, &[&up]);
+    let (server, up) = up_at(dir.path(), port, &[], &env);
     // The bucket `late` does not exist yet.
     let file = write(
         dir.path(),

@@ -239,20 +239,11 @@ pub fn up_with_adapters_env(
     adapters: &[&str],
     env: &[(&str, &str)],
 ) -> (String, Proc) {
-    let listen = format!("127.0.0.1:{port}");
-    let mut args = vec![
-        "up",
-        "--data-dir",
-        "data",
-        "--listen",
-        &listen,
-        "--catalog",
-        catalog,
-    ];
+    let mut args = vec!["--catalog", catalog];
     for adapter in adapters {
         args.extend(["--adapter", adapter]);
     }
-    let proc = Proc::spawn("up", dir, &args, env);
+    let proc = spawn_up(dir, port, &args, env);
     let server = format!("http://127.0.0.1:{port}");
     wait_ready(&server, &[&proc]);
     (server, proc)
@@ -890,19 +881,19 @@ pub fn up_in(dir: &Path) -> (String, Proc) {
 /// `meridian up` in `dir` on `port` with a two-CPU local site, `extra` arguments and
 /// `env` set for it, once it answers: its address and its process.
 pub fn up_at(dir: &Path, port: u16, extra: &[&str], env: &[(&str, &str)]) -> (String, Proc) {
-    let server = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let mut args = vec![
-        "up",
-        "--data-dir",
-        "data",
-        "--listen",
-        &listen,
-        "--local-cpus",
-        "2",
-    ];
+    let mut args = vec!["--local-cpus", "2"];
     args.extend_from_slice(extra);
-    let proc = Proc::spawn("up", dir, &args, env);
+    let proc = spawn_up(dir, port, &args, env);
+    let server = format!("http://127.0.0.1:{port}");
     wait_ready(&server, &[&proc]);
     (server, proc)
+}
+
+/// `meridian up --data-dir data --listen 127.0.0.1:PORT` and `args` in `dir`, with `env`
+/// set for it, not waited for (a test that reaches it another way waits itself).
+pub fn spawn_up(dir: &Path, port: u16, args: &[&str], env: &[(&str, &str)]) -> Proc {
+    let listen = format!("127.0.0.1:{port}");
+    let mut all = vec!["up", "--data-dir", "data", "--listen", &listen];
+    all.extend_from_slice(args);
+    Proc::spawn("up", dir, &all, env)
 }
