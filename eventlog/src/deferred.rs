@@ -20,9 +20,11 @@ use uuid::Uuid;
 
 use crate::{EventLog, LogError};
 
-/// How many chains are appended at once: as many as the SQLite log's writer takes into
-/// one transaction.
-const WIDTH: usize = 256;
+/// How many chains are appended at once. JetStream answers each append in a round trip
+/// that grows with the load, so the more in flight the better, up to what the server
+/// takes (1,024 stored a router's batch in 0.9 s where 256 took 1.4 s; 4,096 no faster);
+/// the SQLite log's writer takes them 256 to a transaction, one transaction after another.
+const WIDTH: usize = 1024;
 
 /// Commits decided and not yet appended.
 #[derive(Debug, Default)]
@@ -79,12 +81,15 @@ impl Deferred {
         let chains = std::mem::take(&mut self.chains);
         stream::iter(chains)
             .map(|(chain, commits)| async move {
-                for (i, commit) in commits.iter().enumerate() {
-                    if let Err(error) = log.append(commit.clone()).await {
+                // Each commit is handed to the log, not copied: what a failure leaves
+                // unwritten is named from this.
+                let of = each_aggregate(&commits);
+                for (i, commit) in commits.into_iter().enumerate() {
+                    if let Err(error) = log.append(commit).await {
                         return Some(Failed {
                             chain,
                             error,
-                            unwritten: aggregates(&commits[i..]),
+                            unwritten: deduplicated(of[i..].to_vec()),
                         });
                     }
                 }
@@ -97,13 +102,21 @@ impl Deferred {
     }
 }
 
-fn aggregates(commits: &[Vec<RawEnvelope>]) -> Vec<AggregateRef> {
-    let mut out: Vec<AggregateRef> = commits
+/// Each commit's aggregate, in order (a held commit is never empty).
+fn each_aggregate(commits: &[Vec<RawEnvelope>]) -> Vec<AggregateRef> {
+    commits
         .iter()
         .filter_map(|c| c.first().map(|e| e.aggregate))
-        .collect();
-    out.dedup();
-    out
+        .collect()
+}
+
+fn deduplicated(mut aggregates: Vec<AggregateRef>) -> Vec<AggregateRef> {
+    aggregates.dedup();
+    aggregates
+}
+
+fn aggregates(commits: &[Vec<RawEnvelope>]) -> Vec<AggregateRef> {
+    deduplicated(each_aggregate(commits))
 }
 
 #[cfg(test)]

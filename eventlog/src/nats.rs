@@ -12,7 +12,7 @@
 //! - Subscriptions are durable pull consumers with cumulative acks.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, pull, AckPolicy, DeliverPolicy};
@@ -68,9 +68,8 @@ pub struct NatsLog {
     js: Context,
     stream: stream::Stream,
     config: NatsConfig,
-    /// Aggregate → (its last aggregate sequence, that commit's stream sequence), as last
-    /// seen by this process. A stale entry only costs a conflict and a re-read.
-    last_seen: Mutex<HashMap<AggregateRef, (u64, u64)>>,
+    /// Where each aggregate's last commit is, shared with this log's subscriptions.
+    last_seen: Arc<LastSeen>,
     /// The object store bucket beside the stream that keeps snapshots, once opened.
     snapshots: tokio::sync::OnceCell<object_store::ObjectStore>,
 }
@@ -80,6 +79,60 @@ const SNAPSHOT_POSITION: &str = "position";
 
 fn unavailable(e: impl std::fmt::Display) -> LogError {
     LogError::Unavailable(e.to_string())
+}
+
+/// Aggregate → (its last aggregate sequence, that commit's stream sequence), as last
+/// seen by this process: through its own appends and what its subscriptions deliver,
+/// so that a service deciding on an aggregate it was just delivered appends without
+/// first looking up where the aggregate's last commit is. A stale entry only costs a
+/// conflict and a re-read: the server checks the expected sequence all the same.
+#[derive(Default)]
+struct LastSeen(Mutex<HashMap<AggregateRef, (u64, u64)>>);
+
+impl LastSeen {
+    fn get(&self, aggregate: AggregateRef) -> Option<(u64, u64)> {
+        self.0
+            .lock()
+            .expect("last_seen poisoned")
+            .get(&aggregate)
+            .copied()
+    }
+
+    fn remember(&self, aggregate: AggregateRef, sequence: u64, position: u64) {
+        let mut seen = self.0.lock().expect("last_seen poisoned");
+        Self::bound(&mut seen);
+        seen.insert(aggregate, (sequence, position));
+    }
+
+    /// Each delivered commit's aggregate, unless a later commit of it was seen already
+    /// (a subscription delivers a commit again after a restart or a broken stream).
+    fn delivered(&self, commits: &[Commit]) {
+        let mut seen = self.0.lock().expect("last_seen poisoned");
+        for commit in commits {
+            let Some(last) = commit.events.last() else {
+                continue;
+            };
+            Self::bound(&mut seen);
+            let entry = seen.entry(last.aggregate).or_insert((0, 0));
+            if last.sequence > entry.0 {
+                *entry = (last.sequence, commit.position);
+            }
+        }
+    }
+
+    fn forget(&self, aggregate: AggregateRef) {
+        self.0
+            .lock()
+            .expect("last_seen poisoned")
+            .remove(&aggregate);
+    }
+
+    /// Forgetting only costs one lookup on an aggregate's next append.
+    fn bound(seen: &mut HashMap<AggregateRef, (u64, u64)>) {
+        if seen.len() >= 100_000 {
+            seen.clear();
+        }
+    }
 }
 
 fn decode_commit(position: u64, payload: &[u8]) -> Result<Vec<RawEnvelope>, LogError> {
@@ -181,7 +234,7 @@ impl NatsLog {
             js,
             stream,
             config,
-            last_seen: Mutex::new(HashMap::new()),
+            last_seen: Arc::default(),
             snapshots: tokio::sync::OnceCell::new(),
         })
     }
@@ -231,22 +284,6 @@ impl NatsLog {
         )
     }
 
-    fn remember(&self, aggregate: AggregateRef, sequence: u64, position: u64) {
-        let mut seen = self.last_seen.lock().expect("last_seen poisoned");
-        // Bounded: forgetting only costs one lookup on the aggregate's next append.
-        if seen.len() >= 100_000 {
-            seen.clear();
-        }
-        seen.insert(aggregate, (sequence, position));
-    }
-
-    fn forget(&self, aggregate: AggregateRef) {
-        self.last_seen
-            .lock()
-            .expect("last_seen poisoned")
-            .remove(&aggregate);
-    }
-
     /// The aggregate's last (aggregate sequence, stream sequence), or None if it has none.
     async fn last_of(&self, aggregate: AggregateRef) -> Result<Option<(u64, u64)>, LogError> {
         match self
@@ -291,7 +328,7 @@ impl NatsLog {
             .and_then(|c| c.events.last())
             .map_or(0, |e| e.sequence);
         if let Some(last) = history.last() {
-            self.remember(aggregate, actual, last.position);
+            self.last_seen.remember(aggregate, actual, last.position);
         }
         Err(LogError::Conflict {
             aggregate,
@@ -413,12 +450,7 @@ impl EventLog for NatsLog {
         let expected_position = if expected == 0 {
             0
         } else {
-            let cached = self
-                .last_seen
-                .lock()
-                .expect("last_seen poisoned")
-                .get(&aggregate)
-                .copied();
+            let cached = self.last_seen.get(aggregate);
             match cached {
                 Some((sequence, position)) if sequence == expected => position,
                 _ => match self.last_of(aggregate).await? {
@@ -449,20 +481,21 @@ impl EventLog for NatsLog {
                 position: ack.sequence,
             }),
             Ok(ack) => {
-                self.remember(aggregate, last_sequence, ack.sequence);
+                self.last_seen
+                    .remember(aggregate, last_sequence, ack.sequence);
                 Ok(Appended::Stored {
                     position: ack.sequence,
                 })
             }
             Err(e) => match e.kind() {
                 PublishErrorKind::WrongLastSequence => {
-                    self.forget(aggregate);
+                    self.last_seen.forget(aggregate);
                     self.conflict_or_duplicate(aggregate, expected, &events[0])
                         .await
                 }
                 // 10164 is the same conflict reported without the sequence.
                 PublishErrorKind::Other if e.to_string().contains("wrong last sequence") => {
-                    self.forget(aggregate);
+                    self.last_seen.forget(aggregate);
                     self.conflict_or_duplicate(aggregate, expected, &events[0])
                         .await
                 }
@@ -510,6 +543,7 @@ impl EventLog for NatsLog {
         check_name(name)?;
         let consumer = open_durable(&self.stream, name, self.config.ack_wait).await?;
         Ok(Box::new(NatsSubscription {
+            last_seen: self.last_seen.clone(),
             stream: self.stream.clone(),
             name: name.to_string(),
             ack_wait: self.config.ack_wait,
@@ -684,6 +718,7 @@ async fn open_durable(
 /// into a request nobody reads; with cumulative acks the next ack would then acknowledge
 /// a commit no one saw.)
 struct NatsSubscription {
+    last_seen: Arc<LastSeen>,
     stream: stream::Stream,
     name: String,
     ack_wait: Duration,
@@ -766,6 +801,7 @@ impl Subscription for NatsSubscription {
             });
             self.unacked.push_back((position, msg));
         }
+        self.last_seen.delivered(&out);
         Ok(out)
     }
 

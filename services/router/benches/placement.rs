@@ -10,7 +10,7 @@
 //!    the embedded default's SQLite log, each beside the log's own ceiling measured in
 //!    the same run (raw JetStream publishes; fsynced SQLite appends from 16 writers).
 //!
-//! `cargo bench -p meridian-router --bench placement [-- --quick] [--latency-only]`
+//! `cargo bench -p meridian-router --bench placement [-- --quick] [--latency-only | --throughput-only]`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -643,8 +643,10 @@ async fn raw_publish_ceiling(quick: bool, url: &str, replicas: usize) -> Ceiling
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    latency(quick);
-    full_size(quick);
+    if !std::env::args().any(|a| a == "--throughput-only") {
+        latency(quick);
+        full_size(quick);
+    }
     if std::env::args().any(|a| a == "--latency-only") {
         return;
     }

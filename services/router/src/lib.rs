@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
 use meridian_eventlog::deferred::Deferred;
 use meridian_eventlog::{snapshot, EventLog, LogError};
@@ -38,6 +39,9 @@ use meridian_domain::{placement, Catalog};
 
 /// The durable subscription the router reads through.
 pub const SUBSCRIPTION: &str = "router";
+
+/// Workflows read from the log at once when many wait to be reconciled.
+const PREFETCH: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
@@ -348,19 +352,24 @@ impl Router {
                 .filter(|(_, t)| **t <= now)
                 .map(|(id, _)| *id)
                 .collect();
+            self.prefetch(due.iter().copied()).await?;
             for id in due {
                 self.not_before.remove(&id);
                 self.reconcile(id).await?;
             }
             // GPUs were freed: held tasks may be released.
             if std::mem::take(&mut self.gpus_freed) {
-                for id in std::mem::take(&mut self.gpu_held) {
+                let held = std::mem::take(&mut self.gpu_held);
+                self.prefetch(held.iter().copied()).await?;
+                for id in held {
                     self.reconcile(id).await?;
                 }
             }
             // A site connected, changed its prices or came back: waiting work may fit.
             if std::mem::take(&mut self.sites_changed) {
-                for id in self.unplaced.clone() {
+                let unplaced = self.unplaced.clone();
+                self.prefetch(unplaced.iter().copied()).await?;
+                for id in unplaced {
                     self.reconcile(id).await?;
                 }
             }
@@ -932,11 +941,43 @@ impl Router {
     /// Reads a workflow from the log into the cache, with what its history says about
     /// releases and site faults (so exclusions survive a router restart).
     async fn load_workflow(&mut self, id: Uuid) -> Result<(), RouterError> {
-        if self.deferred.holds(id) {
-            // Decided here and not stored yet: the cache is ahead of the log.
+        if self.ahead_of_log(id) {
             return Ok(());
         }
         let loaded = aggregates::load::<Workflow>(&*self.log, id).await?;
+        self.cache_loaded(id, loaded);
+        Ok(())
+    }
+
+    /// Decided here and not stored yet: the cache is ahead of the log.
+    fn ahead_of_log(&self, workflow: Uuid) -> bool {
+        self.deferred.holds(workflow)
+    }
+
+    /// Reads the workflows among `ids` that are not cached, [`PREFETCH`] at a time,
+    /// before they are reconciled one by one: each read is a round trip, and thousands
+    /// wait to be placed after a start.
+    async fn prefetch(&mut self, ids: impl IntoIterator<Item = Uuid>) -> Result<(), RouterError> {
+        let missing: Vec<Uuid> = ids
+            .into_iter()
+            .filter(|id| !self.workflows.contains_key(id) && !self.ahead_of_log(*id))
+            .collect();
+        let log = self.log.clone();
+        let loaded: Vec<_> = futures::stream::iter(missing)
+            .map(|id| {
+                let log = log.clone();
+                async move { (id, aggregates::load::<Workflow>(&*log, id).await) }
+            })
+            .buffer_unordered(PREFETCH)
+            .collect()
+            .await;
+        for (id, loaded) in loaded {
+            self.cache_loaded(id, loaded?);
+        }
+        Ok(())
+    }
+
+    fn cache_loaded(&mut self, id: Uuid, loaded: aggregates::Loaded<Workflow>) {
         for e in &loaded.history {
             self.remember_release(id, e);
         }
@@ -956,7 +997,6 @@ impl Router {
                 traceparent,
             },
         );
-        Ok(())
     }
 
     async fn workflow(&mut self, id: Uuid) -> Result<&mut Cached<Workflow>, RouterError> {
@@ -1045,18 +1085,11 @@ impl Router {
     }
 
     async fn place(&mut self, id: Uuid) -> Result<(), RouterError> {
-        // Placement happens once per workflow: read it afresh, so a submission delivered
-        // again after a restart is never placed a second time on a stale copy.
-        self.load_workflow(id).await?;
-        let submitted = self.workflows[&id].state.state() == Some(WorkflowState::Submitted);
-        if !submitted {
-            let state = self.workflow(id).await?.state.state();
-            if state.is_some_and(|s| !s.is_terminal()) {
-                self.follow_jobs(id).await?;
-                self.release_runnable(id).await?;
-            }
-            return Ok(());
-        }
+        // Placed on the cached copy, not one read afresh: a copy behind the log (a
+        // submission delivered again after a restart, a cancel not delivered yet) makes
+        // the placement's append meet a conflict, and `store_decisions` reads the
+        // workflow afresh and decides again, so no workflow is placed twice. A read
+        // here would be a round trip per workflow, one after another.
         let Some(spec) = self.workflow(id).await?.state.spec().cloned() else {
             return Ok(());
         };
