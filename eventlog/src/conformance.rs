@@ -659,6 +659,63 @@ pub async fn snapshots_are_kept_beside_the_log(open: Open) {
     );
 }
 
+/// A handle that learned an aggregate only through its subscription appends after
+/// it; whoever is behind, that handle or another, meets a conflict and writes nothing,
+/// also when the subscription delivers an older commit again.
+pub async fn appends_after_what_a_subscription_delivered(open: Open) {
+    let (reader, other) = (open().await, open().await);
+    let a = workflow();
+    append_ok(&*other, vec![event(a, 1, json!("theirs"))]).await;
+    append_ok(&*other, vec![event(a, 2, json!("theirs too"))]).await;
+    let mut sub = reader.subscribe("follower").await.unwrap();
+    let mut delivered = Vec::new();
+    while delivered.len() < 2 {
+        delivered.extend(sub.next(10, Duration::from_secs(10)).await.unwrap());
+    }
+    append_ok(&*reader, vec![event(a, 3, json!("mine"))]).await;
+    let conflict = |r: Result<Appended, LogError>| match r {
+        Err(LogError::Conflict {
+            expected, actual, ..
+        }) => (expected, actual),
+        other => panic!("a handle behind the aggregate must conflict, got {other:?}"),
+    };
+    assert_eq!(
+        conflict(other.append(vec![event(a, 3, json!("late"))]).await),
+        (2, 3)
+    );
+    // The other handle moves it on; the reader has been delivered nothing since.
+    append_ok(&*other, vec![event(a, 4, json!("theirs again"))]).await;
+    assert_eq!(
+        conflict(reader.append(vec![event(a, 4, json!("stale"))]).await),
+        (3, 4)
+    );
+    // Delivered again from the start (never acknowledged): what is older changes nothing.
+    drop(sub);
+    let mut sub = reader.subscribe("follower").await.unwrap();
+    let mut again = Vec::new();
+    while again.len() < 4 {
+        again.extend(sub.next(10, Duration::from_secs(10)).await.unwrap());
+    }
+    append_ok(&*reader, vec![event(a, 5, json!("mine again"))]).await;
+    let history: Vec<_> = reader
+        .read_aggregate(a)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.payload)
+        .collect();
+    assert_eq!(
+        history,
+        vec![
+            json!("theirs"),
+            json!("theirs too"),
+            json!("mine"),
+            json!("theirs again"),
+            json!("mine again")
+        ]
+    );
+}
+
 /// Generates one `#[tokio::test]` per conformance check. `$fresh` is an expression
 /// that yields an [`Open`] for a new, empty store (it may `.await`).
 #[macro_export]
@@ -666,7 +723,7 @@ macro_rules! conformance_suite {
     ($fresh:expr) => {
         $crate::conformance_suite!(@tests $fresh;
             empty_log, append_then_read, long_history_reads_back_whole,
-            conflict_on_stale_sequence,
+            conflict_on_stale_sequence, appends_after_what_a_subscription_delivered,
             concurrent_writers_one_wins, many_appends_at_once_through_one_handle,
             duplicate_event_id_stored_once,
             invalid_batches_change_nothing, large_and_non_ascii_payloads,
