@@ -462,6 +462,7 @@ pub struct Intercepted {
     inner: std::sync::Arc<dyn crate::EventLog>,
     reads: std::sync::Mutex<Vec<u64>>,
     before_append: Option<BeforeAppend>,
+    renamed: Option<String>,
 }
 
 impl Intercepted {
@@ -470,7 +471,16 @@ impl Intercepted {
             inner,
             reads: Default::default(),
             before_append: None,
+            renamed: None,
         }
+    }
+
+    /// Subscriptions under `name-suffix` instead of `name`: a new durable subscription,
+    /// which delivers the whole log again, as to a service that crashed before it
+    /// acknowledged anything.
+    pub fn subscriptions_renamed(mut self, suffix: &str) -> Intercepted {
+        self.renamed = Some(suffix.to_string());
+        self
     }
 
     pub fn before_append(mut self, hook: BeforeAppend) -> Intercepted {
@@ -520,7 +530,10 @@ impl crate::EventLog for Intercepted {
     }
 
     async fn subscribe(&self, name: &str) -> Result<Box<dyn crate::Subscription>, crate::LogError> {
-        self.inner.subscribe(name).await
+        match &self.renamed {
+            Some(suffix) => self.inner.subscribe(&format!("{name}-{suffix}")).await,
+            None => self.inner.subscribe(name).await,
+        }
     }
 
     async fn tail(&self, after: u64) -> Result<Box<dyn crate::Subscription>, crate::LogError> {

@@ -447,8 +447,14 @@ impl Router {
 
     /// Drops what was cached for `workflow` and for the aggregates of its decisions that
     /// were not stored: they are read from the log when next needed.
+    /// What was counted for those decisions goes too: a hold for the tenant's limit
+    /// (decided again when the workflow is), and the GPUs of unwritten releases, which
+    /// may have held another workflow's tasks back.
     fn forget(&mut self, workflow: Uuid, unwritten: &[meridian_events::AggregateRef]) {
         self.workflows.remove(&workflow);
+        for held in self.limit_held.values_mut() {
+            held.remove(&workflow);
+        }
         for aggregate in unwritten {
             if aggregate.kind == AggregateKind::Job {
                 let id = aggregate.id;
@@ -456,7 +462,9 @@ impl Router {
                 self.releases.remove(&id);
                 self.job_workflow.remove(&id);
                 for jobs in self.gpus.values_mut() {
-                    jobs.remove(&id);
+                    if jobs.remove(&id).is_some() {
+                        self.gpus_freed = true;
+                    }
                 }
             }
         }
@@ -1090,10 +1098,29 @@ impl Router {
         // the placement's append meet a conflict, and `store_decisions` reads the
         // workflow afresh and decides again, so no workflow is placed twice. A read
         // here would be a round trip per workflow, one after another.
+        let tenant = self.workflow(id).await?.tenant.clone();
+        let placed_in_log = tenant
+            .as_ref()
+            .and_then(|t| self.active.get(t))
+            .is_some_and(|placed| placed.contains(&id));
+        if placed_in_log && !self.ahead_of_log(id) {
+            // The log says it was placed (its submission is delivered again after a
+            // restart): decisions on this copy would only conflict, and the tenant's
+            // limit and GPUs would count them meanwhile. Read it afresh and go on.
+            self.workflows.remove(&id);
+            self.load_workflow(id).await?;
+            let state = self.workflow(id).await?.state.state();
+            if state != Some(WorkflowState::Submitted) {
+                if state.is_some_and(|s| !s.is_terminal()) {
+                    self.follow_jobs(id).await?;
+                    self.release_runnable(id).await?;
+                }
+                return Ok(());
+            }
+        }
         let Some(spec) = self.workflow(id).await?.state.spec().cloned() else {
             return Ok(());
         };
-        let tenant = self.workflow(id).await?.tenant.clone();
         if let Some(reason) = self.held_by_limit(id, tenant.as_deref()) {
             self.unplaced.insert(id);
             if let Some(t) = &tenant {

@@ -86,6 +86,17 @@ impl Bench {
         self.router = Self::spawn(self.log.clone(), stopped);
     }
 
+    /// Restarts as after a crash before any acknowledgement: the new router's
+    /// subscription delivers the whole log again.
+    async fn restart_unacknowledged(&mut self, suffix: &str) {
+        self.router.abort();
+        let _ = (&mut self.router).await;
+        let (stop, stopped) = watch::channel(false);
+        self.stop = stop;
+        let log = Intercepted::new(self.log.clone()).subscriptions_renamed(suffix);
+        self.router = Self::spawn(Arc::new(log), stopped);
+    }
+
     async fn submit(&self, yaml: &str) -> Uuid {
         let id = Uuid::now_v7();
         let spec = meridian_spec::parse(yaml).unwrap();
@@ -522,6 +533,50 @@ async fn a_restarted_router_decides_nothing_twice() {
         })
         .count();
     assert_eq!(placements, 1);
+}
+
+/// A placed workflow whose submission is delivered again after a restart is read afresh,
+/// not decided on again from that submission: it is placed once, holds nothing back for
+/// its tenant's limit, and the tenant's next workflow is placed once there is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_delivered_again_after_a_restart_holds_nothing_back() {
+    use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
+    use meridian_events::vocabulary::tenant::TenantLimits;
+    let limit = async |b: &Bench, n: u32| {
+        execute::<Tenant, _>(
+            &*b.log,
+            tenant_id("t"),
+            &EventContext::new_chain("t"),
+            |_| TenantCommand::SetLimits {
+                tenant: "t".into(),
+                limits: TenantLimits {
+                    concurrent_workflows: Some(n),
+                    ..TenantLimits::default()
+                },
+                set_by: "admin".into(),
+            },
+        )
+        .await
+        .unwrap();
+    };
+    let mut b = Bench::new().await;
+    limit(&b, 1).await;
+    let first = b.submit(DAG).await;
+    b.dispatched_at_least("the first workflow's prep", first, 1)
+        .await;
+    b.restart_unacknowledged("again").await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    limit(&b, 2).await;
+    let second = b.submit(DAG).await;
+    b.dispatched_at_least("the second workflow's prep", second, 1)
+        .await;
+    let kinds = kinds(&*b.log, first).await;
+    assert_eq!(
+        kinds.iter().filter(|k| k.contains("placement")).count(),
+        1,
+        "placed once, and no wait recorded for it: {kinds:?}"
+    );
+    assert_eq!(b.dispatched(first).await.len(), 1, "prep dispatched once");
 }
 
 /// A restart starts from the router's snapshot and folds only the commits after it, and
