@@ -38,6 +38,16 @@ pub fn workflow() -> AggregateRef {
     AggregateRef::new(AggregateKind::Workflow, Uuid::now_v7())
 }
 
+/// The payloads of `aggregate`'s history, in order.
+pub async fn payloads(log: &dyn EventLog, aggregate: AggregateRef) -> Vec<serde_json::Value> {
+    log.read_aggregate(aggregate)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.payload)
+        .collect()
+}
+
 async fn append_ok(log: &dyn EventLog, events: Vec<RawEnvelope>) -> u64 {
     match log.append(events).await {
         Ok(Appended::Stored { position }) => position,
@@ -697,15 +707,8 @@ pub async fn appends_after_what_a_subscription_delivered(open: Open) {
         again.extend(sub.next(10, Duration::from_secs(10)).await.unwrap());
     }
     append_ok(&*reader, vec![event(a, 5, json!("mine again"))]).await;
-    let history: Vec<_> = reader
-        .read_aggregate(a)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.payload)
-        .collect();
     assert_eq!(
-        history,
+        payloads(&*reader, a).await,
         vec![
             json!("theirs"),
             json!("theirs too"),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use meridian_eventlog::conformance::{event, workflow, Open};
+use meridian_eventlog::conformance::{event, payloads, workflow, Open};
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::testkit::{nats_url_or_start, NatsServer};
 use meridian_eventlog::{Appended, EventLog, LogError};
@@ -82,15 +82,8 @@ async fn server_killed_mid_test_and_the_backend_recovers() {
         other => panic!("a second retry is a duplicate, got {other:?}"),
     }
     append_retrying(&log, vec![event(a, 3, json!("after"))]).await;
-    let history: Vec<_> = log
-        .read_aggregate(a)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.payload)
-        .collect();
     assert_eq!(
-        history,
+        payloads(&log, a).await,
         vec![json!("before"), json!("during"), json!("after")]
     );
 

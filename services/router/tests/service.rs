@@ -540,14 +540,12 @@ async fn a_restarted_router_decides_nothing_twice() {
 /// its tenant's limit, and the tenant's next workflow is placed once there is room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submission_delivered_again_after_a_restart_holds_nothing_back() {
-    use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
+    use meridian_events::aggregate::TenantCommand;
     use meridian_events::vocabulary::tenant::TenantLimits;
     let limit = async |b: &Bench, n: u32| {
-        execute::<Tenant, _>(
+        tenant_t(
             &*b.log,
-            tenant_id("t"),
-            &EventContext::new_chain("t"),
-            |_| TenantCommand::SetLimits {
+            TenantCommand::SetLimits {
                 tenant: "t".into(),
                 limits: TenantLimits {
                     concurrent_workflows: Some(n),
@@ -556,8 +554,7 @@ async fn a_submission_delivered_again_after_a_restart_holds_nothing_back() {
                 set_by: "admin".into(),
             },
         )
-        .await
-        .unwrap();
+        .await;
     };
     let mut b = Bench::new().await;
     limit(&b, 1).await;
@@ -873,14 +870,12 @@ async fn a_split_workflow_runs_each_job_at_its_planned_site_and_holds_volumes_wh
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_policy_keeps_its_work_off_sites_it_does_not_allow() {
-    use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
+    use meridian_events::aggregate::TenantCommand;
     use meridian_events::vocabulary::tenant::PlacementPolicy;
     let b = Bench::with_sites(&[("cheap", "1"), ("pricey", "2")]).await;
-    execute::<Tenant, _>(
+    tenant_t(
         &*b.log,
-        tenant_id("t"),
-        &EventContext::new_chain("t"),
-        |_| TenantCommand::SetPolicy {
+        TenantCommand::SetPolicy {
             tenant: "t".into(),
             policy: PlacementPolicy {
                 sites: vec!["pricey".into()],
@@ -889,8 +884,7 @@ async fn a_tenant_policy_keeps_its_work_off_sites_it_does_not_allow() {
             set_by: "admin".into(),
         },
     )
-    .await
-    .unwrap();
+    .await;
     let id = b.submit(DAG).await;
     let (site, why_not_cheap) = b
         .wait_for("placed", async || {
@@ -958,6 +952,16 @@ async fn re_placement_keeps_a_volume_where_a_running_task_still_mounts_it() {
 }
 
 /// The events of workflow `id`, by type.
+/// Runs `command` on tenant t, as its admin would.
+async fn tenant_t(log: &dyn EventLog, command: meridian_events::aggregate::TenantCommand) {
+    use meridian_events::aggregate::{tenant_id, Tenant};
+    execute::<Tenant, _>(log, tenant_id("t"), &EventContext::new_chain("t"), |_| {
+        command.clone()
+    })
+    .await
+    .unwrap();
+}
+
 async fn kinds(log: &dyn EventLog, id: Uuid) -> Vec<&'static str> {
     load::<Workflow>(log, id)
         .await
@@ -1065,7 +1069,7 @@ async fn register_unconnected_site(log: &dyn EventLog, name: &str) -> Uuid {
 /// ends. A restarted router still counts what is in use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
-    use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand};
+    use meridian_events::aggregate::TenantCommand;
     use meridian_events::vocabulary::tenant::TenantLimits;
     let dir = tempfile::tempdir().unwrap();
     let log: Arc<dyn EventLog> =
@@ -1105,7 +1109,8 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
     .await
     .unwrap();
     connect(&*log, site, 86_400).await;
-    execute::<Tenant, _>(&*log, tenant_id("t"), &EventContext::new_chain("t"), |_| {
+    tenant_t(
+        &*log,
         TenantCommand::SetLimits {
             tenant: "t".into(),
             limits: TenantLimits {
@@ -1113,10 +1118,9 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
                 ..TenantLimits::default()
             },
             set_by: "admin".into(),
-        }
-    })
-    .await
-    .unwrap();
+        },
+    )
+    .await;
     let (stop, stopped) = watch::channel(false);
     let router = Bench::spawn(log.clone(), stopped);
     let mut b = Bench {
@@ -1153,11 +1157,9 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
     assert_eq!(b.dispatched(id).await.len(), 2, "still 4 GPUs at once");
 
     // Raising the limit frees the held task without any run ending.
-    execute::<Tenant, _>(
+    tenant_t(
         &*b.log,
-        tenant_id("t"),
-        &EventContext::new_chain("t"),
-        |_| TenantCommand::SetLimits {
+        TenantCommand::SetLimits {
             tenant: "t".into(),
             limits: TenantLimits {
                 concurrent_gpus: Some(6),
@@ -1166,8 +1168,7 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
             set_by: "admin".into(),
         },
     )
-    .await
-    .unwrap();
+    .await;
     let three = b
         .wait_for("the third released", async || {
             let d = b.dispatched(id).await;
