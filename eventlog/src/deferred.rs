@@ -81,15 +81,16 @@ impl Deferred {
         let chains = std::mem::take(&mut self.chains);
         stream::iter(chains)
             .map(|(chain, commits)| async move {
-                // Each commit is handed to the log, not copied: what a failure leaves
-                // unwritten is named from this.
-                let of = each_aggregate(&commits);
-                for (i, commit) in commits.into_iter().enumerate() {
+                // Each commit is handed to the log, not copied.
+                let mut commits = commits.into_iter();
+                while let Some(commit) = commits.next() {
+                    let aggregate = first(&commit);
                     if let Err(error) = log.append(commit).await {
+                        let rest = commits.filter_map(|c| first(&c));
                         return Some(Failed {
                             chain,
                             error,
-                            unwritten: deduplicated(of[i..].to_vec()),
+                            unwritten: runs(aggregate.into_iter().chain(rest)),
                         });
                     }
                 }
@@ -102,21 +103,19 @@ impl Deferred {
     }
 }
 
-/// Each commit's aggregate, in order (a held commit is never empty).
-fn each_aggregate(commits: &[Vec<RawEnvelope>]) -> Vec<AggregateRef> {
-    commits
-        .iter()
-        .filter_map(|c| c.first().map(|e| e.aggregate))
-        .collect()
+fn first(commit: &[RawEnvelope]) -> Option<AggregateRef> {
+    commit.first().map(|e| e.aggregate)
 }
 
-fn deduplicated(mut aggregates: Vec<AggregateRef>) -> Vec<AggregateRef> {
-    aggregates.dedup();
-    aggregates
+/// The aggregates in order, each run of one named once.
+fn runs(aggregates: impl Iterator<Item = AggregateRef>) -> Vec<AggregateRef> {
+    let mut out: Vec<AggregateRef> = aggregates.collect();
+    out.dedup();
+    out
 }
 
 fn aggregates(commits: &[Vec<RawEnvelope>]) -> Vec<AggregateRef> {
-    deduplicated(each_aggregate(commits))
+    runs(commits.iter().filter_map(|c| first(c)))
 }
 
 #[cfg(test)]

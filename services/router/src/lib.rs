@@ -106,6 +106,8 @@ pub struct Router {
     /// What was decided while working through the delivered batch, appended when the
     /// batch is done, each workflow's commits in order (see `meridian_eventlog::deferred`).
     deferred: Deferred,
+    /// The log position the start folded up to.
+    folded_to: u64,
     /// Saves a new snapshot in the background every so many commits delivered.
     snapshots: snapshot::Refresh,
 }
@@ -273,6 +275,7 @@ impl Router {
             took_ms = began.elapsed().as_millis() as u64,
             "router: folded the log's commits after its snapshot (or the whole log, without one)"
         );
+        let folded_to = start.catalog.position();
         let RouterStart { catalog, work, .. } = start;
         let Work {
             unplaced,
@@ -300,6 +303,7 @@ impl Router {
             gpu_held,
             last_refusal: None,
             deferred: Deferred::default(),
+            folded_to,
             snapshots: snapshot::Refresh::every(commits),
         })
     }
@@ -373,6 +377,17 @@ impl Router {
                     self.reconcile(id).await?;
                 }
             }
+            // Commits the start already folded come again when their acknowledgement was
+            // lost in a crash: the workflows they concern are read whole from the log,
+            // not built up from them, so nothing is decided on a copy that lags it.
+            let again: BTreeSet<Uuid> = commits
+                .iter()
+                .take_while(|c| c.position <= self.folded_to)
+                .flat_map(|c| &c.events)
+                .filter(|e| e.aggregate.kind == AggregateKind::Workflow)
+                .map(|e| e.aggregate.id)
+                .collect();
+            self.prefetch(again).await?;
             let last = commits.last().map(|c| c.position);
             let delivered = commits.len() as u64;
             for commit in commits {
@@ -949,17 +964,13 @@ impl Router {
     /// Reads a workflow from the log into the cache, with what its history says about
     /// releases and site faults (so exclusions survive a router restart).
     async fn load_workflow(&mut self, id: Uuid) -> Result<(), RouterError> {
-        if self.ahead_of_log(id) {
+        if self.deferred.holds(id) {
+            // Decided here and not stored yet: the cache is ahead of the log.
             return Ok(());
         }
         let loaded = aggregates::load::<Workflow>(&*self.log, id).await?;
         self.cache_loaded(id, loaded);
         Ok(())
-    }
-
-    /// Decided here and not stored yet: the cache is ahead of the log.
-    fn ahead_of_log(&self, workflow: Uuid) -> bool {
-        self.deferred.holds(workflow)
     }
 
     /// Reads the workflows among `ids` that are not cached, [`PREFETCH`] at a time,
@@ -968,7 +979,7 @@ impl Router {
     async fn prefetch(&mut self, ids: impl IntoIterator<Item = Uuid>) -> Result<(), RouterError> {
         let missing: Vec<Uuid> = ids
             .into_iter()
-            .filter(|id| !self.workflows.contains_key(id) && !self.ahead_of_log(*id))
+            .filter(|id| !self.workflows.contains_key(id) && !self.deferred.holds(*id))
             .collect();
         let log = self.log.clone();
         let loaded: Vec<_> = futures::stream::iter(missing)
@@ -1093,34 +1104,15 @@ impl Router {
     }
 
     async fn place(&mut self, id: Uuid) -> Result<(), RouterError> {
-        // Placed on the cached copy, not one read afresh: a copy behind the log (a
-        // submission delivered again after a restart, a cancel not delivered yet) makes
-        // the placement's append meet a conflict, and `store_decisions` reads the
-        // workflow afresh and decides again, so no workflow is placed twice. A read
-        // here would be a round trip per workflow, one after another.
-        let tenant = self.workflow(id).await?.tenant.clone();
-        let placed_in_log = tenant
-            .as_ref()
-            .and_then(|t| self.active.get(t))
-            .is_some_and(|placed| placed.contains(&id));
-        if placed_in_log && !self.ahead_of_log(id) {
-            // The log says it was placed (its submission is delivered again after a
-            // restart): decisions on this copy would only conflict, and the tenant's
-            // limit and GPUs would count them meanwhile. Read it afresh and go on.
-            self.workflows.remove(&id);
-            self.load_workflow(id).await?;
-            let state = self.workflow(id).await?.state.state();
-            if state != Some(WorkflowState::Submitted) {
-                if state.is_some_and(|s| !s.is_terminal()) {
-                    self.follow_jobs(id).await?;
-                    self.release_runnable(id).await?;
-                }
-                return Ok(());
-            }
-        }
+        // Placed on the cached copy, not one read afresh (a round trip per workflow, one
+        // after another): a copy behind the log (a cancel not delivered yet) makes the
+        // placement's append meet a conflict, and `store_decisions` reads the workflow
+        // afresh and decides again, so no workflow is placed twice. A submission
+        // delivered again after a restart is no such copy: `serve` reads it whole.
         let Some(spec) = self.workflow(id).await?.state.spec().cloned() else {
             return Ok(());
         };
+        let tenant = self.workflow(id).await?.tenant.clone();
         if let Some(reason) = self.held_by_limit(id, tenant.as_deref()) {
             self.unplaced.insert(id);
             if let Some(t) = &tenant {
