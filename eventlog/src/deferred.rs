@@ -11,6 +11,12 @@
 //! against the log. A chain stops at its first failed append (a conflict: someone else
 //! moved the aggregate on); its remaining commits are not appended, and the service
 //! forgets what it cached for that chain and decides again.
+//!
+//! Consecutive commits of a chain to the same aggregate (a workflow's placement and its
+//! first release) are joined into one append when they fit in one commit together: the
+//! second could only have been appended after the first anyway, and one append costs one
+//! round trip or one row of a group commit instead of two. A joined commit is stored or
+//! refused whole.
 
 use std::collections::HashMap;
 
@@ -18,7 +24,7 @@ use futures::stream::{self, StreamExt};
 use meridian_events::{AggregateRef, RawEnvelope};
 use uuid::Uuid;
 
-use crate::{EventLog, LogError};
+use crate::{EventLog, LogError, MAX_COMMIT_BYTES};
 
 /// How many chains are appended at once. JetStream answers each append in a round trip
 /// that grows with the load, so the more in flight the better, up to what the server
@@ -30,8 +36,62 @@ const WIDTH: usize = 1024;
 #[derive(Debug, Default)]
 pub struct Deferred {
     /// Each chain's commits in decision order; chains in the order first seen.
-    chains: Vec<(Uuid, Vec<Vec<RawEnvelope>>)>,
+    chains: Vec<(Uuid, Vec<Held>)>,
     index: HashMap<Uuid, usize>,
+}
+
+/// A commit held, and its size once a later commit asked to join it.
+#[derive(Debug)]
+struct Held {
+    events: Vec<RawEnvelope>,
+    size: Option<usize>,
+}
+
+impl Held {
+    /// Takes `commit` in when it continues this commit's aggregate and both fit in one
+    /// append; otherwise hands it back.
+    fn join(&mut self, commit: Vec<RawEnvelope>) -> Option<Vec<RawEnvelope>> {
+        let continues = match (self.events.last(), commit.first()) {
+            (Some(last), Some(next)) => {
+                last.aggregate == next.aggregate && last.sequence + 1 == next.sequence
+            }
+            _ => false,
+        };
+        if !continues {
+            return Some(commit);
+        }
+        let size = *self.size.get_or_insert_with(|| encoded_len(&self.events));
+        let joined = size.saturating_add(encoded_len(&commit));
+        if joined > MAX_COMMIT_BYTES {
+            return Some(commit);
+        }
+        self.size = Some(joined);
+        self.events.extend(commit);
+        None
+    }
+}
+
+/// At least the size either log gives `events` as one commit: each envelope's JSON, a
+/// separator after each, and brackets. Counted, not kept.
+fn encoded_len(events: &[RawEnvelope]) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(events.len() + 2);
+    for event in events {
+        if serde_json::to_writer(&mut count, event).is_err() {
+            // The log refuses it too; never join it with anything.
+            return usize::MAX;
+        }
+    }
+    count.0
 }
 
 /// A chain whose commit failed: the error, and the aggregates of that commit and of
@@ -44,7 +104,8 @@ pub struct Failed {
 }
 
 impl Deferred {
-    /// Holds `commit` at the end of `chain`.
+    /// Holds `commit` at the end of `chain`, joined to the commit before it where it
+    /// can be (see the module's documentation).
     pub fn push(&mut self, chain: Uuid, commit: Vec<RawEnvelope>) {
         if commit.is_empty() {
             return;
@@ -53,7 +114,14 @@ impl Deferred {
             self.chains.push((chain, Vec::new()));
             self.chains.len() - 1
         });
-        self.chains[at].1.push(commit);
+        let held = &mut self.chains[at].1;
+        let commit = match held.last_mut() {
+            Some(last) => last.join(commit),
+            None => Some(commit),
+        };
+        if let Some(events) = commit {
+            held.push(Held { events, size: None });
+        }
     }
 
     /// Whether `chain` has commits not yet appended.
@@ -82,7 +150,7 @@ impl Deferred {
         stream::iter(chains)
             .map(|(chain, commits)| async move {
                 // Each commit is handed to the log, not copied.
-                let mut commits = commits.into_iter();
+                let mut commits = commits.into_iter().map(|held| held.events);
                 while let Some(commit) = commits.next() {
                     let aggregate = first(&commit);
                     if let Err(error) = log.append(commit).await {
@@ -114,8 +182,8 @@ fn runs(aggregates: impl Iterator<Item = AggregateRef>) -> Vec<AggregateRef> {
     out
 }
 
-fn aggregates(commits: &[Vec<RawEnvelope>]) -> Vec<AggregateRef> {
-    runs(commits.iter().filter_map(|c| first(c)))
+fn aggregates(commits: &[Held]) -> Vec<AggregateRef> {
+    runs(commits.iter().filter_map(|c| first(&c.events)))
 }
 
 #[cfg(test)]
@@ -126,10 +194,15 @@ mod tests {
     use meridian_events::{AggregateKind, Envelope, Event, EventContext};
 
     fn commit(id: Uuid, after: u64, n: usize) -> Vec<RawEnvelope> {
-        let events: Vec<Event> = (0..n)
-            .map(|i| {
+        commit_by(id, after, (0..n).map(|i| format!("test {i}")))
+    }
+
+    /// A commit of one event per `by`, after `after` events of workflow `id`.
+    fn commit_by(id: Uuid, after: u64, by: impl Iterator<Item = String>) -> Vec<RawEnvelope> {
+        let events: Vec<Event> = by
+            .map(|by| {
                 WorkflowEvent::CancelRequested {
-                    by: format!("test {i}"),
+                    by,
                     reason: None,
                     requested_at: chrono::Utc::now(),
                 }
@@ -180,5 +253,41 @@ mod tests {
         assert_eq!(stored(a).await.unwrap().len(), 3);
         assert_eq!(stored(b).await.unwrap().len(), 1);
         assert!(stored(c).await.unwrap().is_empty(), "after b's conflict");
+    }
+
+    /// A chain's consecutive commits to one workflow are stored as one commit; a commit
+    /// to another aggregate comes between, and two that would be larger together than a
+    /// commit may be stay apart.
+    #[tokio::test]
+    async fn consecutive_commits_to_one_aggregate_are_joined_while_they_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap();
+        let (a, b, c) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let half = || std::iter::once("x".repeat(MAX_COMMIT_BYTES / 2));
+        let mut deferred = Deferred::default();
+        deferred.push(a, commit(a, 0, 1));
+        deferred.push(a, commit(a, 1, 2));
+        deferred.push(a, commit(b, 0, 1));
+        deferred.push(a, commit(a, 3, 1));
+        deferred.push(c, commit_by(c, 0, half()));
+        deferred.push(c, commit_by(c, 1, half()));
+        assert!(deferred.flush(&log).await.is_empty());
+        let commits = log.read_from(0, 100).await.unwrap();
+        let sizes = |id: Uuid| -> Vec<usize> {
+            commits
+                .iter()
+                .filter(|c| c.events[0].aggregate.id == id)
+                .map(|c| c.events.len())
+                .collect()
+        };
+        assert_eq!(sizes(a), vec![3, 1]);
+        assert_eq!(sizes(b), vec![1]);
+        assert_eq!(sizes(c), vec![1, 1]);
+        let stored = log
+            .read_aggregate(AggregateRef::new(AggregateKind::Workflow, a))
+            .await
+            .unwrap();
+        let sequences: Vec<u64> = stored.iter().map(|e| e.sequence).collect();
+        assert_eq!(sequences, vec![1, 2, 3, 4]);
     }
 }

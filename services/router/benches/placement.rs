@@ -10,7 +10,8 @@
 //!    the embedded default's SQLite log, each beside the log's own ceiling measured in
 //!    the same run (raw JetStream publishes; fsynced SQLite appends from 16 writers).
 //!
-//! `cargo bench -p meridian-router --bench placement [-- --quick] [--latency-only | --throughput-only]`
+//! `cargo bench -p meridian-router --bench placement [-- --quick] [--latency-only | --throughput-only] [--workflows N]`
+//! (`--workflows`: how many the throughput rows place, 2,000 unless given).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -556,7 +557,11 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>) -> Throughput {
         .await
         .unwrap();
     }
-    let workflows = if quick { 50 } else { 2_000 };
+    let workflows = match workflows_asked() {
+        Some(n) => n,
+        None if quick => 50,
+        None => 2_000,
+    };
     let spec = meridian_spec::parse(WORKFLOW).unwrap();
 
     // 1. Submitted while the router runs: the submitters' pace is part of it.
@@ -638,6 +643,14 @@ async fn raw_publish_ceiling(quick: bool, url: &str, replicas: usize) -> Ceiling
         what: "raw async publish, 128 B, 256 in flight",
         per_second: count as f64 / elapsed.as_secs_f64(),
     }
+}
+
+/// `--workflows N`, if given.
+fn workflows_asked() -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|a| a == "--workflows")?;
+    let n = args.get(at + 1).and_then(|n| n.parse().ok());
+    Some(n.expect("--workflows takes a number of workflows"))
 }
 
 #[tokio::main(flavor = "multi_thread")]
