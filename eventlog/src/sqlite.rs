@@ -7,10 +7,18 @@
 //! Subscriptions' acknowledgements go through the same writer, in the same commits: a
 //! second connection writing the file would wait in SQLite's busy handler, which sleeps
 //! between tries, while the writer holds the lock.
+//!
+//! The writer keeps the last commits it stored (about 16 MiB of them) in memory, and
+//! subscriptions deliver from them when they can: the services of one process mostly
+//! read the log's tail, each of them every commit, and a copy of a decoded commit costs
+//! a fraction of a query and a parse. Positions are dense, so a commit that is not one
+//! past the last kept shows another process wrote in between, and what is kept starts
+//! again from it.
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,6 +37,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Appends committed together at most (one transaction, one fsync).
 const GROUP: usize = 256;
+
+/// The encoded size of the commits kept in [`Recent`] at most (decoded, they take a few
+/// times as much memory).
+const RECENT_BYTES: usize = 16 * 1024 * 1024;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS events (
@@ -64,6 +76,53 @@ struct Inner {
     appended: Arc<Notify>,
     /// To the writer that commits appends and acknowledgements in groups.
     writer: mpsc::Sender<Write>,
+    /// The commits this process stored last.
+    recent: Arc<Mutex<Recent>>,
+}
+
+/// The last commits the writer stored, in position order without a gap.
+#[derive(Default)]
+struct Recent {
+    /// Each commit and its encoded size.
+    commits: VecDeque<(Commit, usize)>,
+    bytes: usize,
+}
+
+impl Recent {
+    fn push(&mut self, commit: Commit, bytes: usize) {
+        let follows = |(last, _): &(Commit, usize)| last.position + 1 == commit.position;
+        if !self.commits.back().is_none_or(follows) {
+            // Another process appended in between: what is kept would have a hole.
+            self.commits.clear();
+            self.bytes = 0;
+        }
+        self.bytes += bytes;
+        self.commits.push_back((commit, bytes));
+        while self.bytes > RECENT_BYTES {
+            let Some((_, dropped)) = self.commits.pop_front() else {
+                break;
+            };
+            self.bytes -= dropped;
+        }
+    }
+
+    /// Copies of up to `max` commits after position `after`, when the first of them is
+    /// kept; None when it is older than what is kept, or newer (written since by another
+    /// process, or not yet).
+    fn after(&self, after: u64, max: usize) -> Option<Vec<Commit>> {
+        let (first, _) = self.commits.front()?;
+        let skip = usize::try_from(after.checked_sub(first.position - 1)?).ok()?;
+        if skip >= self.commits.len() {
+            return None;
+        }
+        let end = skip.saturating_add(max).min(self.commits.len());
+        Some(
+            self.commits
+                .range(skip..end)
+                .map(|(c, _)| c.clone())
+                .collect(),
+        )
+    }
 }
 
 /// What the writer commits: an append, or a subscription's acknowledgement.
@@ -132,16 +191,40 @@ impl SqliteLog {
             .await
             .map_err(backend)?;
         let appended = Arc::new(Notify::new());
+        let recent = Arc::new(Mutex::new(Recent::default()));
         let (writer, pending) = mpsc::channel(GROUP * 4);
         // Ends when the last handle to this log is dropped (the channel closes).
-        tokio::spawn(write_groups(pool.clone(), pending, appended.clone()));
+        tokio::spawn(write_groups(
+            pool.clone(),
+            pending,
+            appended.clone(),
+            recent.clone(),
+        ));
         Ok(SqliteLog {
             inner: Arc::new(Inner {
                 pool,
                 appended,
                 writer,
+                recent,
             }),
         })
+    }
+
+    /// What a subscription delivers next: the commits after `after` that this process
+    /// stored last, when it keeps the first of them, else a page of the file. It may
+    /// stop short of `max` where another process wrote after them (the next call reads
+    /// on), which `read_from` never does.
+    async fn read_next(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError> {
+        let kept = self
+            .inner
+            .recent
+            .lock()
+            .expect("recent commits poisoned")
+            .after(after, max);
+        match kept {
+            Some(commits) => Ok(commits),
+            None => self.read_from(after, max).await,
+        }
     }
 
     /// The position at which `event_id` is stored, if it is.
@@ -160,7 +243,12 @@ impl SqliteLog {
 
 /// The writer: commits every append and acknowledgement waiting when it is free as one
 /// transaction.
-async fn write_groups(pool: SqlitePool, mut pending: mpsc::Receiver<Write>, appended: Arc<Notify>) {
+async fn write_groups(
+    pool: SqlitePool,
+    mut pending: mpsc::Receiver<Write>,
+    appended: Arc<Notify>,
+    recent: Arc<Mutex<Recent>>,
+) {
     while let Some(first) = pending.recv().await {
         let (mut group, mut acks) = (Vec::new(), Vec::new());
         let mut add = |write| match write {
@@ -176,14 +264,26 @@ async fn write_groups(pool: SqlitePool, mut pending: mpsc::Receiver<Write>, appe
         }
         match write_group(&pool, &group, &acks).await {
             Ok(outcomes) => {
-                if outcomes
-                    .iter()
-                    .any(|o| matches!(o, Ok(Appended::Stored { .. })))
+                // Kept before the subscriptions wake up to read them.
+                let mut replies = Vec::with_capacity(group.len());
+                let mut stored = false;
                 {
+                    let mut recent = recent.lock().expect("recent commits poisoned");
+                    for (p, outcome) in group.into_iter().zip(outcomes) {
+                        if let Ok(Appended::Stored { position }) = outcome {
+                            let bytes = p.encoded.iter().map(String::len).sum();
+                            let events = p.events;
+                            recent.push(Commit { position, events }, bytes);
+                            stored = true;
+                        }
+                        replies.push((p.reply, outcome));
+                    }
+                }
+                if stored {
                     appended.notify_waiters();
                 }
-                for (p, outcome) in group.into_iter().zip(outcomes) {
-                    let _ = p.reply.send(outcome);
+                for (reply, outcome) in replies {
+                    let _ = reply.send(outcome);
                 }
                 for a in acks {
                     let _ = a.reply.send(Ok(()));
@@ -497,7 +597,7 @@ impl Subscription for SqliteSubscription {
             let appended = self.log.inner.appended.notified();
             tokio::pin!(appended);
             appended.as_mut().enable();
-            let commits = self.log.read_from(self.delivered, max.max(1)).await?;
+            let commits = self.log.read_next(self.delivered, max.max(1)).await?;
             if let Some(last) = commits.last() {
                 self.delivered = last.position;
                 return Ok(commits);
@@ -522,5 +622,46 @@ impl Subscription for SqliteSubscription {
             reply,
         };
         self.log.inner.write(Write::Ack(ack), answer).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(position: u64) -> Commit {
+        Commit {
+            position,
+            events: Vec::new(),
+        }
+    }
+
+    fn positions(commits: Option<Vec<Commit>>) -> Option<Vec<u64>> {
+        commits.map(|c| c.iter().map(|c| c.position).collect())
+    }
+
+    /// What is kept has no hole, is bounded by size, and answers only for what it holds.
+    #[test]
+    fn recent_commits_are_kept_without_a_hole_and_within_their_bound() {
+        let mut recent = Recent::default();
+        assert_eq!(positions(recent.after(0, 10)), None);
+        for p in 5..=8 {
+            recent.push(commit(p), 10);
+        }
+        assert_eq!(positions(recent.after(4, 10)), Some(vec![5, 6, 7, 8]));
+        assert_eq!(positions(recent.after(6, 1)), Some(vec![7]));
+        assert_eq!(positions(recent.after(3, 10)), None, "6 is older than kept");
+        assert_eq!(positions(recent.after(8, 10)), None, "nothing newer kept");
+        // Position 9 was written by another process.
+        recent.push(commit(10), 10);
+        assert_eq!(positions(recent.after(8, 10)), None);
+        assert_eq!(positions(recent.after(9, 10)), Some(vec![10]));
+        assert_eq!(recent.bytes, 10);
+        // Over the bound, the oldest go first.
+        recent.push(commit(11), RECENT_BYTES - 5);
+        recent.push(commit(12), 10);
+        assert_eq!(positions(recent.after(9, 10)), None);
+        assert_eq!(positions(recent.after(11, 10)), Some(vec![12]));
+        assert_eq!(recent.bytes, 10);
     }
 }

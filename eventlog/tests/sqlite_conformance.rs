@@ -20,3 +20,59 @@ fn fresh() -> Open {
 }
 
 meridian_eventlog::conformance_suite!(fresh());
+
+/// Two processes appending to one file, in turns (two handles: each keeps the commits
+/// it stored last, and its subscriptions deliver from them where they can). Each
+/// handle's subscriptions deliver the whole log, in order and without a hole, from any
+/// position; and each handle reads it whole.
+#[tokio::test]
+async fn two_processes_appending_to_one_file_deliver_each_others_commits() {
+    use meridian_eventlog::conformance::{event, workflow};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.sqlite");
+    let a = SqliteLog::open(&path).await.unwrap();
+    let b = SqliteLog::open(&path).await.unwrap();
+    let mut written = Vec::new();
+    // a, a, b, a, b, b, a: each handle sees a hole where the other wrote.
+    for (i, by_a) in [true, true, false, true, false, false, true]
+        .into_iter()
+        .enumerate()
+    {
+        let log = if by_a { &a } else { &b };
+        let e = event(workflow(), 1, serde_json::json!({"n": i}));
+        written.push(e.event_id);
+        log.append(vec![e]).await.unwrap();
+    }
+    for log in [&a, &b] {
+        for after in 0..=7u64 {
+            let commits = log.read_from(after, 100).await.unwrap();
+            let positions: Vec<u64> = commits.iter().map(|c| c.position).collect();
+            assert_eq!(
+                positions,
+                (after + 1..=7).collect::<Vec<_>>(),
+                "after {after}"
+            );
+            let mut following = log.tail(after).await.unwrap();
+            let mut delivered = Vec::new();
+            while delivered.len() < 7 - after as usize {
+                let commits = following.next(3, Duration::from_secs(2)).await.unwrap();
+                assert!(!commits.is_empty(), "after {after}: only {delivered:?}");
+                delivered.extend(commits.iter().map(|c| (c.position, c.events[0].event_id)));
+            }
+            let expected: Vec<_> = (after + 1..=7)
+                .zip(written[after as usize..].iter().copied())
+                .collect();
+            assert_eq!(delivered, expected, "after {after}");
+        }
+    }
+    // What a handle keeps in memory is what one that keeps nothing reads from the file.
+    let fresh = SqliteLog::open(&path).await.unwrap();
+    // (a keeps only 7: it saw b's commits as holes.)
+    let mut kept = a.tail(6).await.unwrap();
+    assert_eq!(
+        kept.next(1, Duration::from_secs(2)).await.unwrap(),
+        fresh.read_from(6, 1).await.unwrap()
+    );
+}

@@ -87,6 +87,9 @@ pub struct SiteRunner {
     /// The site's shapes when its id was found: what a rate's offer gave (GPU vendor and
     /// model) when the site does not say.
     shapes: Vec<meridian_events::vocabulary::site::Shape>,
+    /// The catalogue as last read for an offer not among `shapes`, kept so that the next
+    /// such read folds only the commits since (a site without shapes misses every time).
+    catalog: Option<meridian_domain::Catalog>,
     /// This process, in its heartbeats.
     instance: Uuid,
     heartbeat_every: Duration,
@@ -243,6 +246,7 @@ impl SiteRunner {
             last_health: None,
             site_id: None,
             shapes: Vec::new(),
+            catalog: None,
             instance: Uuid::now_v7(),
             heartbeat_every: Duration::from_secs(20),
             refresh_at_start,
@@ -750,8 +754,9 @@ impl SiteRunner {
     }
 
     /// The shape whose offer (or spot offer) placement priced the run at, from the
-    /// site's catalogue entry; read again once when an offer is not among the shapes
-    /// known (the catalogue changed since).
+    /// site's catalogue entry; brought up to date once when an offer is not among the
+    /// shapes known (the catalogue may have changed since), folding in only the
+    /// commits after the last time.
     async fn placed_shape(&mut self, offer: &str) -> Result<Option<PlacedShape>, RunnerError> {
         let find = |shapes: &[meridian_events::vocabulary::site::Shape]| {
             shapes.iter().find_map(|shape| {
@@ -773,7 +778,15 @@ impl SiteRunner {
         if let Some(found) = find(&self.shapes) {
             return Ok(Some(found));
         }
-        let catalog = meridian_domain::Catalog::load(&*self.log).await?;
+        let catalog = match &mut self.catalog {
+            Some(catalog) => {
+                catalog.catch_up(&*self.log).await?;
+                catalog
+            }
+            None => self
+                .catalog
+                .insert(meridian_domain::Catalog::load(&*self.log).await?),
+        };
         if let Some(entry) = catalog.find(&self.site) {
             self.shapes = entry.shapes.clone();
         }
