@@ -8,7 +8,7 @@
 //! second connection writing the file would wait in SQLite's busy handler, which sleeps
 //! between tries, while the writer holds the lock.
 //!
-//! The writer keeps the last commits it stored (about 16 MiB of them) in memory, and
+//! The writer keeps the last commits it stored (4 MiB of their JSON at most) in memory, and
 //! subscriptions deliver from them when they can: the services of one process mostly
 //! read the log's tail, each of them every commit, and a copy of a decoded commit costs
 //! a fraction of a query and a parse. Positions are dense, so a commit that is not one
@@ -40,7 +40,7 @@ const GROUP: usize = 256;
 
 /// The encoded size of the commits kept in [`Recent`] at most (decoded, they take a few
 /// times as much memory).
-const RECENT_BYTES: usize = 16 * 1024 * 1024;
+const RECENT_BYTES: usize = 4 * 1024 * 1024;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS events (
