@@ -10,7 +10,7 @@ use meridian_adapter_local::{ContainerRuntime, LocalAdapter, LocalConfig};
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
-use meridian_events::aggregate::{Site, SiteCommand, Workflow, WorkflowCommand};
+use meridian_events::aggregate::{Site, SiteCommand};
 use meridian_events::vocabulary::site::Shape;
 use meridian_events::EventContext;
 use meridian_site_runner::SiteRunner;
@@ -60,20 +60,11 @@ async fn a_shape_declared_after_a_job_ran_without_one_reaches_the_next_job() {
         Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
     let ctx = EventContext::new_chain("t");
     let site_id = common::register(&*log, "here").await;
-    let workflow_id = Uuid::now_v7();
-    let spec = meridian_spec::parse(
+    let (workflow_id, spec) = common::submit(
+        &*log,
         "version: v1\nname: w\njobs:\n  a: {image: host, command: [\"true\"], resources: {memory: 64MiB}}\n",
     )
-    .unwrap();
-    execute::<Workflow, _>(&*log, workflow_id, &ctx, |_| WorkflowCommand::Submit {
-        workflow_id,
-        spec: spec.clone(),
-        submitted_by: "t".into(),
-        idempotency_key: None,
-        parent_workflow_id: None,
-    })
-    .await
-    .unwrap();
+    .await;
     let mut config = LocalConfig::new(dir.path().join("site"));
     config.container_runtime = ContainerRuntime::None;
     let adapter = Arc::new(Recording {

@@ -117,25 +117,16 @@ impl SiteAdapter for FlakyCancel {
 /// A cancel the site failed to take is passed on again, at the next look.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_the_site_missed_is_passed_on_again() {
-    use meridian_events::aggregate::{Job, JobCommand, Workflow, WorkflowCommand};
+    use meridian_events::aggregate::{Job, JobCommand};
     let dir = tempfile::tempdir().unwrap();
     let log: Arc<dyn EventLog> =
         Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
     let ctx = EventContext::new_chain("t");
-    let workflow_id = Uuid::now_v7();
-    let spec = meridian_spec::parse(
+    let (workflow_id, spec) = common::submit(
+        &*log,
         "version: v1\nname: w\njobs:\n  slow: {image: host, command: [sleep, \"600\"], resources: {memory: 64MiB}}\n",
     )
-    .unwrap();
-    execute::<Workflow, _>(&*log, workflow_id, &ctx, |_| WorkflowCommand::Submit {
-        workflow_id,
-        spec: spec.clone(),
-        submitted_by: "t".into(),
-        idempotency_key: None,
-        parent_workflow_id: None,
-    })
-    .await
-    .unwrap();
+    .await;
     let job_id = common::dispatch(
         &*log,
         "here",
