@@ -14,7 +14,7 @@ use meridian_events::{AggregateKind, AggregateRef, Envelope, RawEnvelope};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::{Appended, Commit, EventLog, LogError, MAX_COMMIT_BYTES};
+use crate::{Appended, Commit, EventLog, LogError, StoredCommit, MAX_COMMIT_BYTES};
 
 pub type Open =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Arc<dyn EventLog>> + Send>> + Send + Sync>;
@@ -324,6 +324,10 @@ pub async fn large_and_non_ascii_payloads(open: Open) {
     assert_eq!(log.read_aggregate(a).await.unwrap(), events);
     let commits = log.read_from(position - 1, 1).await.unwrap();
     assert_eq!(commits[0].events, events);
+    assert_eq!(
+        parsed(log.read_text_from(position - 1, 1).await.unwrap()),
+        commits
+    );
 
     let too_large = vec![event(a, 3, json!({"blob": "y".repeat(MAX_COMMIT_BYTES)}))];
     match log.append(too_large).await {
@@ -350,12 +354,43 @@ pub async fn replay_returns_everything_in_order(open: Open) {
             positions.windows(2).all(|w| w[0] < w[1]),
             "positions strictly grow"
         );
+        // As text, the same commits in the same pages.
+        let mut after = 0;
+        for chunk in commits.chunks(page) {
+            let text = log.read_text_from(after, page).await.unwrap();
+            assert_eq!(parsed(text), chunk, "pages of {page} after {after}");
+            after = chunk.last().unwrap().position;
+        }
+        assert!(log.read_text_from(after, page).await.unwrap().is_empty());
         let events: Vec<RawEnvelope> = commits.into_iter().flat_map(|c| c.events).collect();
         assert_eq!(
             events, written,
             "replay with pages of {page} returns every event in order"
         );
     }
+    // A commit of several events reads back as one, as text too.
+    let a = workflow();
+    let batch = vec![event(a, 1, json!({"a": 1})), event(a, 2, json!({"b": 2}))];
+    let position = append_ok(&*log, batch.clone()).await;
+    let text = log.read_text_from(position - 1, 1).await.unwrap();
+    assert_eq!(text.len(), 1);
+    assert_eq!(text[0].position, position);
+    assert_eq!(parsed(text)[0].events, batch);
+}
+
+/// Text commits parsed as the log's own commits.
+fn parsed(commits: Vec<StoredCommit>) -> Vec<Commit> {
+    commits
+        .into_iter()
+        .map(|c| Commit {
+            position: c.position,
+            events: c
+                .events
+                .iter()
+                .map(|e| serde_json::from_str(e).expect("each stored envelope parses"))
+                .collect(),
+        })
+        .collect()
 }
 
 /// Consumes `name` until `want` new commits arrived (or a long wait finds nothing),

@@ -36,6 +36,15 @@ pub struct Commit {
     pub events: Vec<RawEnvelope>,
 }
 
+/// A commit as the log keeps it: each event's envelope as JSON text, unparsed. For a
+/// reader that decodes straight into its own types (a rebuild), so that the text is
+/// not first parsed into generic JSON values only to be read once and dropped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredCommit {
+    pub position: u64,
+    pub events: Vec<String>,
+}
+
 /// What an append did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Appended {
@@ -103,6 +112,31 @@ pub trait EventLog: Send + Sync + 'static {
 
     /// Up to `max` commits after position `after`, in log order: the replay primitive.
     async fn read_from(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError>;
+
+    /// What [`EventLog::read_from`] returns, with each envelope as JSON text. This
+    /// default encodes the parsed commits again; a log that stores text returns it
+    /// as stored.
+    async fn read_text_from(&self, after: u64, max: usize) -> Result<Vec<StoredCommit>, LogError> {
+        self.read_from(after, max)
+            .await?
+            .into_iter()
+            .map(|c| {
+                let events = c
+                    .events
+                    .iter()
+                    .map(serde_json::to_string)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| LogError::Corrupt {
+                        position: c.position,
+                        message: e.to_string(),
+                    })?;
+                Ok(StoredCommit {
+                    position: c.position,
+                    events,
+                })
+            })
+            .collect()
+    }
 
     /// The position of the last commit (0 when the log is empty).
     async fn head(&self) -> Result<u64, LogError>;

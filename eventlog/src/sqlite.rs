@@ -23,13 +23,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use meridian_events::{AggregateRef, RawEnvelope};
+
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::{
-    check_batch, check_name, Appended, Commit, EventLog, LogError, Snapshot, Subscription,
-    MAX_COMMIT_BYTES,
+    check_batch, check_name, Appended, Commit, EventLog, LogError, Snapshot, StoredCommit,
+    Subscription, MAX_COMMIT_BYTES,
 };
 
 /// How often a waiting subscription looks for commits written by another process.
@@ -426,19 +427,30 @@ async fn append_one(
 
 /// Rows of `(position, envelope)` in log order, as commits.
 fn commits_of(rows: Vec<sqlx::sqlite::SqliteRow>) -> Result<Vec<Commit>, LogError> {
-    let mut commits: Vec<Commit> = Vec::new();
-    for row in rows {
+    Ok(
+        by_position(rows, |position, row| decode(position, row.get(1)))?
+            .into_iter()
+            .map(|(position, events)| Commit { position, events })
+            .collect(),
+    )
+}
+
+/// Rows of `(position, envelope)` in log order, grouped by position, each envelope as
+/// `read` takes it.
+fn by_position<E>(
+    rows: Vec<sqlx::sqlite::SqliteRow>,
+    mut read: impl FnMut(u64, &sqlx::sqlite::SqliteRow) -> Result<E, LogError>,
+) -> Result<Vec<(u64, Vec<E>)>, LogError> {
+    let mut grouped: Vec<(u64, Vec<E>)> = Vec::new();
+    for row in &rows {
         let position = row.get::<i64, _>(0) as u64;
-        let envelope = decode(position, row.get(1))?;
-        match commits.last_mut() {
-            Some(c) if c.position == position => c.events.push(envelope),
-            _ => commits.push(Commit {
-                position,
-                events: vec![envelope],
-            }),
+        let envelope = read(position, row)?;
+        match grouped.last_mut() {
+            Some((p, events)) if *p == position => events.push(envelope),
+            _ => grouped.push((position, vec![envelope])),
         }
     }
-    Ok(commits)
+    Ok(grouped)
 }
 
 fn decode(position: u64, text: &str) -> Result<RawEnvelope, LogError> {
@@ -446,6 +458,21 @@ fn decode(position: u64, text: &str) -> Result<RawEnvelope, LogError> {
         position,
         message: e.to_string(),
     })
+}
+
+impl SqliteLog {
+    /// The rows of up to `max` commits after `after`: positions are dense here (each
+    /// commit takes MAX + 1), so a range is a page.
+    async fn page(&self, after: u64, max: usize) -> Result<Vec<sqlx::sqlite::SqliteRow>, LogError> {
+        sqlx::query(
+            "SELECT position, envelope FROM events WHERE position > ? AND position <= ? ORDER BY position, idx",
+        )
+        .bind(after as i64)
+        .bind(after.saturating_add(max as u64).min(i64::MAX as u64) as i64)
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(backend)
+    }
 }
 
 #[async_trait]
@@ -491,15 +518,7 @@ impl EventLog for SqliteLog {
     }
 
     async fn read_from(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError> {
-        // Positions are dense here (each commit takes MAX + 1), so a range is a page.
-        let rows = sqlx::query(
-            "SELECT position, envelope FROM events WHERE position > ? AND position <= ? ORDER BY position, idx",
-        )
-        .bind(after as i64)
-        .bind(after.saturating_add(max as u64).min(i64::MAX as u64) as i64)
-        .fetch_all(&self.inner.pool)
-        .await
-        .map_err(backend)?;
+        let rows = self.page(after, max).await?;
         // A long read (a catch-up) is decoded off the caller's thread, so that the caller
         // can work on the last page meanwhile (a projection applying it, say).
         if rows.len() >= 64 {
@@ -509,6 +528,14 @@ impl EventLog for SqliteLog {
         } else {
             commits_of(rows)
         }
+    }
+
+    async fn read_text_from(&self, after: u64, max: usize) -> Result<Vec<StoredCommit>, LogError> {
+        let rows = self.page(after, max).await?;
+        Ok(by_position(rows, |_, row| Ok(row.get::<String, _>(1)))?
+            .into_iter()
+            .map(|(position, events)| StoredCommit { position, events })
+            .collect())
     }
 
     async fn head(&self) -> Result<u64, LogError> {

@@ -338,6 +338,35 @@ impl Event {
             .get("type")
             .and_then(|t| t.as_str())
             .ok_or_else(|| serde_json::Error::missing_field("type"))?;
+        Event::of_type(tag, payload)
+    }
+
+    /// The `type` of a payload given as JSON text, read without decoding the rest: what
+    /// a reader checks before deciding to decode it with [`Event::from_json`].
+    pub fn type_of_json(payload: &str) -> Result<std::borrow::Cow<'_, str>, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Tagged<'a> {
+            #[serde(rename = "type", borrow)]
+            kind: std::borrow::Cow<'a, str>,
+        }
+        serde_json::from_str::<Tagged<'_>>(payload).map(|t| t.kind)
+    }
+
+    /// Decodes a payload given as JSON text whose `type` is `tag` (see
+    /// [`Event::type_of_json`]): straight from the text, with no generic JSON value
+    /// in between.
+    pub fn from_json(tag: &str, payload: &str) -> Result<Event, serde_json::Error> {
+        let mut json = serde_json::Deserializer::from_str(payload);
+        let event = Event::of_type(tag, &mut json)?;
+        json.end()?;
+        Ok(event)
+    }
+
+    /// Decodes `payload` as the enum of the aggregate its type `tag` names.
+    fn of_type<'de, D>(tag: &str, payload: D) -> Result<Event, serde_json::Error>
+    where
+        D: Deserializer<'de, Error = serde_json::Error>,
+    {
         let prefix = tag.split('.').next().unwrap_or_default();
         let kind = AggregateKind::parse(prefix)
             .ok_or_else(|| serde_json::Error::custom(format!("unknown event type {tag:?}")))?;

@@ -631,6 +631,14 @@ fn every_variant_round_trips_through_the_envelope() {
         assert_eq!(typed.sequence, 7);
         // Read in place, as services read the log: the same event.
         assert_eq!(stored.clone().decode_event().unwrap(), envelope);
+        // Straight from the text with the payload left unparsed, as a rebuild reads it.
+        let unparsed: Envelope<&serde_json::value::RawValue> = serde_json::from_str(&text).unwrap();
+        let tag = Event::type_of_json(unparsed.payload.get()).unwrap();
+        assert_eq!(tag, envelope.payload.kind());
+        assert_eq!(
+            Event::from_json(&tag, unparsed.payload.get()).unwrap(),
+            envelope.payload
+        );
 
         // Each per-aggregate enum reads its own events straight from the envelope too.
         let kind = envelope.payload.kind();
@@ -714,8 +722,21 @@ fn decoding_names_what_is_wrong() {
             .to_string();
         let in_place = Event::from_payload(&payload).unwrap_err().to_string();
         assert_eq!(through_serde, in_place);
+        // From text, the same message once the type is known.
+        let text = payload.to_string();
+        match Event::type_of_json(&text) {
+            Ok(tag) => {
+                let from_text = Event::from_json(&tag, &text).unwrap_err().to_string();
+                assert_eq!(strip_position(&from_text), strip_position(&in_place));
+            }
+            Err(e) => assert!(e.to_string().contains("type"), "{e}"),
+        }
         in_place
     };
+    // serde_json adds "at line L column C" to errors read from text.
+    fn strip_position(message: &str) -> &str {
+        message.split(" at line ").next().unwrap_or(message)
+    }
     let err = decode(json!({"type": "workflow.exploded.v1"}));
     assert!(err.contains("workflow.exploded.v1"), "{err}");
     let err = decode(json!({"type": "bogus.thing.v1"}));

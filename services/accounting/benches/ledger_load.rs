@@ -7,7 +7,7 @@
 //!    with `--rebuild-postgres`, into PostgreSQL.
 //!
 //! ```text
-//! cargo bench -p meridian-accounting --bench ledger_load -- [--ingest 20000] [--rebuild 1000000] [--rebuild-postgres] [--export FILE]
+//! cargo bench -p meridian-accounting --bench ledger_load -- [--ingest 20000] [--rebuild 1000000] [--rebuild-postgres] [--export FILE] [--page COMMITS]
 //! ```
 //! Each log is also read and decoded alone first (every event the ledger reads, as it
 //! reads them): the ceiling the projection is measured against. `--export FILE` writes
@@ -25,7 +25,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meridian_accounting::{rebuild, synthetic, Ledger};
+use meridian_accounting::{rebuild_with, synthetic, Ledger, Replay};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_store::{catch_up, Store};
@@ -38,6 +38,7 @@ struct Args {
     skip_postgres: bool,
     seed: u64,
     export: Option<std::path::PathBuf>,
+    page: Option<usize>,
 }
 
 fn args() -> Args {
@@ -48,6 +49,7 @@ fn args() -> Args {
         skip_postgres: false,
         seed: 42,
         export: None,
+        page: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -62,6 +64,7 @@ fn args() -> Args {
             "--seed" => a.seed = number("--seed"),
             "--rebuild-postgres" => a.rebuild_postgres = true,
             "--skip-postgres" => a.skip_postgres = true,
+            "--page" => a.page = Some(number("--page") as usize),
             "--export" => a.export = Some(it.next().expect("--export takes a file").into()),
             // `cargo bench` passes --bench; anything else is ignored too.
             _ => {}
@@ -101,12 +104,24 @@ async fn ingest(store: &Store, log: &dyn EventLog) -> Measured {
     }
 }
 
-/// Reads the whole log as a catch-up does and decodes every event the ledger reads:
-/// what the projection could reach if writing cost nothing.
-async fn read_alone(log: &dyn EventLog) -> Duration {
+/// Reads the whole log as a catch-up does (or, with `as_rebuild`, as a rebuild does)
+/// and decodes every event the ledger reads: what the projection could reach if
+/// pricing and writing cost nothing.
+async fn read_alone(log: &dyn EventLog, as_rebuild: bool) -> Duration {
     let start = Instant::now();
     let (mut position, mut decoded) = (0, 0u64);
     loop {
+        if as_rebuild {
+            let commits = log
+                .read_text_from(position, 4096)
+                .await
+                .expect("read the log");
+            let Some(last) = commits.last() else { break };
+            position = last.position;
+            decoded +=
+                meridian_accounting::ledger::decode_as_rebuild(&commits).expect("decode") as u64;
+            continue;
+        }
         let commits = log.read_from(position, 4096).await.expect("read the log");
         let Some(last) = commits.last() else { break };
         position = last.position;
@@ -195,7 +210,7 @@ async fn main() {
         t.elapsed().as_secs_f64()
     );
     let log: Arc<dyn EventLog> = Arc::new(SqliteLog::open(&path).await.unwrap());
-    let alone = read_alone(&*log).await;
+    let alone = read_alone(&*log, false).await;
     let m = Measured {
         elapsed: alone,
         lines: 0,
@@ -230,6 +245,10 @@ async fn main() {
 
     // 2. Rebuild, only when asked.
     if let Some(n) = args.rebuild {
+        let mut replay = Replay::default();
+        if let Some(page) = args.page {
+            replay.page = page;
+        }
         let path = dir.path().join("rebuild-events.sqlite");
         let t = Instant::now();
         let (_, events) = build_log(&path, n, args.seed + 1).await;
@@ -239,7 +258,7 @@ async fn main() {
         );
         let log: Arc<dyn EventLog> = Arc::new(SqliteLog::open(&path).await.unwrap());
         let m = Measured {
-            elapsed: read_alone(&*log).await,
+            elapsed: read_alone(&*log, true).await,
             lines: 0,
         };
         row("read and decode the log alone (ceiling)", n, events, &m);
@@ -250,7 +269,7 @@ async fn main() {
         .await
         .unwrap();
         let start = Instant::now();
-        let rebuilt = rebuild(&store, &*log).await.expect("rebuild");
+        let rebuilt = rebuild_with(&store, &*log, replay).await.expect("rebuild");
         let m = Measured {
             elapsed: start.elapsed(),
             lines: rebuilt.lines as i64,
@@ -263,7 +282,7 @@ async fn main() {
         if args.rebuild_postgres {
             if let Some((url, store)) = postgres().await {
                 let start = Instant::now();
-                let rebuilt = rebuild(&store, &*log).await.expect("rebuild");
+                let rebuilt = rebuild_with(&store, &*log, replay).await.expect("rebuild");
                 let m = Measured {
                     elapsed: start.elapsed(),
                     lines: rebuilt.lines as i64,

@@ -33,20 +33,21 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
-use meridian_eventlog::{Commit, EventLog};
+use meridian_eventlog::{Commit, EventLog, StoredCommit};
 use meridian_events::vocabulary::tenant::{ChargeKind, Meter};
 use meridian_events::vocabulary::transfer::TransferEvent;
 use meridian_events::vocabulary::workflow::WorkflowEvent;
 use meridian_events::vocabulary::Location;
 use meridian_events::{
-    AggregateKind, Allocation, ComputeRate, Event, JobEvent, RawEnvelope, SiteEvent, SiteKind,
-    TenantEvent,
+    AggregateKind, AggregateRef, Allocation, ComputeRate, Envelope, Event, JobEvent, SiteEvent,
+    SiteKind, TenantEvent,
 };
 use meridian_ops::trace;
 use meridian_store::{
     catch_up, position_in, save_position, Backend, Projection, Store, StoreError, Tx,
 };
 use rust_decimal::Decimal;
+use serde_json::value::RawValue;
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -249,7 +250,7 @@ impl Projection for Ledger {
         let mut known = Known::load(tx, &events).await?;
         let mut writes = Writes::default();
         for read in events {
-            if read.is_egress() && !claimed.contains(&read.raw.event_id) {
+            if read.is_egress() && !claimed.contains(&read.head.event_id) {
                 continue;
             }
             // What is charged shows in the workflow's trace, under the span that
@@ -318,7 +319,8 @@ const SECONDARY_INDEXES: [&str; 2] = ["ledger_charges_workflow", "ledger_charges
 
 async fn replay_pages(store: &Store, log: &dyn EventLog, how: Replay) -> Result<u64, StoreError> {
     let mut known = Known::default();
-    let mut commits = log.read_from(0, how.page).await?;
+    let style = Placeholders::for_backend(store.backend());
+    let mut commits = log.read_text_from(0, how.page).await?;
     let mut writing: Option<tokio::task::JoinHandle<Result<bool, StoreError>>> = None;
     let mut after = 0;
     while let Some(end) = commits.last().map(|c| c.position) {
@@ -336,7 +338,7 @@ async fn replay_pages(store: &Store, log: &dyn EventLog, how: Replay) -> Result<
             return catch_up(store, log, &Ledger).await;
         }
         let pricing = tokio::task::spawn_blocking(move || {
-            let priced = price(&commits, &mut known);
+            let priced = price(&commits, &mut known, style);
             (priced, known)
         });
         let written = async {
@@ -345,7 +347,8 @@ async fn replay_pages(store: &Store, log: &dyn EventLog, how: Replay) -> Result<
                 None => Ok(true),
             }
         };
-        let (priced, next, written) = tokio::join!(pricing, log.read_from(end, how.page), written);
+        let (priced, next, written) =
+            tokio::join!(pricing, log.read_text_from(end, how.page), written);
         if !written? {
             return hand_over(store, log, after).await;
         }
@@ -381,22 +384,30 @@ fn joined<T>(result: Result<T, tokio::task::JoinError>, position: u64) -> Result
     })
 }
 
-/// One page of the log, priced: its rows, and the egress events to claim for them.
+/// One page of the log, priced: the statements that write its rows, and the egress
+/// events to claim for them.
 struct Priced {
-    writes: Writes,
+    statements: Vec<Statement>,
     egress: Vec<(String, i64)>,
 }
 
 /// Prices a page with what the pages before it left in `known`, changing it as the
-/// page's events do.
-fn price(commits: &[Commit], known: &mut Known) -> Result<Priced, StoreError> {
-    let events = decode(commits)?;
+/// page's events do, and binds the statements that write it.
+fn price(
+    commits: &[StoredCommit],
+    known: &mut Known,
+    style: Placeholders,
+) -> Result<Priced, StoreError> {
+    let events = decode_text(commits)?;
     let egress = egress_rows(&events);
     let mut writes = Writes::default();
     for read in events {
         read.span().in_scope(|| known.apply(read, &mut writes))?;
     }
-    Ok(Priced { writes, egress })
+    Ok(Priced {
+        statements: writes.statements(style)?,
+        egress,
+    })
 }
 
 /// Writes a priced page in one transaction with its position, if the ledger is where
@@ -424,20 +435,41 @@ async fn write_page(
     if claim(&mut tx, priced.egress).await?.len() != egress {
         return Ok(false);
     }
-    priced.writes.flush(&mut tx).await?;
+    for statement in priced.statements {
+        statement.execute(&mut tx).await?;
+    }
     save_position(&mut tx, NAME, end).await?;
     tx.commit().await?;
     Ok(true)
 }
 
 /// An event the ledger reads, decoded, and the commit it came in.
-struct Read<'a> {
+struct Read {
     position: u64,
-    raw: &'a RawEnvelope,
+    head: Head,
     event: Event,
 }
 
-impl Read<'_> {
+/// What the ledger reads of an event's envelope besides the event.
+struct Head {
+    event_id: Uuid,
+    aggregate: AggregateRef,
+    tenant: String,
+    traceparent: Option<String>,
+}
+
+impl Head {
+    fn of<P>(envelope: &Envelope<P>) -> Head {
+        Head {
+            event_id: envelope.event_id,
+            aggregate: envelope.aggregate,
+            tenant: envelope.tenant.clone(),
+            traceparent: envelope.traceparent.clone(),
+        }
+    }
+}
+
+impl Read {
     /// A copy that may bill egress: claimed before it counts towards a month's volume.
     fn is_egress(&self) -> bool {
         matches!(
@@ -455,9 +487,9 @@ impl Read<'_> {
                 tracing::Span::none()
             }
             _ => {
-                let span = trace::child_of("bill", self.raw.traceparent.as_deref());
-                if self.raw.aggregate.kind == AggregateKind::Job {
-                    trace::mark_job(&span, self.raw.aggregate.id);
+                let span = trace::child_of("bill", self.head.traceparent.as_deref());
+                if self.head.aggregate.kind == AggregateKind::Job {
+                    trace::mark_job(&span, self.head.aggregate.id);
                 }
                 span
             }
@@ -466,7 +498,7 @@ impl Read<'_> {
 }
 
 /// The events of `commits` the ledger reads, in log order; the rest are not decoded.
-fn decode(commits: &[Commit]) -> Result<Vec<Read<'_>>, StoreError> {
+fn decode(commits: &[Commit]) -> Result<Vec<Read>, StoreError> {
     let mut out = Vec::new();
     for commit in commits {
         for raw in &commit.events {
@@ -478,7 +510,40 @@ fn decode(commits: &[Commit]) -> Result<Vec<Read<'_>>, StoreError> {
                 .map_err(|e| apply_error(commit.position, format!("{}: {e}", raw.event_id)))?;
             out.push(Read {
                 position: commit.position,
-                raw,
+                head: Head::of(raw),
+                event,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes `commits` as a rebuild does and says how many events the ledger reads
+/// among them: the reading alone, which the ledger's benchmark sets pricing and
+/// writing against.
+pub fn decode_as_rebuild(commits: &[StoredCommit]) -> Result<usize, StoreError> {
+    decode_text(commits).map(|events| events.len())
+}
+
+/// [`decode`] for commits as the log keeps them: each envelope is parsed with its
+/// payload left as text, and only the events the ledger reads are decoded, straight
+/// from that text.
+fn decode_text(commits: &[StoredCommit]) -> Result<Vec<Read>, StoreError> {
+    let mut out = Vec::new();
+    for commit in commits {
+        let corrupt = |e: serde_json::Error| apply_error(commit.position, e.to_string());
+        for text in &commit.events {
+            let envelope: Envelope<&RawValue> = serde_json::from_str(text).map_err(corrupt)?;
+            let payload = envelope.payload.get();
+            let tag = Event::type_of_json(payload).map_err(corrupt)?;
+            if !READS.contains(&tag.as_ref()) {
+                continue;
+            }
+            let event = Event::from_json(&tag, payload)
+                .map_err(|e| apply_error(commit.position, format!("{}: {e}", envelope.event_id)))?;
+            out.push(Read {
+                position: commit.position,
+                head: Head::of(&envelope),
                 event,
             });
         }
@@ -487,11 +552,11 @@ fn decode(commits: &[Commit]) -> Result<Vec<Read<'_>>, StoreError> {
 }
 
 /// The (event id, position) of each egress event among `events`: what [`claim`] takes.
-fn egress_rows(events: &[Read<'_>]) -> Vec<(String, i64)> {
+fn egress_rows(events: &[Read]) -> Vec<(String, i64)> {
     events
         .iter()
         .filter(|r| r.is_egress())
-        .map(|r| (r.raw.event_id.to_string(), r.position as i64))
+        .map(|r| (r.head.event_id.to_string(), r.position as i64))
         .collect()
 }
 
@@ -597,16 +662,16 @@ fn stored_time(t: DateTime<Utc>) -> DateTime<Utc> {
 }
 
 impl Known {
-    async fn load(tx: &mut Tx, events: &[Read<'_>]) -> Result<Known, StoreError> {
+    async fn load(tx: &mut Tx, events: &[Read]) -> Result<Known, StoreError> {
         let (mut jobs, mut sites, mut tenants) =
             (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
         for read in events {
-            let tenant = read.raw.tenant.clone();
+            let tenant = read.head.tenant.clone();
             match &read.event {
                 Event::Job(JobEvent::Dispatched { .. }) => {}
                 Event::Job(event) => {
                     if let Some(run) = Run::of(event) {
-                        jobs.insert(read.raw.aggregate.id.to_string());
+                        jobs.insert(read.head.aggregate.id.to_string());
                         sites.insert(run.site.to_string());
                         tenants.insert(tenant);
                     }
@@ -697,10 +762,10 @@ impl Known {
     }
 
     /// Applies one event: what it changes, and the lines it bills.
-    fn apply(&mut self, read: Read<'_>, writes: &mut Writes) -> Result<(), StoreError> {
+    fn apply(&mut self, read: Read, writes: &mut Writes) -> Result<(), StoreError> {
         let Read {
             position,
-            raw,
+            head,
             event,
         } = read;
         match event {
@@ -716,16 +781,16 @@ impl Known {
                     attempt: i64::from(attempt),
                 };
                 // The first dispatch recorded stands (`ON CONFLICT DO NOTHING`).
-                if writes.job_ids.insert(raw.aggregate.id) {
+                if writes.job_ids.insert(head.aggregate.id) {
                     writes
                         .jobs
-                        .push((raw.aggregate.id.to_string(), info.clone()));
+                        .push((head.aggregate.id.to_string(), info.clone()));
                 }
-                self.jobs.entry(raw.aggregate.id).or_insert(info);
+                self.jobs.entry(head.aggregate.id).or_insert(info);
             }
             Event::Job(event) => {
                 if let Some(run) = Run::of(&event) {
-                    self.compute_charge(position, raw, run, writes)?;
+                    self.compute_charge(position, &head, run, writes)?;
                 }
             }
             Event::Site(SiteEvent::Registered {
@@ -799,7 +864,7 @@ impl Known {
                 let metered = pricing::storage(&rate, bytes, allocated_at, released_at)
                     .map_err(|e| apply_error(position, e.to_string()))?;
                 let place = self.site(&site);
-                let workflow_id = raw.aggregate.id;
+                let workflow_id = head.aggregate.id;
                 let gib =
                     Decimal::from(bytes) / Decimal::from(meridian_events::money::BYTES_PER_GIB);
                 let charge = Charge {
@@ -826,8 +891,8 @@ impl Known {
                     price_source: rate.source.clone(),
                     price_effective_from: rate.effective_from,
                 };
-                let rules = self.rules(&raw.tenant);
-                lines(position, raw, &charge, rules, metered, writes)?;
+                let rules = self.rules(&head.tenant);
+                lines(position, &head, &charge, rules, metered, writes)?;
             }
             Event::Transfer(TransferEvent::Completed {
                 workflow_id,
@@ -849,7 +914,7 @@ impl Known {
                         },
                     ),
                 };
-                let tenant = raw.tenant.clone();
+                let tenant = head.tenant.clone();
                 let key = |period: Period| (tenant.clone(), source.clone(), period);
                 // The month's volume so far, per period this copy touches.
                 let before: Vec<(Period, Decimal)> = crate::period::split(started_at, ended_at)
@@ -890,7 +955,7 @@ impl Known {
                     site: source.clone(),
                     site_kind: place.kind,
                     region: place.region,
-                    resource_id: raw.aggregate.id.to_string(),
+                    resource_id: head.aggregate.id.to_string(),
                     resource_name: format!("{source} to {to_label}"),
                     resource_type: "Data Transfer",
                     job: None,
@@ -899,7 +964,14 @@ impl Known {
                     price_source: tariff.source.clone(),
                     price_effective_from: tariff.effective_from,
                 };
-                lines(position, raw, &charge, self.rules(&tenant), metered, writes)?;
+                lines(
+                    position,
+                    &head,
+                    &charge,
+                    self.rules(&tenant),
+                    metered,
+                    writes,
+                )?;
             }
             _ => {}
         }
@@ -909,13 +981,13 @@ impl Known {
     fn compute_charge(
         &self,
         position: u64,
-        raw: &RawEnvelope,
+        head: &Head,
         run: Run<'_>,
         writes: &mut Writes,
     ) -> Result<(), StoreError> {
         let metered = pricing::compute(run.rate, run.allocated, run.started_at, run.ended_at)
             .map_err(|e| apply_error(position, e.to_string()))?;
-        let job_id = raw.aggregate.id;
+        let job_id = head.aggregate.id;
         let job = self.jobs.get(&job_id).cloned();
         let place = self.site(run.site);
         let task = match &job {
@@ -950,8 +1022,8 @@ impl Known {
             price_source: run.rate.source.clone(),
             price_effective_from: run.rate.effective_from,
         };
-        let rules = self.rules(&raw.tenant);
-        lines(position, raw, &charge, rules, metered, writes)
+        let rules = self.rules(&head.tenant);
+        lines(position, head, &charge, rules, metered, writes)
     }
 }
 
@@ -1116,7 +1188,7 @@ struct Line {
 /// Prices `metered` with the tenant's adjustments into lines to write.
 fn lines(
     position: u64,
-    raw: &RawEnvelope,
+    head: &Head,
     charge: &Charge,
     rules: &[AdjustmentRule],
     metered: Vec<Metered>,
@@ -1145,10 +1217,10 @@ fn lines(
             (category, _) => format!("{category}: {}", charge.what),
         };
         writes.charges.push(Line {
-            event_id: raw.event_id.to_string(),
+            event_id: head.event_id.to_string(),
             item: m.item(),
             position: position as i64,
-            tenant: raw.tenant.clone(),
+            tenant: head.tenant.clone(),
             workflow_id: charge.workflow_id.to_string(),
             category: charge.category.as_str(),
             meter: m.meter.as_str(),
@@ -1201,136 +1273,180 @@ struct Writes {
     charges: Vec<Line>,
 }
 
-type Query<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+/// Arguments bound ahead of time: a rebuild binds a page's rows on the thread that
+/// priced them, so that the writer only runs statements.
+type Arguments = sqlx::any::AnyArguments<'static>;
 
-fn bind_job<'q>(q: Query<'q>, (id, info): (String, JobInfo)) -> Query<'q> {
-    q.bind(id)
-        .bind(info.name)
-        .bind(info.index)
-        .bind(info.attempt)
+/// A statement ready to run: its text and its arguments.
+struct Statement {
+    sql: String,
+    arguments: Arguments,
 }
 
-fn bind_site<'q>(
-    q: Query<'q>,
+impl Statement {
+    async fn execute(self, tx: &mut Tx) -> Result<(), StoreError> {
+        sqlx::query_with(&self.sql, self.arguments)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Adds one argument.
+fn put<T>(arguments: &mut Arguments, value: T) -> Result<(), StoreError>
+where
+    T: sqlx::Encode<'static, sqlx::Any> + sqlx::Type<sqlx::Any> + 'static,
+{
+    use sqlx::Arguments as _;
+    arguments.add(value).map_err(sqlx::Error::Encode)?;
+    Ok(())
+}
+
+fn bind_job(a: &mut Arguments, (id, info): (String, JobInfo)) -> Result<(), StoreError> {
+    put(a, id)?;
+    put(a, info.name)?;
+    put(a, info.index)?;
+    put(a, info.attempt)
+}
+
+fn bind_site(
+    a: &mut Arguments,
     (name, (kind, region)): (String, (&'static str, String)),
-) -> Query<'q> {
-    q.bind(name).bind(kind).bind(region)
+) -> Result<(), StoreError> {
+    put(a, name)?;
+    put(a, kind)?;
+    put(a, region)
 }
 
-fn bind_grant<'q>(q: Query<'q>, r: StoredRule) -> Query<'q> {
-    q.bind(r.id)
-        .bind(r.tenant)
-        .bind(r.position)
-        .bind(r.scope)
-        .bind(r.terms)
-        .bind(r.effective_from)
-        .bind(r.effective_until)
+fn bind_grant(a: &mut Arguments, r: StoredRule) -> Result<(), StoreError> {
+    put(a, r.id)?;
+    put(a, r.tenant)?;
+    put(a, r.position)?;
+    put(a, r.scope)?;
+    put(a, r.terms)?;
+    put(a, r.effective_from)?;
+    put(a, r.effective_until)
 }
 
 type VolumeRow = ((String, String, Period), String);
 
-fn bind_volume<'q>(q: Query<'q>, ((tenant, source, period), gb): VolumeRow) -> Query<'q> {
-    q.bind(tenant)
-        .bind(source)
-        .bind(period.to_string())
-        .bind(gb)
+fn bind_volume(
+    a: &mut Arguments,
+    ((tenant, source, period), gb): VolumeRow,
+) -> Result<(), StoreError> {
+    put(a, tenant)?;
+    put(a, source)?;
+    put(a, period.to_string())?;
+    put(a, gb)
 }
 
-fn bind_line<'q>(q: Query<'q>, l: Line) -> Query<'q> {
-    q.bind(l.event_id)
-        .bind(l.item)
-        .bind(l.position)
-        .bind(l.tenant)
-        .bind(l.workflow_id)
-        .bind(l.category)
-        .bind(l.meter)
-        .bind(l.unit)
-        .bind(l.period)
-        .bind(l.charge_start)
-        .bind(l.charge_end)
-        .bind(l.site)
-        .bind(l.site_kind)
-        .bind(l.region)
-        .bind(l.resource_id)
-        .bind(l.resource_name)
-        .bind(l.resource_type)
-        .bind(l.job_id)
-        .bind(l.job)
-        .bind(l.array_index)
-        .bind(l.attempt)
-        .bind(l.sku)
-        .bind(l.band)
-        .bind(l.description)
-        .bind(l.quantity)
-        .bind(l.list_unit_price)
-        .bind(l.contracted_unit_price)
-        .bind(l.list_cost)
-        .bind(l.contracted_cost)
-        .bind(l.currency)
-        .bind(l.adjustment_id)
-        .bind(l.price_source)
-        .bind(l.price_effective_from)
+fn bind_line(a: &mut Arguments, l: Line) -> Result<(), StoreError> {
+    put(a, l.event_id)?;
+    put(a, l.item)?;
+    put(a, l.position)?;
+    put(a, l.tenant)?;
+    put(a, l.workflow_id)?;
+    put(a, l.category)?;
+    put(a, l.meter)?;
+    put(a, l.unit)?;
+    put(a, l.period)?;
+    put(a, l.charge_start)?;
+    put(a, l.charge_end)?;
+    put(a, l.site)?;
+    put(a, l.site_kind)?;
+    put(a, l.region)?;
+    put(a, l.resource_id)?;
+    put(a, l.resource_name)?;
+    put(a, l.resource_type)?;
+    put(a, l.job_id)?;
+    put(a, l.job)?;
+    put(a, l.array_index)?;
+    put(a, l.attempt)?;
+    put(a, l.sku)?;
+    put(a, l.band)?;
+    put(a, l.description)?;
+    put(a, l.quantity)?;
+    put(a, l.list_unit_price)?;
+    put(a, l.contracted_unit_price)?;
+    put(a, l.list_cost)?;
+    put(a, l.contracted_cost)?;
+    put(a, l.currency)?;
+    put(a, l.adjustment_id)?;
+    put(a, l.price_source)?;
+    put(a, l.price_effective_from)
 }
 
 impl Writes {
     async fn flush(self, tx: &mut Tx) -> Result<(), StoreError> {
+        let style = Placeholders::of(tx);
+        for statement in self.statements(style)? {
+            statement.execute(tx).await?;
+        }
+        Ok(())
+    }
+
+    /// The statements that write the batch, in order, with their arguments bound.
+    fn statements(self, style: Placeholders) -> Result<Vec<Statement>, StoreError> {
+        let mut out = Vec::new();
         insert_rows(
-            tx,
+            &mut out,
+            style,
             "INSERT INTO ledger_jobs (job_id, job, array_index, attempt)",
             4,
             "ON CONFLICT (job_id) DO NOTHING",
             self.jobs,
             bind_job,
-        )
-        .await?;
+        )?;
         insert_rows(
-            tx,
+            &mut out,
+            style,
             "INSERT INTO ledger_sites (name, kind, region)",
             3,
             "ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, region = excluded.region",
             self.sites.into_iter().collect(),
             bind_site,
-        )
-        .await?;
+        )?;
         insert_rows(
-            tx,
+            &mut out,
+            style,
             "INSERT INTO ledger_adjustments
                 (adjustment_id, tenant, position, scope, terms, effective_from, effective_until)",
             7,
             "ON CONFLICT (adjustment_id) DO NOTHING",
             self.grants,
             bind_grant,
-        )
-        .await?;
+        )?;
         for (id, at) in self.revocations {
-            sqlx::query(
-                "UPDATE ledger_adjustments SET effective_until = $1
-                 WHERE adjustment_id = $2 AND (effective_until IS NULL OR effective_until > $3)",
-            )
-            .bind(&at)
-            .bind(id)
-            .bind(&at)
-            .execute(&mut **tx)
-            .await?;
+            let mut arguments = Arguments::default();
+            put(&mut arguments, at.clone())?;
+            put(&mut arguments, id)?;
+            put(&mut arguments, at)?;
+            out.push(Statement {
+                sql: "UPDATE ledger_adjustments SET effective_until = $1
+                 WHERE adjustment_id = $2 AND (effective_until IS NULL OR effective_until > $3)"
+                    .to_string(),
+                arguments,
+            });
         }
         insert_rows(
-            tx,
+            &mut out,
+            style,
             "INSERT INTO ledger_egress_volume (tenant, source, period, gb)",
             4,
             "ON CONFLICT (tenant, source, period) DO UPDATE SET gb = excluded.gb",
             self.volumes.into_iter().collect(),
             bind_volume,
-        )
-        .await?;
+        )?;
         insert_rows(
-            tx,
+            &mut out,
+            style,
             &format!("INSERT INTO ledger_charges ({})", COLUMNS.join(", ")),
             COLUMNS.len(),
             "ON CONFLICT (event_id, item) DO NOTHING",
             self.charges,
             bind_line,
-        )
-        .await
+        )?;
+        Ok(out)
     }
 }
 
@@ -1373,6 +1489,13 @@ impl Placeholders {
         }
     }
 
+    fn for_backend(backend: Backend) -> Placeholders {
+        match backend {
+            Backend::Sqlite => Placeholders::Anonymous,
+            Backend::Postgres => Placeholders::Numbered,
+        }
+    }
+
     /// `(p, p, …)` for `count` parameters, the first being number `first`.
     fn list(self, sql: &mut String, first: usize, count: usize) {
         use std::fmt::Write;
@@ -1408,24 +1531,26 @@ fn values(style: Placeholders, head: &str, columns: usize, rows: usize, tail: &s
     sql
 }
 
-/// Inserts `rows` with as few statements as [`pieces`] allows.
-async fn insert_rows<R: Send>(
-    tx: &mut Tx,
+/// The statements that insert `rows`, as few as [`pieces`] allows, added to `out`.
+fn insert_rows<R>(
+    out: &mut Vec<Statement>,
+    style: Placeholders,
     head: &str,
     columns: usize,
     tail: &str,
     rows: Vec<R>,
-    bind: for<'q> fn(Query<'q>, R) -> Query<'q>,
+    bind: fn(&mut Arguments, R) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
-    let style = Placeholders::of(tx);
     let mut left = rows.into_iter();
     for n in pieces(left.len(), columns) {
-        let sql = values(style, head, columns, n, tail);
-        let mut query = sqlx::query(&sql);
+        let mut arguments = Arguments::default();
         for row in left.by_ref().take(n) {
-            query = bind(query, row);
+            bind(&mut arguments, row)?;
         }
-        query.execute(&mut **tx).await?;
+        out.push(Statement {
+            sql: values(style, head, columns, n, tail),
+            arguments,
+        });
     }
     Ok(())
 }
