@@ -26,7 +26,9 @@
 //!
 //! A rebuild ([`crate::rebuild`]) reads nothing back: it starts from empty tables, so what it
 //! has applied, kept in memory, is all the tables hold, and each page of the log is
-//! priced on a blocking thread while the page before is written.
+//! priced on a blocking thread while the page before is written. It reads the log as
+//! stored text and decodes only the events it bills, straight from it; the thread that
+//! prices a page also binds the statements that write it, so the writer only runs them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
