@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use meridian_events::{AggregateRef, RawEnvelope};
-
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -226,6 +225,19 @@ impl SqliteLog {
             Some(commits) => Ok(commits),
             None => self.read_from(after, max).await,
         }
+    }
+
+    /// The rows of up to `max` commits after `after`: positions are dense here (each
+    /// commit takes MAX + 1), so a range is a page.
+    async fn page(&self, after: u64, max: usize) -> Result<Vec<sqlx::sqlite::SqliteRow>, LogError> {
+        sqlx::query(
+            "SELECT position, envelope FROM events WHERE position > ? AND position <= ? ORDER BY position, idx",
+        )
+        .bind(after as i64)
+        .bind(after.saturating_add(max as u64).min(i64::MAX as u64) as i64)
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(backend)
     }
 
     /// The position at which `event_id` is stored, if it is.
@@ -458,21 +470,6 @@ fn decode(position: u64, text: &str) -> Result<RawEnvelope, LogError> {
         position,
         message: e.to_string(),
     })
-}
-
-impl SqliteLog {
-    /// The rows of up to `max` commits after `after`: positions are dense here (each
-    /// commit takes MAX + 1), so a range is a page.
-    async fn page(&self, after: u64, max: usize) -> Result<Vec<sqlx::sqlite::SqliteRow>, LogError> {
-        sqlx::query(
-            "SELECT position, envelope FROM events WHERE position > ? AND position <= ? ORDER BY position, idx",
-        )
-        .bind(after as i64)
-        .bind(after.saturating_add(max as u64).min(i64::MAX as u64) as i64)
-        .fetch_all(&self.inner.pool)
-        .await
-        .map_err(backend)
-    }
 }
 
 #[async_trait]

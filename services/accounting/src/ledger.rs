@@ -1484,11 +1484,11 @@ enum Placeholders {
 
 impl Placeholders {
     fn of(tx: &mut Tx) -> Placeholders {
-        if tx.backend_name().eq_ignore_ascii_case("sqlite") {
-            Placeholders::Anonymous
+        Placeholders::for_backend(if tx.backend_name().eq_ignore_ascii_case("sqlite") {
+            Backend::Sqlite
         } else {
-            Placeholders::Numbered
-        }
+            Backend::Postgres
+        })
     }
 
     fn for_backend(backend: Backend) -> Placeholders {

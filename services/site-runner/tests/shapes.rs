@@ -1,12 +1,9 @@
 //! The shape a job's offer names, passed to the site with the job.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use meridian_adapter_core::{
-    AdapterError, BackendJobId, Capacity, JobReport, JobRequest, Logs, SiteAdapter,
-};
-use meridian_adapter_local::{ContainerRuntime, LocalAdapter, LocalConfig};
+use meridian_adapter_local::{ContainerRuntime, LocalConfig};
 use meridian_eventlog::aggregates::execute;
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
@@ -14,41 +11,8 @@ use meridian_events::aggregate::{Site, SiteCommand};
 use meridian_events::vocabulary::site::Shape;
 use meridian_events::EventContext;
 use meridian_site_runner::SiteRunner;
-use uuid::Uuid;
 
 mod common;
-
-/// A local site that remembers what it was asked to run.
-struct Recording {
-    inner: LocalAdapter,
-    submitted: Mutex<Vec<JobRequest>>,
-}
-
-#[async_trait::async_trait]
-impl SiteAdapter for Recording {
-    fn kind(&self) -> &'static str {
-        "local"
-    }
-    async fn submit(&self, job: &JobRequest) -> Result<BackendJobId, AdapterError> {
-        self.submitted.lock().unwrap().push(job.clone());
-        self.inner.submit(job).await
-    }
-    async fn find(&self, job_id: Uuid) -> Result<Option<BackendJobId>, AdapterError> {
-        self.inner.find(job_id).await
-    }
-    async fn status(&self, id: &BackendJobId) -> Result<JobReport, AdapterError> {
-        self.inner.status(id).await
-    }
-    async fn cancel(&self, id: &BackendJobId) -> Result<(), AdapterError> {
-        self.inner.cancel(id).await
-    }
-    async fn logs(&self, id: &BackendJobId) -> Result<Logs, AdapterError> {
-        self.inner.logs(id).await
-    }
-    async fn capacity(&self) -> Result<Capacity, AdapterError> {
-        self.inner.capacity().await
-    }
-}
 
 /// A site with no shape for a job's offer runs the job without one; once a shape for
 /// that offer is declared, the next job carries it (the site runner brings the
@@ -67,10 +31,7 @@ async fn a_shape_declared_after_a_job_ran_without_one_reaches_the_next_job() {
     .await;
     let mut config = LocalConfig::new(dir.path().join("site"));
     config.container_runtime = ContainerRuntime::None;
-    let adapter = Arc::new(Recording {
-        inner: LocalAdapter::new(config).unwrap(),
-        submitted: Mutex::new(Vec::new()),
-    });
+    let adapter = Arc::new(common::Watched::new(config));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let runner = SiteRunner::new("here", adapter.clone(), log.clone(), None)
         .with_poll_interval(Duration::from_millis(100));

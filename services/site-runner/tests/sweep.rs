@@ -12,7 +12,6 @@ use meridian_events::EventContext;
 use meridian_site_runner::SiteRunner;
 
 mod common;
-use uuid::Uuid;
 
 fn orphan(command: &[&str]) -> JobRequest {
     let mut job = JobRequest::new("orphan", command);
@@ -57,63 +56,6 @@ async fn a_job_the_log_does_not_know_is_stopped_by_the_sweep() {
     task.await.unwrap().unwrap();
 }
 
-/// A local site whose first cancel fails, as a site that is briefly unreachable does.
-struct FlakyCancel {
-    inner: Arc<LocalAdapter>,
-    failed_once: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl SiteAdapter for FlakyCancel {
-    fn kind(&self) -> &'static str {
-        "local"
-    }
-    async fn submit(
-        &self,
-        job: &JobRequest,
-    ) -> Result<meridian_adapter_core::BackendJobId, meridian_adapter_core::AdapterError> {
-        self.inner.submit(job).await
-    }
-    async fn find(
-        &self,
-        job_id: Uuid,
-    ) -> Result<Option<meridian_adapter_core::BackendJobId>, meridian_adapter_core::AdapterError>
-    {
-        self.inner.find(job_id).await
-    }
-    async fn status(
-        &self,
-        id: &meridian_adapter_core::BackendJobId,
-    ) -> Result<meridian_adapter_core::JobReport, meridian_adapter_core::AdapterError> {
-        self.inner.status(id).await
-    }
-    async fn cancel(
-        &self,
-        id: &meridian_adapter_core::BackendJobId,
-    ) -> Result<(), meridian_adapter_core::AdapterError> {
-        if !self
-            .failed_once
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            return Err(meridian_adapter_core::AdapterError::Unavailable(
-                "the site did not answer".into(),
-            ));
-        }
-        self.inner.cancel(id).await
-    }
-    async fn logs(
-        &self,
-        id: &meridian_adapter_core::BackendJobId,
-    ) -> Result<meridian_adapter_core::Logs, meridian_adapter_core::AdapterError> {
-        self.inner.logs(id).await
-    }
-    async fn capacity(
-        &self,
-    ) -> Result<meridian_adapter_core::Capacity, meridian_adapter_core::AdapterError> {
-        self.inner.capacity().await
-    }
-}
-
 /// A cancel the site failed to take is passed on again, at the next look.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_the_site_missed_is_passed_on_again() {
@@ -138,10 +80,7 @@ async fn a_cancel_the_site_missed_is_passed_on_again() {
     let mut config = LocalConfig::new(dir.path().join("site"));
     config.container_runtime = ContainerRuntime::None;
     config.kill_grace = Duration::from_millis(200);
-    let adapter = Arc::new(FlakyCancel {
-        inner: Arc::new(LocalAdapter::new(config).unwrap()),
-        failed_once: Default::default(),
-    });
+    let adapter = Arc::new(common::Watched::new(config).missing_first_cancel());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let runner = SiteRunner::new("here", adapter, log.clone(), None)
         .with_poll_interval(Duration::from_millis(100));

@@ -86,3 +86,78 @@ pub async fn submit(log: &dyn EventLog, yaml: &str) -> (Uuid, meridian_spec::Wor
     .unwrap();
     (workflow_id, spec)
 }
+
+/// A local site that remembers every job it was asked to run, and that can fail its
+/// first cancel, as a site that is briefly unreachable does.
+pub struct Watched {
+    inner: meridian_adapter_local::LocalAdapter,
+    pub submitted: std::sync::Mutex<Vec<meridian_adapter_core::JobRequest>>,
+    miss_first_cancel: bool,
+    cancel_missed: std::sync::atomic::AtomicBool,
+}
+
+impl Watched {
+    pub fn new(config: meridian_adapter_local::LocalConfig) -> Watched {
+        Watched {
+            inner: meridian_adapter_local::LocalAdapter::new(config).unwrap(),
+            submitted: Default::default(),
+            miss_first_cancel: false,
+            cancel_missed: Default::default(),
+        }
+    }
+
+    pub fn missing_first_cancel(mut self) -> Watched {
+        self.miss_first_cancel = true;
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl meridian_adapter_core::SiteAdapter for Watched {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+    async fn submit(
+        &self,
+        job: &meridian_adapter_core::JobRequest,
+    ) -> Result<meridian_adapter_core::BackendJobId, meridian_adapter_core::AdapterError> {
+        self.submitted.lock().unwrap().push(job.clone());
+        self.inner.submit(job).await
+    }
+    async fn find(
+        &self,
+        job_id: Uuid,
+    ) -> Result<Option<meridian_adapter_core::BackendJobId>, meridian_adapter_core::AdapterError>
+    {
+        self.inner.find(job_id).await
+    }
+    async fn status(
+        &self,
+        id: &meridian_adapter_core::BackendJobId,
+    ) -> Result<meridian_adapter_core::JobReport, meridian_adapter_core::AdapterError> {
+        self.inner.status(id).await
+    }
+    async fn cancel(
+        &self,
+        id: &meridian_adapter_core::BackendJobId,
+    ) -> Result<(), meridian_adapter_core::AdapterError> {
+        use std::sync::atomic::Ordering;
+        if self.miss_first_cancel && !self.cancel_missed.swap(true, Ordering::SeqCst) {
+            return Err(meridian_adapter_core::AdapterError::Unavailable(
+                "the site did not answer".into(),
+            ));
+        }
+        self.inner.cancel(id).await
+    }
+    async fn logs(
+        &self,
+        id: &meridian_adapter_core::BackendJobId,
+    ) -> Result<meridian_adapter_core::Logs, meridian_adapter_core::AdapterError> {
+        self.inner.logs(id).await
+    }
+    async fn capacity(
+        &self,
+    ) -> Result<meridian_adapter_core::Capacity, meridian_adapter_core::AdapterError> {
+        self.inner.capacity().await
+    }
+}
