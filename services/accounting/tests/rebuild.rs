@@ -43,6 +43,16 @@ async fn changing_log(billable: u64) -> Log {
             )
             .await;
             log.site("hpc-eu", SiteKind::Slurm, "moved-away").await;
+            // Something in the log that is no event at all: skipped by both paths.
+            let mut untyped = commit[0].clone();
+            untyped.event_id = uuid::Uuid::now_v7();
+            untyped.aggregate = meridian_events::AggregateRef::new(
+                meridian_events::AggregateKind::Workflow,
+                uuid::Uuid::now_v7(),
+            );
+            untyped.sequence = 1;
+            untyped.payload = serde_json::json!({"note": "no type"});
+            log.append_raw(vec![untyped]).await;
         }
         for e in &commit {
             if let Ok(Event::Tenant(TenantEvent::AdjustmentGranted { adjustment_id, .. })) =
