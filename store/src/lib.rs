@@ -52,6 +52,8 @@ pub struct Store {
     /// On PostgreSQL, the same pool as reads.
     writer: AnyPool,
     backend: Backend,
+    /// The URL it was opened with: two stores opened with one URL are one database.
+    url: std::sync::Arc<str>,
 }
 
 const POSITIONS: &str = "CREATE TABLE IF NOT EXISTS projection_positions (
@@ -70,6 +72,7 @@ impl Store {
         } else {
             return Err(StoreError::UnsupportedUrl(url.to_string()));
         };
+        let opened_with: std::sync::Arc<str> = url.into();
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
                 let sep = if url.contains('?') { '&' } else { '?' };
@@ -122,6 +125,7 @@ impl Store {
             pool,
             writer,
             backend,
+            url: opened_with,
         };
         store.migrate(&[POSITIONS]).await?;
         Ok(store)
@@ -139,6 +143,26 @@ impl Store {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// Whether `other` was opened with the same URL (and so is the same database).
+    pub fn same_as(&self, other: &Store) -> bool {
+        self.url == other.url
+    }
+
+    /// Whether `table` exists.
+    pub async fn has_table(&self, table: &str) -> Result<bool, StoreError> {
+        let sql = match self.backend {
+            Backend::Sqlite => {
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1"
+            }
+            Backend::Postgres => {
+                "SELECT count(*) FROM information_schema.tables
+                 WHERE table_schema = current_schema() AND table_name = $1"
+            }
+        };
+        let row: AnyRow = sqlx::query(sql).bind(table).fetch_one(&self.pool).await?;
+        Ok(row.get::<i64, _>(0) > 0)
     }
 
     /// Starts a write transaction. On SQLite it takes the write lock at once (`BEGIN

@@ -79,32 +79,76 @@ impl AuditWriter {
     }
 }
 
+const COLUMNS: &str =
+    "id, at, token_id, tenant, role, user_name, action, target, source, outcome, detail";
+
+/// Skips a record already there: a move cut short runs again (ids are fresh otherwise).
+const INSERT: &str = "INSERT INTO audit_records
+    (id, at, token_id, tenant, role, user_name, action, target, source, outcome, detail)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+    ON CONFLICT (id) DO NOTHING";
+
 async fn insert_group(
     store: &meridian_store::Store,
     group: &[(AuditRecord, Written)],
 ) -> Result<(), meridian_store::StoreError> {
     let mut tx = store.begin().await?;
     for (r, _) in group {
-        sqlx::query(
-            "INSERT INTO audit_records
-                (id, at, token_id, tenant, role, user_name, action, target, source, outcome, detail)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(r.id.to_string())
-        .bind(timestamp(r.at))
-        .bind(r.token_id.map(|t| t.to_string()))
-        .bind(r.tenant.clone())
-        .bind(r.role.clone())
-        .bind(r.user.clone())
-        .bind(r.action.clone())
-        .bind(r.target.clone())
-        .bind(r.source.clone())
-        .bind(r.outcome.as_str())
-        .bind(r.detail.clone())
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(INSERT)
+            .bind(r.id.to_string())
+            .bind(timestamp(r.at))
+            .bind(r.token_id.map(|t| t.to_string()))
+            .bind(r.tenant.clone())
+            .bind(r.role.clone())
+            .bind(r.user.clone())
+            .bind(r.action.clone())
+            .bind(r.target.clone())
+            .bind(r.source.clone())
+            .bind(r.outcome.as_str())
+            .bind(r.detail.clone())
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
+    Ok(())
+}
+
+/// Moves the records `from` holds into `to` (a deployment that kept its audit trail in
+/// the store before it had one of its own), then drops `from`'s table. Each step can be
+/// cut short and run again: records already in `to` are skipped, and the table is
+/// dropped only once every record is in `to`.
+pub(crate) async fn move_records(
+    from: &meridian_store::Store,
+    to: &meridian_store::Store,
+) -> Result<(), meridian_store::StoreError> {
+    if !from.has_table("audit_records").await? {
+        return Ok(());
+    }
+    let (mut after, mut moved) = (String::new(), 0usize);
+    loop {
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM audit_records WHERE id > $1 ORDER BY id LIMIT 1000"
+        ))
+        .bind(after.clone())
+        .fetch_all(from.pool())
+        .await?;
+        let Some(last) = rows.last() else { break };
+        after = last.try_get("id")?;
+        let mut tx = to.begin().await?;
+        for row in &rows {
+            let mut insert = sqlx::query(INSERT);
+            for column in COLUMNS.split(", ") {
+                insert = insert.bind(row.try_get::<Option<String>, _>(column)?);
+            }
+            insert.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        moved += rows.len();
+    }
+    sqlx::query("DROP TABLE audit_records")
+        .execute(from.writer())
+        .await?;
+    tracing::info!(records = moved, "moved the audit trail to its own database");
     Ok(())
 }
 
@@ -282,7 +326,7 @@ impl App {
         }
         let writer = self
             .audit
-            .get_or_init(|| AuditWriter::start(self.store.clone()));
+            .get_or_init(|| AuditWriter::start(self.audit_store.clone()));
         if let Err(e) = writer.write(record).await {
             tracing::error!(error = %e, "cannot record an audit entry");
         }
@@ -315,10 +359,7 @@ impl App {
     ) -> Result<AuditList, AppError> {
         self.authorize(who, Action::ReadAudit).await?;
         self.migrate().await?;
-        let mut sql = String::from(
-            "SELECT id, at, token_id, tenant, role, user_name, action, target, source, outcome, detail
-             FROM audit_records WHERE 1 = 1",
-        );
+        let mut sql = format!("SELECT {COLUMNS} FROM audit_records WHERE 1 = 1");
         let mut n = 0;
         let mut next = || {
             n += 1;
@@ -340,7 +381,7 @@ impl App {
         }
         let rows = q
             .bind(i64::from(query.limit.max(1)))
-            .fetch_all(self.store.pool())
+            .fetch_all(self.audit_store.pool())
             .await
             .map_err(|e| AppError::from_db("reading the audit trail", e))?;
         let bad = |m: String| AppError::internal("reading the audit trail", m);

@@ -67,6 +67,9 @@ pub struct App {
     /// The key of the workflow credentials this deployment's jobs carry; without it,
     /// workflow credentials are refused.
     workflow_credentials: Option<WorkflowCredentials>,
+    /// Where the audit trail lives: the store itself, or a database of its own
+    /// ([`App::with_audit_store`]).
+    audit_store: Store,
     /// Started on first use, so that `new` needs no runtime.
     audit: Arc<std::sync::OnceLock<audit::AuditWriter>>,
 }
@@ -75,6 +78,7 @@ impl App {
     pub fn new(log: Arc<dyn EventLog>, store: Store) -> App {
         App {
             log,
+            audit_store: store.clone(),
             store,
             schema: Arc::new(OnceCell::new()),
             catalog: Arc::new(Mutex::new(Catalog::default())),
@@ -86,6 +90,16 @@ impl App {
     /// Accepts the workflow credentials made with `credentials`' key.
     pub fn with_workflow_credentials(mut self, credentials: WorkflowCredentials) -> App {
         self.workflow_credentials = Some(credentials);
+        self
+    }
+
+    /// Keeps the audit trail in `audit` instead of the store. The embedded default gives
+    /// it a SQLite file of its own: every request waits for its record's commit, and in
+    /// the store's file that commit would queue behind the read models' transactions
+    /// (one writer per file). Records an older deployment kept in the store move on
+    /// first use.
+    pub fn with_audit_store(mut self, audit: Store) -> App {
+        self.audit_store = audit;
         self
     }
 
@@ -103,16 +117,21 @@ impl App {
     pub async fn migrate(&self) -> Result<(), AppError> {
         self.schema
             .get_or_try_init(|| async {
-                let statements = schema();
-                // PostgreSQL can fail a `CREATE ... IF NOT EXISTS` that races the same
-                // statement from the projection runner; the second try sees the table.
-                if self.store.migrate(&statements).await.is_ok() {
-                    return Ok(());
+                if !self.audit_apart() {
+                    return migrate_twice(&self.store, &schema()).await;
                 }
-                self.store
-                    .migrate(&statements)
+                let statements: Vec<_> = idempotency::SCHEMA
+                    .iter()
+                    .chain(StatusProjection.schema())
+                    .copied()
+                    .collect();
+                migrate_twice(&self.store, &statements).await?;
+                migrate_twice(&self.audit_store, audit::SCHEMA).await?;
+                audit::move_records(&self.store, &self.audit_store)
                     .await
-                    .map_err(|e| AppError::from_store("creating the intake's tables", e))
+                    .map_err(|e| {
+                        AppError::from_store("moving the audit trail to its own database", e)
+                    })
             })
             .await
             .map(|_| ())
@@ -133,4 +152,23 @@ impl App {
         read.map_err(|e| AppError::from_log("reading the site catalogue", e))?;
         Ok(catalog)
     }
+}
+
+impl App {
+    /// The audit trail is kept apart from the store.
+    fn audit_apart(&self) -> bool {
+        !self.audit_store.same_as(&self.store)
+    }
+}
+
+async fn migrate_twice(store: &Store, statements: &[&str]) -> Result<(), AppError> {
+    // PostgreSQL can fail a `CREATE ... IF NOT EXISTS` that races the same statement
+    // from the projection runner; the second try sees the table.
+    if store.migrate(statements).await.is_ok() {
+        return Ok(());
+    }
+    store
+        .migrate(statements)
+        .await
+        .map_err(|e| AppError::from_store("creating the intake's tables", e))
 }

@@ -142,3 +142,66 @@ async fn a_token_file_is_checked_against_this_deployment() {
     assert!(!here.knows_token(&foreign.token).await.unwrap());
     assert!(!here.knows_token("not a token").await.unwrap());
 }
+
+#[tokio::test]
+async fn an_audit_trail_kept_in_the_store_moves_to_its_own_database() {
+    use meridian_app::audit::AuditQuery;
+    let dir = tempfile::tempdir().unwrap();
+    let ada = Principal::trusted("physics", "ada");
+    let trail = |app: App| async move {
+        let query = AuditQuery {
+            limit: 100,
+            ..AuditQuery::default()
+        };
+        let admin = Principal::trusted("physics", "ada");
+        let list = app.audit_trail(&admin, &query).await.unwrap();
+        list.records
+            .iter()
+            .map(|r| (r.id, r.target.clone()))
+            .collect::<Vec<_>>()
+    };
+    // An older deployment: its audit records in the store.
+    let before = app(&dir).await;
+    let first = before.submit(&ada, submission(HELLO, None)).await.unwrap();
+    let store = before.store().clone();
+    assert!(store.has_table("audit_records").await.unwrap());
+    let kept = trail(before.clone()).await;
+    assert_eq!(kept.len(), 1, "{kept:?}");
+
+    // Now with a database of its own: the old record moves there, the new one joins it.
+    let audit_url = format!("sqlite://{}", dir.path().join("audit.sqlite").display());
+    let audit = Store::connect(&audit_url).await.unwrap();
+    let after = App::new(before.log().clone(), store.clone()).with_audit_store(audit.clone());
+    let second = after.submit(&ada, submission(HELLO, None)).await.unwrap();
+    let moved = trail(after.clone()).await;
+    assert_eq!(
+        moved.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(),
+        [
+            format!("workflow/{}", first.accepted.id),
+            format!("workflow/{}", second.accepted.id)
+        ]
+    );
+    assert_eq!(moved[0], kept[0], "the old record keeps its id");
+    assert!(!store.has_table("audit_records").await.unwrap());
+
+    // A move cut short after the copy, before the drop: running it again copies nothing
+    // twice and still drops the store's table.
+    store
+        .migrate(&[
+            "CREATE TABLE audit_records (id TEXT PRIMARY KEY, at TEXT NOT NULL, token_id TEXT,
+             tenant TEXT, role TEXT, user_name TEXT, action TEXT NOT NULL, target TEXT NOT NULL,
+             source TEXT, outcome TEXT NOT NULL, detail TEXT)",
+        ])
+        .await
+        .unwrap();
+    let audit_file = format!("{}", dir.path().join("audit.sqlite").display());
+    sqlx::query(&format!(
+        "ATTACH DATABASE '{audit_file}' AS moved; INSERT INTO audit_records SELECT * FROM moved.audit_records; DETACH DATABASE moved"
+    ))
+    .execute(store.writer())
+    .await
+    .unwrap();
+    let again = App::new(before.log().clone(), store.clone()).with_audit_store(audit);
+    assert_eq!(trail(again).await, moved);
+    assert!(!store.has_table("audit_records").await.unwrap());
+}

@@ -10,6 +10,7 @@ use axum::http::{Method, StatusCode};
 use common::*;
 use meridian_app::{Grant, Role};
 use serde_json::{json, Value};
+use sqlx::Row;
 use uuid::Uuid;
 
 const OWN: &str = "physics";
@@ -431,6 +432,14 @@ async fn writes_and_refusals_are_audited_and_tokens_end() {
     // The trail never holds a token's value.
     let text = serde_json::to_string(&all).unwrap();
     assert!(!text.contains(&token) && !text.contains(&b.admin_token));
+    // In a file of its own (as `meridian up` keeps it), not the store's.
+    assert!(!b.store.has_table("audit_records").await.unwrap());
+    let kept: i64 = sqlx::query("SELECT count(*) FROM audit_records")
+        .fetch_one(b.audit.pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept as usize, all.len());
 
     // Revoked: refused from then on.
     let res = b

@@ -328,7 +328,16 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let listener = bind(args.api.listen).await?;
     let credentials = WorkflowCredentials::load_or_create(&args.data_dir.join("credential.key"))
         .context("reading the workflow credential key")?;
+    // The audit trail in a file of its own: each request waits for its record, which
+    // in the store's file would queue behind the read models' writes.
+    let audit = Store::connect(&format!(
+        "sqlite://{}",
+        args.data_dir.join("audit.sqlite").display()
+    ))
+    .await
+    .context("opening the audit trail")?;
     let app = meridian_app::App::new(log.clone(), store.clone())
+        .with_audit_store(audit)
         .with_workflow_credentials(credentials.clone());
     let server = args.api.url();
     let profile_note = if first_start || args.new_admin_token {

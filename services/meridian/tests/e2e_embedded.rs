@@ -925,6 +925,18 @@ jobs:
         );
     }
 
+    // The audit trail (a file of its own) has the researcher's submission.
+    let trail = cli_json(&up.server, &["audit", "--tenant", "physics"]);
+    assert!(
+        trail["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["action"] == "submit_workflow"
+                && r["target"] == format!("workflow/{parent_id}").as_str()),
+        "{trail:#}"
+    );
+
     // No token of this run is in the log or the database, whole or as its secret part.
     let profile: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(up.dir.path().join("config").join("client.json")).unwrap(),
@@ -943,7 +955,10 @@ jobs:
     for entry in std::fs::read_dir(&data).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().to_string();
-        if !(name.starts_with("events.sqlite") || name.starts_with("meridian.sqlite")) {
+        if !["events.sqlite", "meridian.sqlite", "audit.sqlite"]
+            .iter()
+            .any(|file| name.starts_with(file))
+        {
             continue;
         }
         let bytes = std::fs::read(&path).unwrap();

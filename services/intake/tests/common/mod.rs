@@ -38,6 +38,9 @@ pub struct Bench {
     pub dir: tempfile::TempDir,
     pub log: Arc<dyn EventLog>,
     pub store: Store,
+    /// The audit trail's: on SQLite a file of its own, as `meridian up` keeps it; on
+    /// PostgreSQL the store.
+    pub audit: Store,
     pub intake: Intake,
     pub router: Router,
     /// An admin token with no tenant, sent by [`Bench::call`] unless the request brings
@@ -71,9 +74,20 @@ impl Bench {
             }
         };
         let store = Store::connect(&url).await.unwrap();
+        let audit = match db {
+            Db::Sqlite => Store::connect(&format!(
+                "sqlite://{}",
+                dir.path().join("audit.sqlite").display()
+            ))
+            .await
+            .unwrap(),
+            Db::Postgres => store.clone(),
+        };
         let credentials = WorkflowCredentials::generate();
         let intake = Intake::over(
-            App::new(log.clone(), store.clone()).with_workflow_credentials(credentials.clone()),
+            App::new(log.clone(), store.clone())
+                .with_audit_store(audit.clone())
+                .with_workflow_credentials(credentials.clone()),
         );
         let router = intake.router();
         let admin_token = issue(&intake, None, Role::Admin, vec![]).await;
@@ -82,6 +96,7 @@ impl Bench {
             dir,
             log,
             store,
+            audit,
             intake,
             router,
             admin_token,
@@ -95,6 +110,7 @@ impl Bench {
     pub fn restart(&mut self) {
         self.intake = Intake::over(
             App::new(self.log.clone(), self.store.clone())
+                .with_audit_store(self.audit.clone())
                 .with_workflow_credentials(self.credentials.clone()),
         );
         self.router = self.intake.router();
