@@ -230,8 +230,8 @@ impl Catalog {
             for commit in commits {
                 // Decoding is the costly part: only the kinds the catalogue folds in.
                 let mut events = Vec::new();
-                for raw in commit.events {
-                    visit(&raw);
+                for raw in commit.events.iter() {
+                    visit(raw);
                     if !matches!(
                         raw.aggregate.kind,
                         AggregateKind::Site

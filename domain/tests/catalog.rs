@@ -113,9 +113,10 @@ async fn delivered(log: &dyn EventLog, after: u64) -> Vec<(u64, Envelope<Event>)
         .unwrap()
         .into_iter()
         .flat_map(|c| {
-            c.events
+            let position = c.position;
+            c.into_events()
                 .into_iter()
-                .map(move |e| (c.position, e.decode_event().unwrap()))
+                .map(move |e| (position, e.decode_event().unwrap()))
         })
         .collect()
 }

@@ -95,10 +95,10 @@ pub async fn append_then_read(open: Open) {
     assert_eq!(commits.len(), 2, "two appends are two commits");
     assert_eq!(commits[0].position, p1);
     assert_eq!(
-        commits[0].events, first,
+        *commits[0].events, first,
         "a commit keeps its events together"
     );
-    assert_eq!(commits[1].events, third);
+    assert_eq!(*commits[1].events, third);
     assert!(log.read_from(p2, 10).await.unwrap().is_empty());
 }
 
@@ -323,7 +323,7 @@ pub async fn large_and_non_ascii_payloads(open: Open) {
     let position = append_ok(&*log, events.clone()).await;
     assert_eq!(log.read_aggregate(a).await.unwrap(), events);
     let commits = log.read_from(position - 1, 1).await.unwrap();
-    assert_eq!(commits[0].events, events);
+    assert_eq!(*commits[0].events, events);
     assert_eq!(
         parsed(log.read_text_from(position - 1, 1).await.unwrap()),
         commits
@@ -362,7 +362,7 @@ pub async fn replay_returns_everything_in_order(open: Open) {
             after = chunk.last().unwrap().position;
         }
         assert!(log.read_text_from(after, page).await.unwrap().is_empty());
-        let events: Vec<RawEnvelope> = commits.into_iter().flat_map(|c| c.events).collect();
+        let events: Vec<RawEnvelope> = commits.into_iter().flat_map(Commit::into_events).collect();
         assert_eq!(
             events, written,
             "replay with pages of {page} returns every event in order"
@@ -375,20 +375,21 @@ pub async fn replay_returns_everything_in_order(open: Open) {
     let text = log.read_text_from(position - 1, 1).await.unwrap();
     assert_eq!(text.len(), 1);
     assert_eq!(text[0].position, position);
-    assert_eq!(parsed(text)[0].events, batch);
+    assert_eq!(*parsed(text)[0].events, batch);
 }
 
 /// Text commits parsed as the log's own commits.
 fn parsed(commits: Vec<StoredCommit>) -> Vec<Commit> {
     commits
         .into_iter()
-        .map(|c| Commit {
-            position: c.position,
-            events: c
-                .events
-                .iter()
-                .map(|e| serde_json::from_str(e).expect("each stored envelope parses"))
-                .collect(),
+        .map(|c| {
+            Commit::new(
+                c.position,
+                c.events
+                    .iter()
+                    .map(|e| serde_json::from_str(e).expect("each stored envelope parses"))
+                    .collect(),
+            )
         })
         .collect()
 }
@@ -457,7 +458,7 @@ pub async fn subscription_resumes_without_loss_or_reordering(open: Open) {
     );
 
     let mut last_seen: BTreeMap<AggregateRef, u64> = BTreeMap::new();
-    for e in rest.iter().flat_map(|c| &c.events) {
+    for e in rest.iter().flat_map(|c| c.events.iter()) {
         let prev = last_seen.insert(e.aggregate, e.sequence).unwrap_or(0);
         assert!(e.sequence > prev, "in order within {}", e.aggregate);
     }

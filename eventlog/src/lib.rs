@@ -33,7 +33,23 @@ pub const MAX_COMMIT_BYTES: usize = 900 * 1024;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Commit {
     pub position: u64,
-    pub events: Vec<RawEnvelope>,
+    /// Shared, not copied, between the readers of one commit: under `meridian up` five
+    /// services follow the tail, each handed the same commits the SQLite log keeps.
+    pub events: std::sync::Arc<Vec<RawEnvelope>>,
+}
+
+impl Commit {
+    pub fn new(position: u64, events: Vec<RawEnvelope>) -> Commit {
+        Commit {
+            position,
+            events: std::sync::Arc::new(events),
+        }
+    }
+
+    /// Its events, copied only when another reader holds them too.
+    pub fn into_events(self) -> Vec<RawEnvelope> {
+        std::sync::Arc::try_unwrap(self.events).unwrap_or_else(|shared| (*shared).clone())
+    }
 }
 
 /// A commit as the log keeps it: each event's envelope as JSON text, unparsed. For a

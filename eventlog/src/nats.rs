@@ -378,10 +378,10 @@ impl NatsLog {
             {
                 continue;
             }
-            commits.push(Commit {
+            commits.push(Commit::new(
                 position,
-                events: decode_commit(position, &msg.payload)?,
-            });
+                decode_commit(position, &msg.payload)?,
+            ));
             if position >= last {
                 break;
             }
@@ -419,10 +419,10 @@ impl NatsLog {
                 }
                 Err(e) => return Err(unavailable(e)),
             };
-            commits.push(Commit {
-                position: msg.sequence,
-                events: decode_commit(msg.sequence, &msg.payload)?,
-            });
+            commits.push(Commit::new(
+                msg.sequence,
+                decode_commit(msg.sequence, &msg.payload)?,
+            ));
             if msg.sequence >= last {
                 return Ok(commits);
             }
@@ -521,7 +521,7 @@ impl EventLog for NatsLog {
             .read_commits(aggregate)
             .await?
             .into_iter()
-            .flat_map(|c| c.events)
+            .flat_map(Commit::into_events)
             .collect())
     }
 
@@ -656,10 +656,10 @@ impl Subscription for NatsTail {
             let position = msg.info().map_err(unavailable)?.stream_sequence;
             if position > self.after {
                 self.after = position;
-                out.push(Commit {
+                out.push(Commit::new(
                     position,
-                    events: decode_commit(position, &msg.payload)?,
-                });
+                    decode_commit(position, &msg.payload)?,
+                ));
             }
             next = if out.len() < max.max(1) {
                 self.messages.next().now_or_never()
@@ -795,10 +795,10 @@ impl Subscription for NatsSubscription {
         }
         for msg in taken {
             let position = msg.info().map_err(unavailable)?.stream_sequence;
-            out.push(Commit {
+            out.push(Commit::new(
                 position,
-                events: decode_commit(position, &msg.payload)?,
-            });
+                decode_commit(position, &msg.payload)?,
+            ));
             self.unacked.push_back((position, msg));
         }
         self.last_seen.delivered(&out);

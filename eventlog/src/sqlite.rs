@@ -286,7 +286,7 @@ async fn write_groups(
                         if let Ok(Appended::Stored { position }) = outcome {
                             let bytes = p.encoded.iter().map(String::len).sum();
                             let events = p.events;
-                            recent.push(Commit { position, events }, bytes);
+                            recent.push(Commit::new(position, events), bytes);
                             stored = true;
                         }
                         replies.push((p.reply, outcome));
@@ -442,7 +442,7 @@ fn commits_of(rows: Vec<sqlx::sqlite::SqliteRow>) -> Result<Vec<Commit>, LogErro
     Ok(
         by_position(rows, |position, row| decode(position, row.get(1)))?
             .into_iter()
-            .map(|(position, events)| Commit { position, events })
+            .map(|(position, events)| Commit::new(position, events))
             .collect(),
     )
 }
@@ -654,10 +654,7 @@ mod tests {
     use super::*;
 
     fn commit(position: u64) -> Commit {
-        Commit {
-            position,
-            events: Vec::new(),
-        }
+        Commit::new(position, Vec::new())
     }
 
     fn positions(commits: Option<Vec<Commit>>) -> Option<Vec<u64>> {

@@ -404,7 +404,7 @@ pub async fn count_until(
             .await
             .expect("read the log")
         {
-            for e in &commit.events {
+            for e in commit.events.iter() {
                 match e.payload["type"].as_str() {
                     Some(t) if t == tag => seen += 1,
                     Some(t) if t == refused => panic!("{refused}: {}", e.payload),

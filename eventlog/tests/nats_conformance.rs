@@ -7,7 +7,7 @@ use std::time::Duration;
 use meridian_eventlog::conformance::{event, payloads, workflow, Open};
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::testkit::{nats_url_or_start, NatsServer};
-use meridian_eventlog::{Appended, EventLog, LogError};
+use meridian_eventlog::{Appended, Commit, EventLog, LogError};
 use serde_json::json;
 
 fn config(url: String) -> NatsConfig {
@@ -99,7 +99,12 @@ async fn server_killed_mid_test_and_the_backend_recovers() {
             !batch.is_empty(),
             "the subscription delivers after a restart: {payloads:?}"
         );
-        payloads.extend(batch.into_iter().flat_map(|c| c.events).map(|e| e.payload));
+        payloads.extend(
+            batch
+                .into_iter()
+                .flat_map(Commit::into_events)
+                .map(|e| e.payload),
+        );
     }
     let redelivered = &payloads[..payloads.len() - 2];
     assert!(

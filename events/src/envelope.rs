@@ -154,6 +154,21 @@ impl<P> Envelope<P> {
             .collect()
     }
 
+    /// A copy of its header around another payload.
+    pub fn with_payload<Q>(&self, payload: Q) -> Envelope<Q> {
+        Envelope {
+            event_id: self.event_id,
+            aggregate: self.aggregate,
+            sequence: self.sequence,
+            occurred_at: self.occurred_at,
+            tenant: self.tenant.clone(),
+            causation_id: self.causation_id,
+            correlation_id: self.correlation_id,
+            traceparent: self.traceparent.clone(),
+            payload,
+        }
+    }
+
     pub fn map_payload<Q>(self, f: impl FnOnce(P) -> Q) -> Envelope<Q> {
         Envelope {
             event_id: self.event_id,
@@ -200,17 +215,7 @@ impl<P> Envelope<P> {
 impl<P: Serialize> Envelope<P> {
     /// The same envelope with its payload as JSON, ready for the log.
     pub fn to_raw(&self) -> Result<RawEnvelope, serde_json::Error> {
-        Ok(Envelope {
-            event_id: self.event_id,
-            aggregate: self.aggregate,
-            sequence: self.sequence,
-            occurred_at: self.occurred_at,
-            tenant: self.tenant.clone(),
-            causation_id: self.causation_id,
-            correlation_id: self.correlation_id,
-            traceparent: self.traceparent.clone(),
-            payload: serde_json::to_value(&self.payload)?,
-        })
+        Ok(self.with_payload(serde_json::to_value(&self.payload)?))
     }
 }
 
@@ -221,8 +226,9 @@ impl RawEnvelope {
     }
 
     /// Reads the payload as an [`Event`](crate::Event): what `decode::<Event>()` gives,
-    /// read in place ([`Event::from_payload`](crate::Event::from_payload)).
-    pub fn decode_event(self) -> Result<Envelope<crate::Event>, serde_json::Error> {
-        self.try_map_payload(|payload| crate::Event::from_payload(&payload))
+    /// read in place ([`Event::from_payload`](crate::Event::from_payload)), so that the
+    /// readers of one commit can share it.
+    pub fn decode_event(&self) -> Result<Envelope<crate::Event>, serde_json::Error> {
+        Ok(self.with_payload(crate::Event::from_payload(&self.payload)?))
     }
 }

@@ -27,7 +27,7 @@ impl Projection for Counts {
         &["counts"]
     }
     async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError> {
-        for e in &commit.events {
+        for e in commit.events.iter() {
             sqlx::query(
                 "INSERT INTO counts (aggregate, n) VALUES ($1, 1)
                  ON CONFLICT (aggregate) DO UPDATE SET n = counts.n + 1",

@@ -125,7 +125,7 @@ async fn read_alone(log: &dyn EventLog, as_rebuild: bool) -> Duration {
         let commits = log.read_from(position, 4096).await.expect("read the log");
         let Some(last) = commits.last() else { break };
         position = last.position;
-        for event in commits.iter().flat_map(|c| &c.events) {
+        for event in commits.iter().flat_map(|c| c.events.iter()) {
             let tag = event.payload.get("type").and_then(|t| t.as_str());
             if tag.is_some_and(|t| meridian_accounting::ledger::READS.contains(&t)) {
                 meridian_events::Event::from_payload(&event.payload).expect("decode");

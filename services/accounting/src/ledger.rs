@@ -503,7 +503,7 @@ impl Read {
 fn decode(commits: &[Commit]) -> Result<Vec<Read>, StoreError> {
     let mut out = Vec::new();
     for commit in commits {
-        for raw in &commit.events {
+        for raw in commit.events.iter() {
             let tag = raw.payload.get("type").and_then(|t| t.as_str());
             if !tag.is_some_and(|t| READS.contains(&t)) {
                 continue;

@@ -590,7 +590,7 @@ impl App {
             let Some(last) = commits.last() else { break };
             after = last.position;
             for commit in &commits {
-                for raw in &commit.events {
+                for raw in commit.events.iter() {
                     if raw.aggregate.kind == AggregateKind::Token && raw.sequence == 1 {
                         ids.push(raw.aggregate.id);
                     }

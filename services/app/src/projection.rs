@@ -130,7 +130,7 @@ impl Projection for StatusProjection {
     }
 
     async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError> {
-        for envelope in &commit.events {
+        for envelope in commit.events.iter() {
             let failed = |message: String| StoreError::Apply {
                 projection: NAME.to_string(),
                 position: commit.position,

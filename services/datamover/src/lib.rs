@@ -105,7 +105,7 @@ impl MoverStart {
             }
             start.read += commits.len() as u64;
             for commit in commits {
-                for raw in commit.events {
+                for raw in commit.events.iter() {
                     start.visit(commit.position, raw)?;
                 }
                 start.position = commit.position;
@@ -124,7 +124,7 @@ impl MoverStart {
     fn visit(
         &mut self,
         position: u64,
-        raw: meridian_events::RawEnvelope,
+        raw: &meridian_events::RawEnvelope,
     ) -> Result<(), MoverError> {
         if !matches!(
             raw.aggregate.kind,
@@ -195,7 +195,7 @@ impl MoverStart {
 /// The event of `raw`, read at log position `position`.
 fn decode(
     position: u64,
-    raw: meridian_events::RawEnvelope,
+    raw: &meridian_events::RawEnvelope,
 ) -> Result<meridian_events::Envelope<Event>, MoverError> {
     raw.decode_event().map_err(|e| MoverError::Decode {
         position,
@@ -364,7 +364,7 @@ impl DataMover {
                         }
                     });
                     for commit in commits {
-                        for raw in commit.events {
+                        for raw in commit.events.iter() {
                             if raw.aggregate.kind != AggregateKind::Workflow {
                                 continue;
                             }

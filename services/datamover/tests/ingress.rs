@@ -99,7 +99,7 @@ impl Bench {
     async fn events(&self) -> Vec<(u64, Envelope<Event>)> {
         let mut out = Vec::new();
         for commit in self.log.read_from(0, 100_000).await.unwrap() {
-            for e in decode_all(commit.events).unwrap() {
+            for e in decode_all(commit.events.to_vec()).unwrap() {
                 out.push((commit.position, e));
             }
         }
@@ -755,7 +755,7 @@ async fn a_step_reaches_its_store_with_the_secret_it_names_which_never_enters_th
 
     // The workflow names the secret; its values are nowhere in the log.
     for commit in b.log.read_from(0, 100_000).await.unwrap() {
-        for raw in commit.events {
+        for raw in commit.events.iter() {
             let text = raw.payload.to_string();
             assert!(
                 !text.contains(secret_key) && !text.contains("lab-key"),

@@ -122,7 +122,7 @@ async fn read_and_decode(log: &dyn EventLog) -> Duration {
         let commits = log.read_from(after, 512).await.unwrap();
         let Some(last) = commits.last() else { break };
         after = last.position;
-        for e in commits.into_iter().flat_map(|c| c.events) {
+        for e in commits.iter().flat_map(|c| c.events.iter()) {
             std::hint::black_box(e.decode_event().unwrap());
         }
     }

@@ -383,7 +383,7 @@ impl Router {
             let again: BTreeSet<Uuid> = commits
                 .iter()
                 .take_while(|c| c.position <= self.folded_to)
-                .flat_map(|c| &c.events)
+                .flat_map(|c| c.events.iter())
                 .filter(|e| e.aggregate.kind == AggregateKind::Workflow)
                 .map(|e| e.aggregate.id)
                 .collect();
@@ -392,7 +392,7 @@ impl Router {
             let delivered = commits.len() as u64;
             for commit in commits {
                 let mut touched = BTreeSet::new();
-                for raw in commit.events {
+                for raw in commit.events.iter() {
                     let envelope = raw.decode_event().map_err(|e| RouterError::Decode {
                         position: commit.position,
                         message: e.to_string(),

@@ -122,7 +122,7 @@ impl Bench {
     async fn dispatched(&self, id: Uuid) -> Vec<(Uuid, String)> {
         let mut out = Vec::new();
         for commit in self.log.read_from(0, 100_000).await.unwrap() {
-            for e in decode_all(commit.events).unwrap() {
+            for e in decode_all(commit.into_events()).unwrap() {
                 if let Event::Job(JobEvent::Dispatched {
                     workflow_id,
                     job,
@@ -330,7 +330,7 @@ async fn releases_follow_the_dag_and_the_array_cap() {
 async fn batches(log: &dyn EventLog, id: Uuid) -> Vec<(String, Option<Uuid>, u32)> {
     let mut out = Vec::new();
     for commit in log.read_from(0, 100_000).await.unwrap() {
-        for e in decode_all(commit.events).unwrap() {
+        for e in decode_all(commit.into_events()).unwrap() {
             if let Event::Job(JobEvent::Dispatched {
                 workflow_id,
                 job,
@@ -631,7 +631,7 @@ async fn a_restart_from_the_snapshot_starts_where_a_fold_of_the_whole_log_would(
 async fn dispatch_sites(log: &dyn EventLog, id: Uuid) -> Vec<(Uuid, String)> {
     let mut out = Vec::new();
     for commit in log.read_from(0, 100_000).await.unwrap() {
-        for e in decode_all(commit.events).unwrap() {
+        for e in decode_all(commit.into_events()).unwrap() {
             if let Event::Job(JobEvent::Dispatched {
                 workflow_id, site, ..
             }) = &e.payload

@@ -191,7 +191,7 @@ impl OpenJobs {
             let Some(last) = commits.last() else { break };
             open.position = last.position;
             open.read += commits.len() as u64;
-            for raw in commits.iter().flat_map(|c| &c.events) {
+            for raw in commits.iter().flat_map(|c| c.events.iter()) {
                 open.visit(site, raw);
             }
         }
@@ -347,7 +347,7 @@ impl SiteRunner {
                         }
                     });
                     for commit in commits {
-                        for raw in commit.events {
+                        for raw in commit.events.iter() {
                             if raw.aggregate.kind != AggregateKind::Job {
                                 continue;
                             }

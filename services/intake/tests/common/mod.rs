@@ -173,7 +173,7 @@ impl Bench {
         let commits = self.log.read_from(self.base_head, 100_000).await.unwrap();
         commits
             .into_iter()
-            .flat_map(|c| c.events)
+            .flat_map(meridian_eventlog::Commit::into_events)
             .map(|e| serde_json::to_value(e).unwrap())
             .collect()
     }
