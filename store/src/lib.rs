@@ -52,8 +52,9 @@ pub struct Store {
     /// On PostgreSQL, the same pool as reads.
     writer: AnyPool,
     backend: Backend,
-    /// The URL it was opened with: two stores opened with one URL are one database.
-    url: std::sync::Arc<str>,
+    /// Which database it is: a SQLite file's canonical path, else the URL it was opened
+    /// with, so that two stores on one file are seen as one however the path was spelt.
+    identity: std::sync::Arc<str>,
 }
 
 const POSITIONS: &str = "CREATE TABLE IF NOT EXISTS projection_positions (
@@ -72,7 +73,7 @@ impl Store {
         } else {
             return Err(StoreError::UnsupportedUrl(url.to_string()));
         };
-        let opened_with: std::sync::Arc<str> = url.into();
+        let mut identity: std::sync::Arc<str> = url.into();
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
                 let sep = if url.contains('?') { '&' } else { '?' };
@@ -80,16 +81,14 @@ impl Store {
             }
             _ => url.to_string(),
         };
+        let file = std::path::PathBuf::from(
+            url.trim_start_matches("sqlite://")
+                .split('?')
+                .next()
+                .unwrap_or_default(),
+        );
         if backend == Backend::Sqlite {
-            if let Some(dir) = std::path::Path::new(
-                url.trim_start_matches("sqlite://")
-                    .split('?')
-                    .next()
-                    .unwrap_or_default(),
-            )
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            {
+            if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir).map_err(|e| StoreError::Database(e.into()))?;
             }
         }
@@ -121,11 +120,17 @@ impl Store {
                 (pool.clone(), pool)
             }
         };
+        // The file exists once connected (`mode=rwc`); an in-memory database keeps its URL.
+        if backend == Backend::Sqlite {
+            if let Ok(path) = std::fs::canonicalize(&file) {
+                identity = path.to_string_lossy().into();
+            }
+        }
         let store = Store {
             pool,
             writer,
             backend,
-            url: opened_with,
+            identity,
         };
         store.migrate(&[POSITIONS]).await?;
         Ok(store)
@@ -145,9 +150,9 @@ impl Store {
         self.backend
     }
 
-    /// Whether `other` was opened with the same URL (and so is the same database).
+    /// Whether `other` is the same database (the same SQLite file, or the same URL).
     pub fn same_as(&self, other: &Store) -> bool {
-        self.url == other.url
+        self.identity == other.identity
     }
 
     /// Whether `table` exists.

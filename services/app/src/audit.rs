@@ -83,10 +83,13 @@ const COLUMNS: &str =
     "id, at, token_id, tenant, role, user_name, action, target, source, outcome, detail";
 
 /// Skips a record already there: a move cut short runs again (ids are fresh otherwise).
-const INSERT: &str = "INSERT INTO audit_records
-    (id, at, token_id, tenant, role, user_name, action, target, source, outcome, detail)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-    ON CONFLICT (id) DO NOTHING";
+static INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "INSERT INTO audit_records ({COLUMNS})
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+         ON CONFLICT (id) DO NOTHING"
+    )
+});
 
 async fn insert_group(
     store: &meridian_store::Store,
@@ -94,7 +97,7 @@ async fn insert_group(
 ) -> Result<(), meridian_store::StoreError> {
     let mut tx = store.begin().await?;
     for (r, _) in group {
-        sqlx::query(INSERT)
+        sqlx::query(&INSERT)
             .bind(r.id.to_string())
             .bind(timestamp(r.at))
             .bind(r.token_id.map(|t| t.to_string()))
@@ -136,7 +139,7 @@ pub(crate) async fn move_records(
         after = last.try_get("id")?;
         let mut tx = to.begin().await?;
         for row in &rows {
-            let mut insert = sqlx::query(INSERT);
+            let mut insert = sqlx::query(&INSERT);
             for column in COLUMNS.split(", ") {
                 insert = insert.bind(row.try_get::<Option<String>, _>(column)?);
             }

@@ -45,9 +45,15 @@ pub const MAX_LISTED_RUNS: usize = 1000;
 /// Every statement that creates the application's tables (idempotency keys, the audit
 /// trail, the status read model); each is idempotent.
 pub fn schema() -> Vec<&'static str> {
+    let mut all = store_schema();
+    all.extend(audit::SCHEMA);
+    all
+}
+
+/// [`schema`] but the audit trail's, for a store that keeps it elsewhere.
+fn store_schema() -> Vec<&'static str> {
     idempotency::SCHEMA
         .iter()
-        .chain(audit::SCHEMA)
         .chain(StatusProjection.schema())
         .copied()
         .collect()
@@ -120,12 +126,7 @@ impl App {
                 if !self.audit_apart() {
                     return migrate_twice(&self.store, &schema()).await;
                 }
-                let statements: Vec<_> = idempotency::SCHEMA
-                    .iter()
-                    .chain(StatusProjection.schema())
-                    .copied()
-                    .collect();
-                migrate_twice(&self.store, &statements).await?;
+                migrate_twice(&self.store, &store_schema()).await?;
                 migrate_twice(&self.audit_store, audit::SCHEMA).await?;
                 audit::move_records(&self.store, &self.audit_store)
                     .await

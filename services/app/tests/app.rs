@@ -147,14 +147,13 @@ async fn a_token_file_is_checked_against_this_deployment() {
 async fn an_audit_trail_kept_in_the_store_moves_to_its_own_database() {
     use meridian_app::audit::AuditQuery;
     let dir = tempfile::tempdir().unwrap();
-    let ada = Principal::trusted("physics", "ada");
+    let ada = || Principal::trusted("physics", "ada");
     let trail = |app: App| async move {
         let query = AuditQuery {
             limit: 100,
             ..AuditQuery::default()
         };
-        let admin = Principal::trusted("physics", "ada");
-        let list = app.audit_trail(&admin, &query).await.unwrap();
+        let list = app.audit_trail(&ada(), &query).await.unwrap();
         list.records
             .iter()
             .map(|r| (r.id, r.target.clone()))
@@ -162,7 +161,10 @@ async fn an_audit_trail_kept_in_the_store_moves_to_its_own_database() {
     };
     // An older deployment: its audit records in the store.
     let before = app(&dir).await;
-    let first = before.submit(&ada, submission(HELLO, None)).await.unwrap();
+    let first = before
+        .submit(&ada(), submission(HELLO, None))
+        .await
+        .unwrap();
     let store = before.store().clone();
     assert!(store.has_table("audit_records").await.unwrap());
     let kept = trail(before.clone()).await;
@@ -172,7 +174,7 @@ async fn an_audit_trail_kept_in_the_store_moves_to_its_own_database() {
     let audit_url = format!("sqlite://{}", dir.path().join("audit.sqlite").display());
     let audit = Store::connect(&audit_url).await.unwrap();
     let after = App::new(before.log().clone(), store.clone()).with_audit_store(audit.clone());
-    let second = after.submit(&ada, submission(HELLO, None)).await.unwrap();
+    let second = after.submit(&ada(), submission(HELLO, None)).await.unwrap();
     let moved = trail(after.clone()).await;
     assert_eq!(
         moved.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(),
@@ -186,14 +188,7 @@ async fn an_audit_trail_kept_in_the_store_moves_to_its_own_database() {
 
     // A move cut short after the copy, before the drop: running it again copies nothing
     // twice and still drops the store's table.
-    store
-        .migrate(&[
-            "CREATE TABLE audit_records (id TEXT PRIMARY KEY, at TEXT NOT NULL, token_id TEXT,
-             tenant TEXT, role TEXT, user_name TEXT, action TEXT NOT NULL, target TEXT NOT NULL,
-             source TEXT, outcome TEXT NOT NULL, detail TEXT)",
-        ])
-        .await
-        .unwrap();
+    store.migrate(&meridian_app::schema()).await.unwrap();
     let audit_file = format!("{}", dir.path().join("audit.sqlite").display());
     sqlx::query(&format!(
         "ATTACH DATABASE '{audit_file}' AS moved; INSERT INTO audit_records SELECT * FROM moved.audit_records; DETACH DATABASE moved"
@@ -204,4 +199,18 @@ async fn an_audit_trail_kept_in_the_store_moves_to_its_own_database() {
     let again = App::new(before.log().clone(), store.clone()).with_audit_store(audit);
     assert_eq!(trail(again).await, moved);
     assert!(!store.has_table("audit_records").await.unwrap());
+
+    // The store's own file under another spelling of its path is not a database of its
+    // own: nothing moves and nothing is dropped.
+    let respelt = Store::connect(&format!("sqlite://{}/./store.sqlite", dir.path().display()))
+        .await
+        .unwrap();
+    assert!(respelt.same_as(&store));
+    let same = App::new(before.log().clone(), store.clone()).with_audit_store(respelt);
+    let third = same.submit(&ada(), submission(HELLO, None)).await.unwrap();
+    assert_eq!(
+        trail(same).await.last().map(|(_, t)| t.clone()),
+        Some(format!("workflow/{}", third.accepted.id))
+    );
+    assert!(store.has_table("audit_records").await.unwrap());
 }
