@@ -2,7 +2,7 @@
 //! transactions so the expected-sequence check and the insert are one atomic step, and
 //! every commit is fsynced (`synchronous=FULL`): an acknowledged append survives a crash.
 //! Appends are committed in groups: one writer takes every append waiting when it is
-//! free, each in a savepoint of its own (a conflict undoes that append alone), and
+//! free, checks each before it writes (a conflict is refused alone, having written nothing), and
 //! commits them with one fsync; each caller is answered only after that commit.
 //! Subscriptions' acknowledgements go through the same writer, in the same commits: a
 //! second connection writing the file would wait in SQLite's busy handler, which sleeps
@@ -321,9 +321,12 @@ async fn write_groups(
     }
 }
 
-/// One transaction: each append in a savepoint of its own, so one that conflicts (or
-/// repeats events already stored) is undone or answered alone; the commit is the one
-/// fsync. Returns each append's outcome, valid only once the commit has returned.
+/// One transaction for the group; the commit is the one fsync. An append that conflicts
+/// (or repeats events already stored) is refused by its checks before it writes, so it
+/// needs no savepoint: a failure after an append began writing is a database failure,
+/// and fails the group. Returns each append's outcome, valid only once the commit has
+/// returned. Each statement is a round trip to the connection's thread, so an append
+/// takes two: its checks, and one insert of its events.
 async fn write_group(
     pool: &SqlitePool,
     group: &[Pending],
@@ -336,21 +339,7 @@ async fn write_group(
         .map_err(backend)?;
     let mut outcomes = Vec::with_capacity(group.len());
     for p in group {
-        sqlx::query("SAVEPOINT one_append")
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
         let outcome = append_one(&mut tx, p, next).await;
-        if outcome.is_err() {
-            sqlx::query("ROLLBACK TO one_append")
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
-        }
-        sqlx::query("RELEASE one_append")
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
         match &outcome {
             Ok(Appended::Stored { .. }) => next += 1,
             // A database failure inside an append: the transaction is not to be trusted.
@@ -373,42 +362,66 @@ async fn write_group(
     Ok(outcomes)
 }
 
-/// One append inside the group's transaction, stored at `position` if it is new.
+/// Rows one insert statement writes at most (7 variables each, far under SQLite's
+/// limit of 32,766).
+const ROWS_PER_INSERT: usize = 256;
+
+/// `(?, ?, …)` groups of `columns` variables, `rows` times, comma-separated.
+fn placeholders(rows: usize, columns: usize) -> String {
+    let row = format!("({})", vec!["?"; columns].join(", "));
+    vec![row; rows].join(", ")
+}
+
+/// One append inside the group's transaction, stored at `position` if it is new. Writes
+/// nothing unless it is stored.
 async fn append_one(
     tx: &mut sqlx::SqliteConnection,
     p: &Pending,
     position: i64,
 ) -> Result<Appended, LogError> {
     let events = &p.events;
-    // A retry of an append that already landed is answered, not re-applied.
-    let mut stored = Vec::with_capacity(events.len());
-    for e in events {
-        stored.push(SqliteLog::position_of(tx, &e.event_id).await?);
-    }
-    if let Some(Some(position)) = stored.first() {
-        if stored.iter().all(|p| p.is_some()) {
-            return Ok(Appended::Duplicate {
-                position: *position,
-            });
-        }
-    }
-    if let Some(i) = stored.iter().position(|p| p.is_some()) {
-        return Err(LogError::InvalidAppend(format!(
-            "event {} is already stored but the rest of this batch is not",
-            events[i].event_id
-        )));
-    }
-
     let kind = p.aggregate.kind.as_str();
     let id = p.aggregate.id.to_string();
-    let actual: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE aggregate_kind = ? AND aggregate_id = ?",
-    )
-    .bind(kind)
-    .bind(&id)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(backend)?;
+    // The checks in one statement: the aggregate's last sequence, how many of these
+    // events are stored already, and where the first of them is.
+    let ids: Vec<String> = events.iter().map(|e| e.event_id.to_string()).collect();
+    let checks = format!(
+        "SELECT (SELECT COALESCE(MAX(sequence), 0) FROM events
+                 WHERE aggregate_kind = ? AND aggregate_id = ?),
+                (SELECT COUNT(*) FROM events WHERE event_id IN ({})),
+                (SELECT position FROM events WHERE event_id = ?)",
+        vec!["?"; ids.len()].join(", ")
+    );
+    let mut query = sqlx::query(&checks).bind(kind).bind(&id);
+    for event_id in &ids {
+        query = query.bind(event_id);
+    }
+    let row = query
+        .bind(ids.first())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(backend)?;
+    let actual: i64 = row.get(0);
+    let stored: i64 = row.get(1);
+    let first: Option<i64> = row.get(2);
+    // A retry of an append that already landed is answered, not re-applied.
+    if stored > 0 {
+        if let Some(position) = first.filter(|_| stored as usize == ids.len()) {
+            return Ok(Appended::Duplicate {
+                position: position as u64,
+            });
+        }
+        let mut which = events[0].event_id;
+        for e in events {
+            if SqliteLog::position_of(tx, &e.event_id).await?.is_some() {
+                which = e.event_id;
+                break;
+            }
+        }
+        return Err(LogError::InvalidAppend(format!(
+            "event {which} is already stored but the rest of this batch is not"
+        )));
+    }
     if actual as u64 != p.expected {
         return Err(LogError::Conflict {
             aggregate: p.aggregate,
@@ -416,21 +429,26 @@ async fn append_one(
             actual: actual as u64,
         });
     }
-    for (idx, (event, text)) in events.iter().zip(&p.encoded).enumerate() {
-        sqlx::query(
+    let rows: Vec<(usize, (&RawEnvelope, &String))> =
+        events.iter().zip(&p.encoded).enumerate().collect();
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        let insert = format!(
             "INSERT INTO events (position, idx, event_id, aggregate_kind, aggregate_id, sequence, envelope)
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(position)
-        .bind(idx as i64)
-        .bind(event.event_id.to_string())
-        .bind(kind)
-        .bind(&id)
-        .bind(event.sequence as i64)
-        .bind(text)
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
+             VALUES {}",
+            placeholders(chunk.len(), 7)
+        );
+        let mut query = sqlx::query(&insert);
+        for (idx, (event, text)) in chunk {
+            query = query
+                .bind(position)
+                .bind(*idx as i64)
+                .bind(&ids[*idx])
+                .bind(kind)
+                .bind(&id)
+                .bind(event.sequence as i64)
+                .bind(text.as_str());
+        }
+        query.execute(&mut *tx).await.map_err(backend)?;
     }
     Ok(Appended::Stored {
         position: position as u64,
@@ -684,5 +702,53 @@ mod tests {
         assert_eq!(positions(recent.after(9, 10)), None);
         assert_eq!(positions(recent.after(11, 10)), Some(vec![12]));
         assert_eq!(recent.bytes, 10);
+    }
+
+    /// An append checks everything before it writes: a retry of which only a part is
+    /// stored is refused, naming the stored event, and leaves the log as it was; good
+    /// appends waiting in the same group beside refused ones are stored.
+    #[tokio::test]
+    async fn refused_appends_write_nothing_and_spare_their_group() {
+        use crate::conformance::{event, workflow};
+        use serde_json::json;
+        let dir = tempfile::tempdir().unwrap();
+        let log = SqliteLog::open(&dir.path().join("events.sqlite"))
+            .await
+            .unwrap();
+        let a = workflow();
+        let first = event(a, 1, json!("first"));
+        log.append(vec![first.clone()]).await.unwrap();
+        let mut again = first.clone();
+        again.sequence = 3;
+        let refused = log.append(vec![event(a, 2, json!("new")), again]).await;
+        match refused {
+            Err(LogError::InvalidAppend(message)) => {
+                assert!(message.contains(&first.event_id.to_string()), "{message}")
+            }
+            other => panic!("expected InvalidAppend, got {other:?}"),
+        }
+        assert_eq!(log.head().await.unwrap(), 1);
+        assert_eq!(log.read_aggregate(a).await.unwrap(), vec![first]);
+
+        // Several appends at once through one handle are written as one group: the
+        // stale ones are refused, the others stored at dense positions.
+        let appends = (0..24).map(|i| {
+            let log = log.clone();
+            let aggregate = if i % 3 == 0 { a } else { workflow() };
+            async move { log.append(vec![event(aggregate, 1, json!(i))]).await }
+        });
+        let outcomes = futures::future::join_all(appends).await;
+        let stored = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(Appended::Stored { .. })))
+            .count();
+        let conflicts = outcomes
+            .iter()
+            .filter(|o| matches!(o, Err(LogError::Conflict { .. })))
+            .count();
+        assert_eq!((stored, conflicts), (16, 8));
+        let commits = log.read_from(0, 100).await.unwrap();
+        let positions: Vec<u64> = commits.iter().map(|c| c.position).collect();
+        assert_eq!(positions, (1..=17).collect::<Vec<u64>>());
     }
 }
