@@ -229,6 +229,8 @@ async fn apply_workflow(
             .bind(i64::try_from(task_total(spec)).unwrap_or(i64::MAX))
             .execute(&mut **tx)
             .await?;
+            // The row was made with `updated_at` at this event's time.
+            return Ok(());
         }
         WorkflowEvent::PlacementDecided { site, .. } => {
             // A re-placement keeps a running workflow running; only a workflow not yet
@@ -238,13 +240,16 @@ async fn apply_workflow(
                     site = $1,
                     reason = CASE WHEN state IN ('rejected', 'waiting') THEN NULL ELSE reason END,
                     state = CASE WHEN state IN ('submitted', 'rejected', 'waiting') THEN 'placed'
-                                 ELSE state END
+                                 ELSE state END,
+                    updated_at = CASE WHEN updated_at < $3 THEN $3 ELSE updated_at END
                  WHERE id = $2",
             )
             .bind(site)
             .bind(&id)
+            .bind(&at)
             .execute(&mut **tx)
             .await?;
+            return Ok(());
         }
         WorkflowEvent::PlacementRejected {
             attempt,
@@ -315,7 +320,18 @@ async fn apply_workflow(
             };
             ensure_task(tx, &task).await?;
             // A release ends the hold it was under.
-            clear_hold(tx, &id).await?;
+            sqlx::query(
+                "UPDATE intake_workflows SET
+                    reason = CASE WHEN reason LIKE $2 THEN NULL ELSE reason END,
+                    updated_at = CASE WHEN updated_at < $3 THEN $3 ELSE updated_at END
+                 WHERE id = $1",
+            )
+            .bind(&id)
+            .bind(format!("{HELD}%"))
+            .bind(&at)
+            .execute(&mut **tx)
+            .await?;
+            return Ok(());
         }
         WorkflowEvent::JobSettled {
             job_id,
@@ -361,11 +377,16 @@ async fn apply_workflow(
         }
         // Whatever it waited for (a hold, copying out) is over.
         WorkflowEvent::Finished { .. } => {
-            set_state(tx, &id, "finished", None).await?;
-            sqlx::query("UPDATE intake_workflows SET reason = NULL WHERE id = $1")
-                .bind(&id)
-                .execute(&mut **tx)
-                .await?;
+            sqlx::query(
+                "UPDATE intake_workflows SET state = 'finished', reason = NULL,
+                    updated_at = CASE WHEN updated_at < $2 THEN $2 ELSE updated_at END
+                 WHERE id = $1",
+            )
+            .bind(&id)
+            .bind(&at)
+            .execute(&mut **tx)
+            .await?;
+            return Ok(());
         }
         WorkflowEvent::Failed { reason, .. } => {
             set_state(tx, &id, "failed", Some(reason.as_str())).await?
@@ -544,58 +565,47 @@ struct NewTask<'a> {
 
 /// Creates the run's row unless it exists. Both the workflow's `job_released` and the
 /// job's `dispatched` call this, so the row exists whichever the log holds first. The
-/// run with the highest attempt is the task's `latest`, the one its counts go by.
+/// run with the highest attempt is the task's `latest`, the one its counts go by: a new
+/// row is latest when no run of its task has as high an attempt, and then the lower
+/// attempts stop being latest (only the highest one was).
 async fn ensure_task(tx: &mut Tx, t: &NewTask<'_>) -> Result<(), StoreError> {
-    let job_id = t.job_id.to_string();
-    let exists = sqlx::query("SELECT 1 FROM intake_tasks WHERE job_id = $1")
-        .bind(&job_id)
-        .fetch_optional(&mut **tx)
-        .await?
-        .is_some();
-    if exists {
-        return Ok(());
-    }
     let index = index_column(t.index);
-    let max_attempt: Option<i64> = sqlx::query(
-        "SELECT MAX(attempt) FROM intake_tasks
-         WHERE workflow_id = $1 AND job = $2 AND task_index = $3",
-    )
-    .bind(t.workflow_id)
-    .bind(t.job)
-    .bind(index)
-    .fetch_one(&mut **tx)
-    .await?
-    .try_get(0)?;
     let attempt = i64::from(t.attempt);
-    let latest = max_attempt.is_none_or(|m| attempt > m);
-    if latest {
-        sqlx::query(
-            "UPDATE intake_tasks SET latest = 0
-             WHERE workflow_id = $1 AND job = $2 AND task_index = $3",
-        )
-        .bind(t.workflow_id)
-        .bind(t.job)
-        .bind(index)
-        .execute(&mut **tx)
-        .await?;
-    }
-    sqlx::query(
+    let inserted = sqlx::query(
         "INSERT INTO intake_tasks
             (job_id, workflow_id, job, task_index, attempt, latest, released_position, site,
              state, retried, released_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9)",
+         VALUES ($1, $2, $3, $4, $5,
+             CASE WHEN COALESCE((SELECT MAX(attempt) FROM intake_tasks
+                                 WHERE workflow_id = $2 AND job = $3 AND task_index = $4), -1) < $5
+                  THEN 1 ELSE 0 END,
+             $6, $7, 'pending', 0, $8)
+         ON CONFLICT (job_id) DO NOTHING",
     )
-    .bind(&job_id)
+    .bind(t.job_id.to_string())
     .bind(t.workflow_id)
     .bind(t.job)
     .bind(index)
     .bind(attempt)
-    .bind(i64::from(latest))
     .bind(i64::try_from(t.position).unwrap_or(i64::MAX))
     .bind(t.site)
     .bind(t.at)
     .execute(&mut **tx)
-    .await?;
+    .await?
+    .rows_affected()
+        > 0;
+    if inserted {
+        sqlx::query(
+            "UPDATE intake_tasks SET latest = 0
+             WHERE workflow_id = $1 AND job = $2 AND task_index = $3 AND attempt < $4 AND latest <> 0",
+        )
+        .bind(t.workflow_id)
+        .bind(t.job)
+        .bind(index)
+        .bind(attempt)
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 
@@ -665,16 +675,18 @@ async fn record_gpu_hours(
     Ok(())
 }
 
-/// The workflow a run belongs to, from its row.
-async fn workflow_of(tx: &mut Tx, job_id: &str) -> Result<Option<String>, StoreError> {
-    let row = sqlx::query("SELECT workflow_id FROM intake_tasks WHERE job_id = $1")
-        .bind(job_id)
-        .fetch_optional(&mut **tx)
-        .await?;
-    Ok(match row {
-        Some(row) => Some(row.try_get(0)?),
-        None => None,
-    })
+/// [`touch`] for the workflow a run belongs to, found through the run's row in the
+/// same statement (each statement is a round trip to the database's thread).
+async fn touch_by_run(tx: &mut Tx, job_id: &str, at: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE intake_workflows SET updated_at = $1
+         WHERE id = (SELECT workflow_id FROM intake_tasks WHERE job_id = $2) AND updated_at < $1",
+    )
+    .bind(at)
+    .bind(job_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 async fn apply_job(
@@ -734,15 +746,17 @@ async fn apply_job(
             .bind(&job_id)
             .execute(&mut **tx)
             .await?;
-            if let Some(workflow_id) = workflow_of(tx, &job_id).await? {
-                sqlx::query(
-                    "UPDATE intake_workflows SET state = 'running'
-                     WHERE id = $1 AND state = 'placed'",
-                )
-                .bind(&workflow_id)
-                .execute(&mut **tx)
-                .await?;
-            }
+            sqlx::query(
+                "UPDATE intake_workflows SET
+                    state = CASE WHEN state = 'placed' THEN 'running' ELSE state END,
+                    updated_at = CASE WHEN updated_at < $1 THEN $1 ELSE updated_at END
+                 WHERE id = (SELECT workflow_id FROM intake_tasks WHERE job_id = $2)",
+            )
+            .bind(&at)
+            .bind(&job_id)
+            .execute(&mut **tx)
+            .await?;
+            return Ok(());
         }
         JobEvent::ServiceReady { address, ready_at } => {
             sqlx::query("DELETE FROM intake_services WHERE job_id = $1")
@@ -803,10 +817,7 @@ async fn apply_job(
         // The workflow's own cancel request shows the state; nothing to show per run.
         JobEvent::CancelRequested { .. } => return Ok(()),
     }
-    if let Some(workflow_id) = workflow_of(tx, &job_id).await? {
-        touch(tx, &workflow_id, &at).await?;
-    }
-    Ok(())
+    touch_by_run(tx, &job_id, &at).await
 }
 
 async fn end_run(

@@ -2,7 +2,7 @@
 //! service's health.
 
 use futures::{StreamExt, TryStreamExt};
-use meridian_eventlog::aggregates::{execute, load, Loaded};
+use meridian_eventlog::aggregates::{execute, load, Cached, Loaded};
 use meridian_events::aggregate::{
     Workflow, WorkflowCommand, WorkflowError, WorkflowState as AggregateState,
 };
@@ -151,7 +151,7 @@ impl App {
         };
         let Some(key) = submission.idempotency_key else {
             return append
-                .run(self, Uuid::now_v7())
+                .run(self, Uuid::now_v7(), Made::Now)
                 .await
                 .map_err(Refusal::into_app);
         };
@@ -162,8 +162,8 @@ impl App {
         let reservation = idempotency::reserve(&self.store, tenant, &key, fresh, &digest)
             .await
             .map_err(|e| AppError::from_db("reserving the idempotency key", e))?;
-        let workflow_id = match reservation {
-            Reservation::Reserved => fresh,
+        let (workflow_id, made) = match reservation {
+            Reservation::Reserved => (fresh, Made::Now),
             Reservation::Existing { body_sha256, .. } if body_sha256 != digest => {
                 return Err(AppError::IdempotencyMismatch)
             }
@@ -176,10 +176,10 @@ impl App {
                 // or is still appending. Append under the reserved id; the aggregate lets
                 // only one of us succeed.
                 tracing::info!(%workflow_id, tenant, "appending a submission reserved but not yet appended");
-                workflow_id
+                (workflow_id, Made::Earlier)
             }
         };
-        match append.run(self, workflow_id).await {
+        match append.run(self, workflow_id, made).await {
             Ok(submitted) => Ok(submitted),
             // A concurrent request with the same key appended it first.
             Err(Refusal::Rejected(WorkflowError::AlreadySubmitted)) => {
@@ -546,6 +546,14 @@ impl App {
     }
 }
 
+/// Whether this request made the workflow's id, so that the log cannot hold it yet, or
+/// an earlier request reserved it (and may have appended under it since).
+#[derive(Clone, Copy)]
+enum Made {
+    Now,
+    Earlier,
+}
+
 struct Append {
     spec: meridian_spec::Workflow,
     user: String,
@@ -555,7 +563,7 @@ struct Append {
 }
 
 impl Append {
-    async fn run(&self, app: &App, id: Uuid) -> Result<Submitted, Refusal> {
+    async fn run(&self, app: &App, id: Uuid, made: Made) -> Result<Submitted, Refusal> {
         let name = self.spec.name.clone();
         let tenant = &self.ctx.tenant;
         // The budget first: a reservation whose submission never lands only holds money
@@ -564,7 +572,7 @@ impl Append {
         app.reserve_budget(tenant, id, &self.spec)
             .await
             .map_err(Refusal::App)?;
-        let appended = self.append(app, id).await;
+        let appended = self.append(app, id, made).await;
         if let Err(refusal) = &appended {
             // Already submitted: by a concurrent retry with the same key, whose
             // reservation this is.
@@ -587,21 +595,30 @@ impl Append {
         })
     }
 
-    async fn append(&self, app: &App, id: Uuid) -> Result<(), Refusal> {
-        execute::<Workflow, _>(&*app.log, id, &self.ctx, |_| WorkflowCommand::Submit {
-            workflow_id: id,
-            spec: self.spec.clone(),
-            submitted_by: self.user.clone(),
-            idempotency_key: self.key.clone(),
-            parent_workflow_id: self.parent,
-        })
-        .await
-        .map_err(
-            |e| match AppError::from_execute("appending the submission", e) {
-                Ok(rejected) => Refusal::Rejected(rejected),
-                Err(app) => Refusal::App(app),
-            },
-        )?;
+    async fn append(&self, app: &App, id: Uuid, made: Made) -> Result<(), Refusal> {
+        // An id made by this request has no history to read: the append expects none, and
+        // a conflict (impossible for a fresh UUIDv7) would reload and decide again.
+        let mut workflow = match made {
+            Made::Now => Cached::<Workflow>::fresh(id),
+            Made::Earlier => Cached::load(&*app.log, id)
+                .await
+                .map_err(|e| Refusal::App(AppError::from_log("loading the workflow", e)))?,
+        };
+        workflow
+            .execute(&*app.log, &self.ctx, |_| WorkflowCommand::Submit {
+                workflow_id: id,
+                spec: self.spec.clone(),
+                submitted_by: self.user.clone(),
+                idempotency_key: self.key.clone(),
+                parent_workflow_id: self.parent,
+            })
+            .await
+            .map_err(
+                |e| match AppError::from_execute("appending the submission", e) {
+                    Ok(rejected) => Refusal::Rejected(rejected),
+                    Err(app) => Refusal::App(app),
+                },
+            )?;
         Ok(())
     }
 }
