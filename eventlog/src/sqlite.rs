@@ -78,6 +78,9 @@ struct Inner {
     writer: mpsc::Sender<Write>,
     /// The commits this process stored last.
     recent: Arc<Mutex<Recent>>,
+    /// How often subscriptions read the file.
+    #[cfg(test)]
+    file_reads: std::sync::atomic::AtomicU64,
 }
 
 /// The last commits the writer stored, in position order without a gap.
@@ -104,6 +107,14 @@ impl Recent {
             };
             self.bytes -= dropped;
         }
+    }
+
+    /// Whether commits after `after` come before the first one kept: written by another
+    /// process, or before what is kept; only the file has them.
+    fn behind(&self, after: u64) -> bool {
+        self.commits
+            .front()
+            .is_some_and(|(first, _)| first.position > after.saturating_add(1))
     }
 
     /// Copies of up to `max` commits after position `after`, when the first of them is
@@ -206,24 +217,37 @@ impl SqliteLog {
                 appended,
                 writer,
                 recent,
+                #[cfg(test)]
+                file_reads: Default::default(),
             }),
         })
     }
 
     /// What a subscription delivers next: the commits after `after` that this process
-    /// stored last, when it keeps the first of them, else a page of the file. It may
-    /// stop short of `max` where another process wrote after them (the next call reads
-    /// on), which `read_from` never does.
-    async fn read_next(&self, after: u64, max: usize) -> Result<Vec<Commit>, LogError> {
-        let kept = self
-            .inner
-            .recent
-            .lock()
-            .expect("recent commits poisoned")
-            .after(after, max);
+    /// stored last, when it keeps the first of them; else a page of the file, when
+    /// `file_due` or when the file holds commits before what is kept. It may stop short of
+    /// `max` where another process wrote after them (the next call reads on), which
+    /// `read_from` never does. The flag says whether the file was read.
+    async fn read_next(
+        &self,
+        after: u64,
+        max: usize,
+        file_due: bool,
+    ) -> Result<(Vec<Commit>, bool), LogError> {
+        let (kept, behind) = {
+            let recent = self.inner.recent.lock().expect("recent commits poisoned");
+            (recent.after(after, max), recent.behind(after))
+        };
         match kept {
-            Some(commits) => Ok(commits),
-            None => self.read_from(after, max).await,
+            Some(commits) => Ok((commits, false)),
+            None if behind || file_due => {
+                #[cfg(test)]
+                self.inner
+                    .file_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok((self.read_from(after, max).await?, true))
+            }
+            None => Ok((Vec::new(), false)),
         }
     }
 
@@ -333,10 +357,15 @@ async fn write_group(
     acks: &[PendingAck],
 ) -> Result<Vec<Result<Appended, LogError>>, LogError> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(backend)?;
-    let mut next: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) + 1 FROM events")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(backend)?;
+    // A group of acknowledgements alone has no position to find.
+    let mut next: i64 = if group.is_empty() {
+        0
+    } else {
+        sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) + 1 FROM events")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?
+    };
     let mut outcomes = Vec::with_capacity(group.len());
     for p in group {
         let outcome = append_one(&mut tx, p, next).await;
@@ -350,10 +379,16 @@ async fn write_group(
         }
         outcomes.push(outcome);
     }
+    // A subscription's latest acknowledgement covers its earlier ones.
+    let mut positions: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
     for ack in acks {
+        let position = positions.entry(&ack.name).or_default();
+        *position = (*position).max(ack.position);
+    }
+    for (name, position) in positions {
         sqlx::query("UPDATE subscriptions SET position = MAX(position, ?) WHERE name = ?")
-            .bind(ack.position as i64)
-            .bind(&ack.name)
+            .bind(position as i64)
+            .bind(name)
             .execute(&mut *tx)
             .await
             .map_err(backend)?;
@@ -577,6 +612,7 @@ impl EventLog for SqliteLog {
             log: self.clone(),
             name: Some(name.to_string()),
             delivered: acked as u64,
+            idle_since: None,
         }))
     }
 
@@ -585,6 +621,7 @@ impl EventLog for SqliteLog {
             log: self.clone(),
             name: None,
             delivered: after,
+            idle_since: None,
         }))
     }
 
@@ -628,6 +665,11 @@ struct SqliteSubscription {
     name: Option<String>,
     /// Position of the last commit handed out (acknowledged or not).
     delivered: u64,
+    /// When a read of the file last found nothing new. Until `POLL_INTERVAL` later only
+    /// this process's own appends (kept in memory, and announced) can be new, so the file
+    /// is not read again before then: a caught-up subscription woken by each append would
+    /// otherwise query the file every time, finding nothing the memory does not hold.
+    idle_since: Option<tokio::time::Instant>,
 }
 
 #[async_trait]
@@ -639,7 +681,16 @@ impl Subscription for SqliteSubscription {
             let appended = self.log.inner.appended.notified();
             tokio::pin!(appended);
             appended.as_mut().enable();
-            let commits = self.log.read_next(self.delivered, max.max(1)).await?;
+            let now = tokio::time::Instant::now();
+            let due = self.idle_since.map(|idle| idle + POLL_INTERVAL);
+            let file_due = due.is_none_or(|due| now >= due);
+            let (commits, read_file) = self
+                .log
+                .read_next(self.delivered, max.max(1), file_due)
+                .await?;
+            if read_file {
+                self.idle_since = commits.is_empty().then_some(now);
+            }
             if let Some(last) = commits.last() {
                 self.delivered = last.position;
                 return Ok(commits);
@@ -648,7 +699,11 @@ impl Subscription for SqliteSubscription {
             if now >= deadline {
                 return Ok(Vec::new());
             }
-            let nap = (deadline - now).min(POLL_INTERVAL);
+            // Woken by this process's next append, or when the file is due a look.
+            let until_due = self.idle_since.map_or(POLL_INTERVAL, |idle| {
+                (idle + POLL_INTERVAL).saturating_duration_since(now)
+            });
+            let nap = (deadline - now).min(until_due.max(Duration::from_millis(1)));
             let _ = tokio::time::timeout(nap, appended).await;
         }
     }
@@ -750,5 +805,47 @@ mod tests {
         let commits = log.read_from(0, 100).await.unwrap();
         let positions: Vec<u64> = commits.iter().map(|c| c.position).collect();
         assert_eq!(positions, (1..=17).collect::<Vec<u64>>());
+    }
+
+    /// A caught-up subscription is handed this process's appends from memory, and reads
+    /// the file again only when another process's commits could be there (every 200 ms,
+    /// or when the commits kept in memory start past it).
+    #[tokio::test]
+    async fn a_caught_up_subscription_does_not_read_the_file_for_its_own_appends() {
+        use crate::conformance::{event, workflow};
+        use serde_json::json;
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.sqlite");
+        let log = SqliteLog::open(&path).await.unwrap();
+        let mut tail = log.tail(0).await.unwrap();
+        assert!(tail.next(10, Duration::ZERO).await.unwrap().is_empty());
+        let reads = || log.inner.file_reads.load(Ordering::Relaxed);
+        assert_eq!(reads(), 1, "the first look is at the file");
+        for i in 0..50 {
+            log.append(vec![event(workflow(), 1, json!(i))])
+                .await
+                .unwrap();
+            let commits = tail.next(10, Duration::from_secs(5)).await.unwrap();
+            assert_eq!(commits.len(), 1);
+            assert!(tail.next(10, Duration::ZERO).await.unwrap().is_empty());
+        }
+        // One read a 200 ms at most: far fewer than the 100 looks above.
+        assert!(reads() < 10, "{} reads of the file", reads());
+
+        // Another process's commit, then one of this process: what is kept starts past
+        // the other's, so the file is read at once and both come, in order.
+        let other = SqliteLog::open(&path).await.unwrap();
+        other
+            .append(vec![event(workflow(), 1, json!("other"))])
+            .await
+            .unwrap();
+        log.append(vec![event(workflow(), 1, json!("own"))])
+            .await
+            .unwrap();
+        let commits = tail.next(10, Duration::from_secs(5)).await.unwrap();
+        let payloads: Vec<&serde_json::Value> =
+            commits.iter().map(|c| &c.events[0].payload).collect();
+        assert_eq!(payloads, [&json!("other"), &json!("own")]);
     }
 }
