@@ -281,27 +281,81 @@ const BATCH: usize = 256;
 /// … and while catching up (a start or a rebuild): fewer, larger transactions.
 pub const CATCH_UP_BATCH: usize = 4096;
 
+/// Moves `projection`'s position from `from` to `to`, only if it is still at `from`;
+/// whether it moved.
+async fn move_position(
+    tx: &mut Tx,
+    projection: &str,
+    from: u64,
+    to: u64,
+) -> Result<bool, StoreError> {
+    let moved = sqlx::query(
+        "INSERT INTO projection_positions (name, position) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET position = excluded.position
+         WHERE projection_positions.position = $3",
+    )
+    .bind(projection)
+    .bind(to as i64)
+    .bind(from as i64)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(moved > 0)
+}
+
 /// Applies one batch of commits and their position atomically; returns the new position.
+/// The batch is applied from `known`, the position this runner applied last (else from
+/// the position read inside the transaction), and the position moves only if it is
+/// still where the batch was applied from. So a runner on its own reads no position per
+/// batch, and two runners of one projection (replicas, or a rebuild beside a runner
+/// left up) never both apply a commit: the one that finds the position moved rolls
+/// back and applies again from where it now is.
 async fn apply_batch(
     store: &Store,
     projection: &dyn Projection,
     commits: &[Commit],
+    known: Option<u64>,
 ) -> Result<u64, StoreError> {
+    const ATTEMPTS: u32 = 8;
+    let mut from = known;
+    for _ in 0..ATTEMPTS {
+        if let Some(position) = apply_from(store, projection, commits, from).await? {
+            return Ok(position);
+        }
+        from = None;
+    }
+    Err(StoreError::Apply {
+        projection: projection.name().to_string(),
+        position: commits.first().map_or(0, |c| c.position),
+        message: format!("its position kept moving under {ATTEMPTS} attempts"),
+    })
+}
+
+/// [`apply_batch`] from `known`, or from the position read inside the transaction;
+/// None when the position had moved from there (nothing is applied).
+async fn apply_from(
+    store: &Store,
+    projection: &dyn Projection,
+    commits: &[Commit],
+    known: Option<u64>,
+) -> Result<Option<u64>, StoreError> {
     let mut tx = store.begin().await?;
-    // Re-read the position inside the transaction: another runner of the same
-    // projection (a second replica) may have applied these commits meanwhile.
-    let applied = position_in(&mut tx, projection.name()).await?;
+    let applied = match known {
+        Some(position) => position,
+        None => position_in(&mut tx, projection.name()).await?,
+    };
     // Commits come in position order: those not yet applied are a suffix.
     let fresh = &commits[commits.partition_point(|c| c.position <= applied)..];
     let last = fresh.last().map_or(applied, |c| c.position);
     if !fresh.is_empty() {
         projection.apply_all(&mut tx, fresh).await?;
     }
-    if last > applied {
-        save_position(&mut tx, projection.name(), last).await?;
+    if last > applied && !move_position(&mut tx, projection.name(), applied, last).await? {
+        // Dropped, the transaction rolls back.
+        return Ok(None);
     }
     tx.commit().await?;
-    Ok(last)
+    Ok(Some(last))
 }
 
 /// Applies everything up to the log's head now, then returns the position reached.
@@ -316,7 +370,7 @@ pub async fn catch_up(
     let mut commits = log.read_from(position, CATCH_UP_BATCH).await?;
     while let Some(end) = commits.last().map(|c| c.position) {
         let (applied, next) = tokio::join!(
-            apply_batch(store, projection, &commits),
+            apply_batch(store, projection, &commits, Some(position)),
             log.read_from(end, CATCH_UP_BATCH)
         );
         position = applied?;
@@ -349,6 +403,8 @@ pub async fn run(
             }
             Err(e) => return Err(e),
         };
+        // The position this runner applied last, while nothing failed since it was read.
+        let mut known = Some(position);
         let mut tail = match log.tail(position).await {
             Ok(tail) => tail,
             Err(e) if e.is_transient() => {
@@ -372,8 +428,11 @@ pub async fn run(
             };
             match commits {
                 Ok(commits) if commits.is_empty() => {}
-                Ok(commits) => match apply_batch(&store, projection, &commits).await {
-                    Ok(_) => backoff = Duration::from_millis(100),
+                Ok(commits) => match apply_batch(&store, projection, &commits, known).await {
+                    Ok(position) => {
+                        known = Some(position);
+                        backoff = Duration::from_millis(100);
+                    }
                     // A busy or restarting database: nothing was applied (the batch and
                     // its position roll back together); read from the position again.
                     Err(StoreError::Database(e)) => {
