@@ -441,7 +441,9 @@ async fn append_one(
     let first: Option<i64> = row.get(2);
     // A retry of an append that already landed is answered, not re-applied.
     if stored > 0 {
-        if let Some(position) = first.filter(|_| stored as usize == ids.len()) {
+        // Counted by distinct id: a batch naming one event twice counts it once.
+        let distinct = ids.iter().collect::<std::collections::HashSet<_>>().len();
+        if let Some(position) = first.filter(|_| stored as usize == distinct) {
             return Ok(Appended::Duplicate {
                 position: position as u64,
             });
@@ -781,6 +783,13 @@ mod tests {
                 assert!(message.contains(&first.event_id.to_string()), "{message}")
             }
             other => panic!("expected InvalidAppend, got {other:?}"),
+        }
+        // A retry naming its stored event twice is still that event's duplicate.
+        let mut twice = first.clone();
+        twice.sequence = 2;
+        match log.append(vec![first.clone(), twice]).await {
+            Ok(Appended::Duplicate { position }) => assert_eq!(position, 1),
+            other => panic!("expected a duplicate, got {other:?}"),
         }
         assert_eq!(log.head().await.unwrap(), 1);
         assert_eq!(log.read_aggregate(a).await.unwrap(), vec![first]);

@@ -307,9 +307,10 @@ async fn move_position(
 /// The batch is applied from `known`, the position this runner applied last (else from
 /// the position read inside the transaction), and the position moves only if it is
 /// still where the batch was applied from. So a runner on its own reads no position per
-/// batch, and two runners of one projection (replicas, or a rebuild beside a runner
-/// left up) never both apply a commit: the one that finds the position moved rolls
-/// back and applies again from where it now is.
+/// batch, and of two runners of one projection (replicas) that apply the same batch,
+/// the one that finds the position moved rolls back and applies the batch again from
+/// where the position now is. (A rebuild's reset deletes the position: a runner left up
+/// beside it then applies its batch from nothing, as before; stop the runners first.)
 async fn apply_batch(
     store: &Store,
     projection: &dyn Projection,
