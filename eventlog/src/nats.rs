@@ -33,6 +33,10 @@ use crate::{
 
 const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
 
+/// How long an append waits out a stream no server answers for (a cluster electing the
+/// stream's leader) before it reports the log unavailable.
+const NO_RESPONDERS_WAIT: Duration = Duration::from_secs(5);
+
 /// Where and how the log lives in JetStream. Defaults suit one server; production wants
 /// `replicas: 3` (R1 file storage can lose acknowledged writes on power loss).
 #[derive(Debug, Clone)]
@@ -464,17 +468,44 @@ impl EventLog for NatsLog {
             }
         };
 
-        let mut publish = PublishMessage::build()
-            .payload(payload.into())
-            .message_id(events[0].event_id.to_string())
-            .expected_last_subject_sequence(expected_position)
-            .header(LAST_SEQUENCE_HEADER, last_sequence.to_string().as_str());
-        if let Some(tp) = &events[0].traceparent {
-            publish = publish.header("traceparent", tp.as_str());
-        }
-        let ack = match self.js.send_publish(self.subject(aggregate), publish).await {
-            Ok(future) => future.await,
-            Err(e) => Err(e),
+        let payload = bytes::Bytes::from(payload);
+        let publish = || {
+            let mut publish = PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(events[0].event_id.to_string())
+                .expected_last_subject_sequence(expected_position)
+                .header(LAST_SEQUENCE_HEADER, last_sequence.to_string().as_str());
+            if let Some(tp) = &events[0].traceparent {
+                publish = publish.header("traceparent", tp.as_str());
+            }
+            publish
+        };
+        // No server answering for the stream means no server took the message, so sending
+        // it again cannot store it twice (and the message id would catch it if it could).
+        // In a cluster this lasts while the stream's leader is elected, often under a
+        // second: it is waited out here, briefly, rather than failing the caller's work.
+        let give_up = tokio::time::Instant::now() + NO_RESPONDERS_WAIT;
+        let mut pause = Duration::from_millis(25);
+        let ack = loop {
+            let ack = match self
+                .js
+                .send_publish(self.subject(aggregate), publish())
+                .await
+            {
+                Ok(future) => future.await,
+                Err(e) => Err(e),
+            };
+            match ack {
+                Err(e)
+                    if e.kind() == PublishErrorKind::StreamNotFound
+                        && tokio::time::Instant::now() + pause < give_up =>
+                {
+                    tracing::debug!(stream = %self.config.stream, "no server answered; publishing again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(400));
+                }
+                ack => break ack,
+            }
         };
         match ack {
             Ok(ack) if ack.duplicate => Ok(Appended::Duplicate {
@@ -503,9 +534,9 @@ impl EventLog for NatsLog {
                     size: events.iter().map(|e| e.payload.to_string().len()).sum(),
                     limit: MAX_COMMIT_BYTES,
                 }),
-                // No server answered for the stream: in a cluster, while its leader is
-                // elected or its servers come back. The stream exists (connect made it),
-                // so this passes; a caller retries it as any outage.
+                // No server answered for the stream for NO_RESPONDERS_WAIT: its servers
+                // are down or still electing. The stream exists (connect made it), so this
+                // passes; a caller retries it as any outage.
                 PublishErrorKind::StreamNotFound => Err(LogError::Unavailable(format!(
                     "no server answered for stream {} (subject {}); retry",
                     self.config.stream,

@@ -500,12 +500,17 @@ pub mod testing {
         }
     }
 
+    /// Unique across processes (the pid) and across a process's tests running at once
+    /// (a counter): the clock alone repeated itself for two tests started together.
     fn uuid_like() -> String {
+        use std::sync::atomic::{AtomicU64, Ordering};
         use std::time::{SystemTime, UNIX_EPOCH};
+        static MADE: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        format!("{nanos:x}_{}", std::process::id())
+        let made = MADE.fetch_add(1, Ordering::Relaxed);
+        format!("{nanos:x}_{}_{made}", std::process::id())
     }
 }
 
