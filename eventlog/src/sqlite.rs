@@ -346,38 +346,51 @@ async fn write_groups(
 }
 
 /// One transaction for the group; the commit is the one fsync. An append that conflicts
-/// (or repeats events already stored) is refused by its checks before it writes, so it
-/// needs no savepoint: a failure after an append began writing is a database failure,
+/// (or repeats events already stored) is refused by its checks before anything is
+/// written, so it needs no savepoint: a failure once writing began is a database failure,
 /// and fails the group. Returns each append's outcome, valid only once the commit has
-/// returned. Each statement is a round trip to the connection's thread, so an append
-/// takes two: its checks, and one insert of its events.
+/// returned.
+///
+/// Each statement is a round trip to the connection's thread, so the group takes few
+/// whatever its size: one query checks every append against the file, the appends are
+/// decided in order in memory (a later one sees what an earlier one of the group
+/// stores), and the stored events go in with a handful of multi-row inserts.
 async fn write_group(
     pool: &SqlitePool,
     group: &[Pending],
     acks: &[PendingAck],
 ) -> Result<Vec<Result<Appended, LogError>>, LogError> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(backend)?;
-    // A group of acknowledgements alone has no position to find.
-    let mut next: i64 = if group.is_empty() {
-        0
-    } else {
-        sqlx::query_scalar("SELECT COALESCE(MAX(position), 0) + 1 FROM events")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(backend)?
-    };
     let mut outcomes = Vec::with_capacity(group.len());
-    for p in group {
-        let outcome = append_one(&mut tx, p, next).await;
-        match &outcome {
-            Ok(Appended::Stored { .. }) => next += 1,
-            // A database failure inside an append: the transaction is not to be trusted.
-            Err(e @ (LogError::Unavailable(_) | LogError::Backend(_))) => {
-                return Err(LogError::Backend(e.to_string()))
+    // A group of acknowledgements alone has nothing to check.
+    if !group.is_empty() {
+        let (mut next, checks) = check_group(&mut tx, group).await?;
+        let mut decided = Decided::default();
+        let mut rows = Vec::new();
+        for (p, check) in group.iter().zip(checks) {
+            let outcome = decided.decide(&mut tx, p, check, next).await;
+            match &outcome {
+                Ok(Appended::Stored { position }) => {
+                    next += 1;
+                    rows.extend(p.events.iter().zip(&p.encoded).enumerate().map(
+                        |(idx, (event, text))| EventRow {
+                            position: *position,
+                            idx,
+                            event,
+                            aggregate: &p.aggregate,
+                            text,
+                        },
+                    ));
+                }
+                // A database failure: the transaction is not to be trusted.
+                Err(e @ (LogError::Unavailable(_) | LogError::Backend(_))) => {
+                    return Err(LogError::Backend(e.to_string()))
+                }
+                _ => {}
             }
-            _ => {}
+            outcomes.push(outcome);
         }
-        outcomes.push(outcome);
+        insert_rows(&mut tx, &rows).await?;
     }
     // A subscription's latest acknowledgement covers its earlier ones.
     let mut positions: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
@@ -397,9 +410,148 @@ async fn write_group(
     Ok(outcomes)
 }
 
+/// What the file holds for one append: its aggregate's last sequence, how many of its
+/// events are stored, and where its first event is.
+struct Check {
+    last_sequence: u64,
+    stored: usize,
+    first_at: Option<u64>,
+}
+
+/// Every append of the group checked in one statement, with the position the group's
+/// first stored commit takes. The appends travel as one JSON parameter, so the
+/// statement's text is the same for every group and is prepared once.
+const CHECK_GROUP: &str = "
+SELECT CAST(c.key AS INTEGER),
+       (SELECT COALESCE(MAX(e.sequence), 0) FROM events e
+         WHERE e.aggregate_kind = json_extract(c.value, '$[0]')
+           AND e.aggregate_id = json_extract(c.value, '$[1]')),
+       (SELECT COUNT(*) FROM events e
+         WHERE e.event_id IN (SELECT i.value FROM json_each(c.value, '$[2]') i)),
+       (SELECT e.position FROM events e WHERE e.event_id = json_extract(c.value, '$[2][0]')),
+       (SELECT COALESCE(MAX(position), 0) + 1 FROM events)
+  FROM json_each(?) c";
+
+async fn check_group(
+    tx: &mut sqlx::SqliteConnection,
+    group: &[Pending],
+) -> Result<(u64, Vec<Check>), LogError> {
+    let appends: Vec<serde_json::Value> = group
+        .iter()
+        .map(|p| {
+            let ids: Vec<String> = p.events.iter().map(|e| e.event_id.to_string()).collect();
+            serde_json::json!([p.aggregate.kind.as_str(), p.aggregate.id.to_string(), ids])
+        })
+        .collect();
+    let rows = sqlx::query(CHECK_GROUP)
+        .bind(serde_json::Value::Array(appends).to_string())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(backend)?;
+    let mut next = 1;
+    let mut checks: Vec<Option<Check>> = group.iter().map(|_| None).collect();
+    for row in rows {
+        let at = row.get::<i64, _>(0) as usize;
+        next = row.get::<i64, _>(4) as u64;
+        if let Some(slot) = checks.get_mut(at) {
+            *slot = Some(Check {
+                last_sequence: row.get::<i64, _>(1) as u64,
+                stored: row.get::<i64, _>(2) as usize,
+                first_at: row.get::<Option<i64>, _>(3).map(|p| p as u64),
+            });
+        }
+    }
+    let checks = checks
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| LogError::Backend("the group's checks missed an append".into()))?;
+    Ok((next, checks))
+}
+
+/// What the appends decided so far in this group store: what a later append of the same
+/// group must see beside the file.
+#[derive(Default)]
+struct Decided {
+    last_sequence: std::collections::HashMap<AggregateRef, u64>,
+    stored_at: std::collections::HashMap<uuid::Uuid, u64>,
+}
+
+impl Decided {
+    /// Whether `p` is stored at `position`, a duplicate, or refused (as it would be alone
+    /// after the group's earlier appends).
+    async fn decide(
+        &mut self,
+        tx: &mut sqlx::SqliteConnection,
+        p: &Pending,
+        check: Check,
+        position: u64,
+    ) -> Result<Appended, LogError> {
+        let events = &p.events;
+        // Counted by distinct id: a batch naming one event twice counts it once.
+        let distinct: std::collections::HashSet<&uuid::Uuid> =
+            events.iter().map(|e| &e.event_id).collect();
+        let here = distinct
+            .iter()
+            .filter(|id| self.stored_at.contains_key(**id))
+            .count();
+        // A retry of an append that already landed is answered, not re-applied.
+        if check.stored + here > 0 {
+            let first = check
+                .first_at
+                .or_else(|| self.stored_at.get(&events[0].event_id).copied());
+            if let Some(position) = first.filter(|_| check.stored + here == distinct.len()) {
+                return Ok(Appended::Duplicate { position });
+            }
+            let mut which = events[0].event_id;
+            for e in events {
+                if self.stored_at.contains_key(&e.event_id)
+                    || SqliteLog::position_of(tx, &e.event_id).await?.is_some()
+                {
+                    which = e.event_id;
+                    break;
+                }
+            }
+            return Err(LogError::InvalidAppend(format!(
+                "event {which} is already stored but the rest of this batch is not"
+            )));
+        }
+        if distinct.len() < events.len() {
+            return Err(LogError::InvalidAppend(
+                "one append names an event id twice".into(),
+            ));
+        }
+        let actual = self
+            .last_sequence
+            .get(&p.aggregate)
+            .copied()
+            .unwrap_or(check.last_sequence);
+        if actual != p.expected {
+            return Err(LogError::Conflict {
+                aggregate: p.aggregate,
+                expected: p.expected,
+                actual,
+            });
+        }
+        self.last_sequence
+            .insert(p.aggregate, p.expected + events.len() as u64);
+        self.stored_at
+            .extend(events.iter().map(|e| (e.event_id, position)));
+        Ok(Appended::Stored { position })
+    }
+}
+
+/// One event row to insert.
+struct EventRow<'a> {
+    position: u64,
+    idx: usize,
+    event: &'a RawEnvelope,
+    aggregate: &'a AggregateRef,
+    text: &'a str,
+}
+
 /// Rows one insert statement writes at most (7 variables each, far under SQLite's
 /// limit of 32,766).
-const ROWS_PER_INSERT: usize = 256;
+const ROWS_PER_INSERT: usize = 64;
 
 /// `(?, ?, …)` groups of `columns` variables, `rows` times, comma-separated.
 fn placeholders(rows: usize, columns: usize) -> String {
@@ -407,89 +559,40 @@ fn placeholders(rows: usize, columns: usize) -> String {
     vec![row; rows].join(", ")
 }
 
-/// One append inside the group's transaction, stored at `position` if it is new. Writes
-/// nothing unless it is stored.
-async fn append_one(
+/// Inserts `rows` in statements of 64, 32, 16, … rows: a few statements whatever the
+/// count, and few distinct texts for the connection's statement cache.
+async fn insert_rows(
     tx: &mut sqlx::SqliteConnection,
-    p: &Pending,
-    position: i64,
-) -> Result<Appended, LogError> {
-    let events = &p.events;
-    let kind = p.aggregate.kind.as_str();
-    let id = p.aggregate.id.to_string();
-    // The checks in one statement: the aggregate's last sequence, how many of these
-    // events are stored already, and where the first of them is.
-    let ids: Vec<String> = events.iter().map(|e| e.event_id.to_string()).collect();
-    let checks = format!(
-        "SELECT (SELECT COALESCE(MAX(sequence), 0) FROM events
-                 WHERE aggregate_kind = ? AND aggregate_id = ?),
-                (SELECT COUNT(*) FROM events WHERE event_id IN ({})),
-                (SELECT position FROM events WHERE event_id = ?)",
-        vec!["?"; ids.len()].join(", ")
-    );
-    let mut query = sqlx::query(&checks).bind(kind).bind(&id);
-    for event_id in &ids {
-        query = query.bind(event_id);
-    }
-    let row = query
-        .bind(ids.first())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(backend)?;
-    let actual: i64 = row.get(0);
-    let stored: i64 = row.get(1);
-    let first: Option<i64> = row.get(2);
-    // A retry of an append that already landed is answered, not re-applied.
-    if stored > 0 {
-        // Counted by distinct id: a batch naming one event twice counts it once.
-        let distinct = ids.iter().collect::<std::collections::HashSet<_>>().len();
-        if let Some(position) = first.filter(|_| stored as usize == distinct) {
-            return Ok(Appended::Duplicate {
-                position: position as u64,
-            });
-        }
-        let mut which = events[0].event_id;
-        for e in events {
-            if SqliteLog::position_of(tx, &e.event_id).await?.is_some() {
-                which = e.event_id;
-                break;
-            }
-        }
-        return Err(LogError::InvalidAppend(format!(
-            "event {which} is already stored but the rest of this batch is not"
-        )));
-    }
-    if actual as u64 != p.expected {
-        return Err(LogError::Conflict {
-            aggregate: p.aggregate,
-            expected: p.expected,
-            actual: actual as u64,
-        });
-    }
-    let rows: Vec<(usize, (&RawEnvelope, &String))> =
-        events.iter().zip(&p.encoded).enumerate().collect();
-    for chunk in rows.chunks(ROWS_PER_INSERT) {
+    rows: &[EventRow<'_>],
+) -> Result<(), LogError> {
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let take = if rest.len() >= ROWS_PER_INSERT {
+            ROWS_PER_INSERT
+        } else {
+            1 << rest.len().ilog2()
+        };
+        let (chunk, after) = rest.split_at(take);
+        rest = after;
         let insert = format!(
             "INSERT INTO events (position, idx, event_id, aggregate_kind, aggregate_id, sequence, envelope)
              VALUES {}",
             placeholders(chunk.len(), 7)
         );
         let mut query = sqlx::query(&insert);
-        for (idx, (event, text)) in chunk {
+        for row in chunk {
             query = query
-                .bind(position)
-                .bind(*idx as i64)
-                .bind(&ids[*idx])
-                .bind(kind)
-                .bind(&id)
-                .bind(event.sequence as i64)
-                .bind(text.as_str());
+                .bind(row.position as i64)
+                .bind(row.idx as i64)
+                .bind(row.event.event_id.to_string())
+                .bind(row.aggregate.kind.as_str())
+                .bind(row.aggregate.id.to_string())
+                .bind(row.event.sequence as i64)
+                .bind(row.text);
         }
         query.execute(&mut *tx).await.map_err(backend)?;
     }
-    Ok(Appended::Stored {
-        position: position as u64,
-    })
+    Ok(())
 }
 
 /// Rows of `(position, envelope)` in log order, as commits.
@@ -814,6 +917,77 @@ mod tests {
         let commits = log.read_from(0, 100).await.unwrap();
         let positions: Vec<u64> = commits.iter().map(|c| c.position).collect();
         assert_eq!(positions, (1..=17).collect::<Vec<u64>>());
+    }
+
+    /// Appends written in one group are decided in order, each seeing what the group's
+    /// earlier appends store: a follow-up to an aggregate made in the same group is
+    /// stored, a second writer to it conflicts, a retry of a batch stored in the same
+    /// group is its duplicate, and one overlapping it in part is refused.
+    #[tokio::test]
+    async fn a_group_sees_its_own_earlier_appends() {
+        use crate::conformance::{event, workflow};
+        use serde_json::json;
+        let dir = tempfile::tempdir().unwrap();
+        let log = SqliteLog::open(&dir.path().join("events.sqlite"))
+            .await
+            .unwrap();
+        let (a, b) = (workflow(), workflow());
+        let made = vec![event(a, 1, json!("made"))];
+        let follow_up = vec![event(a, 2, json!("follow-up"))];
+        let rival = vec![event(a, 2, json!("rival"))];
+        let pair = vec![event(b, 1, json!("one")), event(b, 2, json!("two"))];
+        let retry = pair.clone();
+        let overlap = vec![pair[1].clone(), event(b, 3, json!("three"))];
+        let mut named_twice = vec![event(workflow(), 1, json!("twice"))];
+        let mut again = named_twice[0].clone();
+        again.sequence = 2;
+        named_twice.push(again);
+        let batches = [made, follow_up, rival, pair, retry, overlap, named_twice];
+        // Joined, they are queued before the writer runs: one group.
+        let outcomes = futures::future::join_all(batches.iter().map(|batch| {
+            let log = log.clone();
+            let batch = batch.clone();
+            async move { log.append(batch).await }
+        }))
+        .await;
+        let summary: Vec<String> = outcomes
+            .iter()
+            .map(|o| match o {
+                Ok(Appended::Stored { position }) => format!("stored at {position}"),
+                Ok(Appended::Duplicate { position }) => format!("duplicate of {position}"),
+                Err(LogError::Conflict { actual, .. }) => format!("conflict at {actual}"),
+                Err(LogError::InvalidAppend(m)) => format!("invalid: {m}"),
+                Err(e) => format!("error: {e}"),
+            })
+            .collect();
+        assert_eq!(
+            summary[..5],
+            [
+                "stored at 1",
+                "stored at 2",
+                "conflict at 2",
+                "stored at 3",
+                "duplicate of 3",
+            ],
+            "{summary:?}"
+        );
+        assert!(
+            summary[5].contains(&batches[3][1].event_id.to_string()),
+            "the overlap names the stored event: {summary:?}"
+        );
+        assert!(summary[6].contains("twice"), "{summary:?}");
+        assert_eq!(log.head().await.unwrap(), 3);
+        let payloads = |events: Vec<RawEnvelope>| -> Vec<serde_json::Value> {
+            events.into_iter().map(|e| e.payload).collect()
+        };
+        assert_eq!(
+            payloads(log.read_aggregate(a).await.unwrap()),
+            [json!("made"), json!("follow-up")]
+        );
+        assert_eq!(
+            payloads(log.read_aggregate(b).await.unwrap()),
+            [json!("one"), json!("two")]
+        );
     }
 
     /// A caught-up subscription is handed this process's appends from memory, and reads

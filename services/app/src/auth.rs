@@ -344,17 +344,30 @@ impl App {
         Ok(self.token_principal(token.trim()).await?.is_some())
     }
 
+    /// A token as the log has it, read at most once per [`held::HOLD`](crate::held::HOLD)
+    /// (every request names one).
+    async fn token_state(&self, id: Uuid) -> Result<Token, AppError> {
+        let start = match self.tokens.get(&id) {
+            Ok(token) => return Ok(token),
+            Err(start) => start,
+        };
+        let token = load::<Token>(&*self.log, id)
+            .await
+            .map_err(|e| AppError::from_log("checking the token", e))?
+            .state;
+        self.tokens.keep(id, token.clone(), start);
+        Ok(token)
+    }
+
     async fn token_principal(&self, bearer: &str) -> Result<Option<Principal>, AppError> {
         let Some((id, secret)) = parse_token(bearer) else {
             return Ok(None);
         };
-        let loaded = load::<Token>(&*self.log, id)
-            .await
-            .map_err(|e| AppError::from_log("checking the token", e))?;
+        let token = self.token_state(id).await?;
         // The same work whether or not the token exists, so that its answer's timing
         // says nothing about which ids are real.
         let offered = sha256_hex(secret);
-        let Some(token) = loaded.state.issued() else {
+        let Some(token) = token.issued() else {
             let _ = same(offered.as_bytes(), &[b'0'; 64]);
             return Ok(None);
         };
@@ -561,9 +574,9 @@ impl App {
             label: request.label,
             issued_by: issued_by.to_string(),
         };
-        execute::<Token, _>(&*self.log, id, &ctx, |_| cmd.clone())
-            .await
-            .map_err(|e| token_error("issuing the token", e))?;
+        let issued = execute::<Token, _>(&*self.log, id, &ctx, |_| cmd.clone()).await;
+        self.tokens.forget(&id);
+        issued.map_err(|e| token_error("issuing the token", e))?;
         let loaded = load::<Token>(&*self.log, id)
             .await
             .map_err(|e| AppError::from_log("reading the token back", e))?;
@@ -617,12 +630,14 @@ impl App {
         self.authorize(who, Action::ManageTokens).await?;
         let result = async {
             let ctx = EventContext::new_chain(&who.tenant);
-            execute::<Token, _>(&*self.log, id, &ctx, |_| TokenCommand::Revoke {
+            let revoked = execute::<Token, _>(&*self.log, id, &ctx, |_| TokenCommand::Revoke {
                 revoked_by: who.user.clone(),
                 reason: reason.clone(),
             })
-            .await
-            .map_err(|e| token_error("revoking the token", e))?;
+            .await;
+            // Refused from the next request on, whatever was read before.
+            self.tokens.forget(&id);
+            revoked.map_err(|e| token_error("revoking the token", e))?;
             let loaded = load::<Token>(&*self.log, id)
                 .await
                 .map_err(|e| AppError::from_log("reading the token back", e))?;

@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::Utc;
-use meridian_eventlog::aggregates::{execute, ExecuteError};
-use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand, TenantError};
+use meridian_eventlog::aggregates::ExecuteError;
+use meridian_events::aggregate::{TenantCommand, TenantError};
 use meridian_events::vocabulary::tenant::TenantLimits;
 use meridian_events::{EventContext, Money};
 use rust_decimal::Decimal;
@@ -202,12 +202,10 @@ impl App {
         check_tenant_path(tenant)?;
         let result = async {
             let ctx = EventContext::new_chain(tenant.to_string());
-            execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-                TenantCommand::SetLimits {
-                    tenant: tenant.to_string(),
-                    limits: limits.clone(),
-                    set_by: who.user.clone(),
-                }
+            self.execute_tenant(tenant, &ctx, |_| TenantCommand::SetLimits {
+                tenant: tenant.to_string(),
+                limits: limits.clone(),
+                set_by: who.user.clone(),
             })
             .await
             .map_err(|e| budget_error("recording the budget", e))?;
@@ -252,19 +250,17 @@ impl App {
         let period = Period::of(Utc::now());
         let standing = self.standing(tenant, period, currency).await?;
         let ctx = EventContext::new_chain(tenant.to_string());
-        execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-            TenantCommand::ReserveBudget {
-                tenant: tenant.to_string(),
-                workflow_id: id,
-                month: period.to_string(),
-                estimate: estimate.clone(),
-                spent: standing.spent.clone(),
-                billed: standing.billed.clone(),
-                concluded: standing.concluded.clone(),
-                gpu_hours,
-                gpu_hours_used: standing.gpu_hours_used,
-                gpu_hours_by_workflow: standing.gpu_hours_by_workflow.clone(),
-            }
+        self.execute_tenant(tenant, &ctx, |_| TenantCommand::ReserveBudget {
+            tenant: tenant.to_string(),
+            workflow_id: id,
+            month: period.to_string(),
+            estimate: estimate.clone(),
+            spent: standing.spent.clone(),
+            billed: standing.billed.clone(),
+            concluded: standing.concluded.clone(),
+            gpu_hours,
+            gpu_hours_used: standing.gpu_hours_used,
+            gpu_hours_by_workflow: standing.gpu_hours_by_workflow.clone(),
         })
         .await
         .map_err(|e| budget_error("reserving the budget", e))?;
@@ -274,8 +270,8 @@ impl App {
     /// Gives back the reservation of a submission that was never appended.
     pub(crate) async fn release_budget(&self, tenant: &str, id: Uuid) -> Result<(), AppError> {
         let ctx = EventContext::new_chain(tenant.to_string());
-        execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-            TenantCommand::ReleaseBudget { workflow_id: id }
+        self.execute_tenant(tenant, &ctx, |_| TenantCommand::ReleaseBudget {
+            workflow_id: id,
         })
         .await
         .map_err(|e| budget_error("releasing the budget", e))?;

@@ -15,6 +15,8 @@ use std::sync::Arc;
 use meridian_domain::Catalog;
 use meridian_eventlog::EventLog;
 use meridian_store::{Projection, Store};
+
+use held::Held;
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 pub mod api;
@@ -23,6 +25,7 @@ pub mod auth;
 pub mod budgets;
 mod error;
 pub mod formats;
+mod held;
 mod idempotency;
 mod principal;
 mod projection;
@@ -78,6 +81,9 @@ pub struct App {
     audit_store: Store,
     /// Started on first use, so that `new` needs no runtime.
     audit: Arc<std::sync::OnceLock<audit::AuditWriter>>,
+    /// Tokens and tenants as last read, read on nearly every request ([`held`]).
+    tokens: Arc<Held<uuid::Uuid, meridian_events::aggregate::Token>>,
+    tenants: Arc<Held<String, meridian_events::aggregate::Tenant>>,
 }
 
 impl App {
@@ -90,6 +96,8 @@ impl App {
             catalog: Arc::new(Mutex::new(Catalog::default())),
             workflow_credentials: None,
             audit: Arc::new(std::sync::OnceLock::new()),
+            tokens: Arc::new(Held::new()),
+            tenants: Arc::new(Held::new()),
         }
     }
 

@@ -594,7 +594,8 @@ async fn ensure_task(tx: &mut Tx, t: &NewTask<'_>) -> Result<(), StoreError> {
     .await?
     .rows_affected()
         > 0;
-    if inserted {
+    // A first attempt has no lower attempts to demote (attempts count from 1).
+    if inserted && t.attempt > 1 {
         sqlx::query(
             "UPDATE intake_tasks SET latest = 0
              WHERE workflow_id = $1 AND job = $2 AND task_index = $3 AND attempt < $4 AND latest <> 0",

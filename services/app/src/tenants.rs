@@ -11,8 +11,8 @@ use meridian_events::aggregate::{tenant_id, Tenant, TenantCommand, TenantError};
 use meridian_events::vocabulary::tenant::{
     AdjustmentScope, AdjustmentTerms, ChargeKind, Meter, PlacementPolicy,
 };
-use meridian_events::EventContext;
 use meridian_events::SiteKind;
+use meridian_events::{Envelope, Event, EventContext};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -321,11 +321,35 @@ pub(crate) fn check_tenant_named(tenant: &str, place: &str) -> Result<(), AppErr
 }
 
 impl App {
+    /// `tenant` as the log has it, read at most once per [`HOLD`](crate::held::HOLD)
+    /// (every submission asks whether its tenant has a budget).
     pub(crate) async fn tenant_state(&self, tenant: &str) -> Result<Tenant, AppError> {
-        load::<Tenant>(&*self.log, tenant_id(tenant))
+        let start = match self.tenants.get(&tenant.to_string()) {
+            Ok(state) => return Ok(state),
+            Err(start) => start,
+        };
+        let state = load::<Tenant>(&*self.log, tenant_id(tenant))
             .await
-            .map(|loaded| loaded.state)
-            .map_err(|e| AppError::from_log("reading the tenant", e))
+            .map_err(|e| AppError::from_log("reading the tenant", e))?
+            .state;
+        self.tenants.keep(tenant.to_string(), state.clone(), start);
+        Ok(state)
+    }
+
+    /// A command on `tenant`; what was held of it is forgotten, so this process's next
+    /// read sees the change.
+    pub(crate) async fn execute_tenant<F>(
+        &self,
+        tenant: &str,
+        ctx: &EventContext,
+        make: F,
+    ) -> Result<Vec<Envelope<Event>>, ExecuteError<TenantError>>
+    where
+        F: FnMut(&Tenant) -> TenantCommand,
+    {
+        let executed = execute::<Tenant, _>(&*self.log, tenant_id(tenant), ctx, make).await;
+        self.tenants.forget(&tenant.to_string());
+        executed
     }
 
     /// The placement policy in force for `tenant`.
@@ -354,14 +378,13 @@ impl App {
         let result = async {
             check_tenant_path(tenant)?;
             let ctx = EventContext::new_chain(tenant.to_string());
-            match execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-                TenantCommand::SetPolicy {
+            match self
+                .execute_tenant(tenant, &ctx, |_| TenantCommand::SetPolicy {
                     tenant: tenant.to_string(),
                     policy: policy.clone(),
                     set_by: who.user.clone(),
-                }
-            })
-            .await
+                })
+                .await
             {
                 Ok(_) => {}
                 Err(ExecuteError::Rejected(e @ TenantError::InvalidPolicy { .. })) => {
@@ -417,17 +440,15 @@ impl App {
             let terms = request.terms.terms()?;
             let adjustment_id = Uuid::now_v7();
             let ctx = EventContext::new_chain(tenant.to_string());
-            execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-                TenantCommand::GrantAdjustment {
-                    tenant: tenant.to_string(),
-                    adjustment_id,
-                    scope: scope.clone(),
-                    terms: terms.clone(),
-                    effective_from: request.effective_from,
-                    effective_until: request.effective_until,
-                    granted_by: who.user.clone(),
-                    reference: request.reference.clone(),
-                }
+            self.execute_tenant(tenant, &ctx, |_| TenantCommand::GrantAdjustment {
+                tenant: tenant.to_string(),
+                adjustment_id,
+                scope: scope.clone(),
+                terms: terms.clone(),
+                effective_from: request.effective_from,
+                effective_until: request.effective_until,
+                granted_by: who.user.clone(),
+                reference: request.reference.clone(),
             })
             .await
             .map_err(adjustment_refused)?;
@@ -459,13 +480,11 @@ impl App {
         let result = async {
             check_tenant_path(tenant)?;
             let ctx = EventContext::new_chain(tenant.to_string());
-            execute::<Tenant, _>(&*self.log, tenant_id(tenant), &ctx, |_| {
-                TenantCommand::RevokeAdjustment {
-                    adjustment_id: id,
-                    effective_at: request.at,
-                    revoked_by: who.user.clone(),
-                    reason: request.reason.clone(),
-                }
+            self.execute_tenant(tenant, &ctx, |_| TenantCommand::RevokeAdjustment {
+                adjustment_id: id,
+                effective_at: request.at,
+                revoked_by: who.user.clone(),
+                reason: request.reason.clone(),
             })
             .await
             .map_err(adjustment_refused)?;

@@ -441,7 +441,10 @@ async fn writes_and_refusals_are_audited_and_tokens_end() {
         .get(0);
     assert_eq!(kept as usize, all.len());
 
-    // Revoked: refused from then on.
+    // Revoked: refused from then on, though the token was read a moment before (and so
+    // is held, see services/app/src/held.rs).
+    let res = b.call(Req::get("/v1/workflows").bearer(&token)).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     let res = b
         .call(Req::post(&format!("/v1/tokens/{token_id}/revoke")))
         .await;
@@ -586,6 +589,10 @@ async fn submissions_over_the_monthly_budget_are_refused_even_when_they_race() {
     assert!(estimate > rust_decimal::Decimal::ZERO);
     // Room for two and a half.
     let budget = estimate * rust_decimal::Decimal::new(25, 1);
+    // Read once without a budget, so that the tenant is held as having none: setting it
+    // below must be seen by the next submission all the same.
+    let res = b.call(Req::get(&format!("/v1/tenants/{OWN}/budget"))).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
 
     // Bad budgets are refused naming the field, and change nothing.
     for (body, says) in [
