@@ -278,11 +278,6 @@ pub trait Projection: Send + Sync {
 
 /// How many commits one transaction applies at most while following the log.
 const BATCH: usize = 256;
-/// After a batch short of [`BATCH`], how long the runner lets commits gather before it
-/// takes the next: a read model trails the log by this much more, and under load applies
-/// tens of commits a transaction instead of one or two (each transaction is an fsync and
-/// a position write).
-const GATHER: Duration = Duration::from_millis(10);
 /// … and while catching up (a start or a rebuild): fewer, larger transactions.
 pub const CATCH_UP_BATCH: usize = 4096;
 
@@ -438,12 +433,6 @@ pub async fn run(
                     Ok(position) => {
                         known = Some(position);
                         backoff = Duration::from_millis(100);
-                        if commits.len() < BATCH {
-                            tokio::select! {
-                                _ = tokio::time::sleep(GATHER) => {}
-                                _ = shutdown.changed() => return Ok(()),
-                            }
-                        }
                     }
                     // A busy or restarting database: nothing was applied (the batch and
                     // its position roll back together); read from the position again.
