@@ -2,8 +2,9 @@
 //! transactions so the expected-sequence check and the insert are one atomic step, and
 //! every commit is fsynced (`synchronous=FULL`): an acknowledged append survives a crash.
 //! Appends are committed in groups: one writer takes every append waiting when it is
-//! free, checks each before it writes (a conflict is refused alone, having written nothing), and
-//! commits them with one fsync; each caller is answered only after that commit.
+//! free, checks them all in one statement before it writes (a conflict is refused alone,
+//! having written nothing), and commits them with one fsync; each caller is answered only
+//! after that commit.
 //! Subscriptions' acknowledgements go through the same writer, in the same commits: a
 //! second connection writing the file would wait in SQLite's busy handler, which sleeps
 //! between tries, while the writer holds the lock.
