@@ -296,6 +296,12 @@ pub async fn invalid_batches_change_nothing(open: Open) {
             vec![event(a, 1, json!(1)), event(b, 2, json!(2))],
         ),
         ("gap", vec![event(a, 1, json!(1)), event(a, 3, json!(3))]),
+        ("one event id twice", {
+            let first = event(a, 1, json!(1));
+            let mut again = event(a, 2, json!(2));
+            again.event_id = first.event_id;
+            vec![first, again]
+        }),
     ];
     for (what, batch) in cases {
         match log.append(batch).await {

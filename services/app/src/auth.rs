@@ -574,9 +574,12 @@ impl App {
             label: request.label,
             issued_by: issued_by.to_string(),
         };
-        let issued = execute::<Token, _>(&*self.log, id, &ctx, |_| cmd.clone()).await;
-        self.tokens.forget(&id);
-        issued.map_err(|e| token_error("issuing the token", e))?;
+        {
+            let _forget = self.tokens.forget_after(&id);
+            execute::<Token, _>(&*self.log, id, &ctx, |_| cmd.clone())
+                .await
+                .map_err(|e| token_error("issuing the token", e))?;
+        }
         let loaded = load::<Token>(&*self.log, id)
             .await
             .map_err(|e| AppError::from_log("reading the token back", e))?;
@@ -630,14 +633,17 @@ impl App {
         self.authorize(who, Action::ManageTokens).await?;
         let result = async {
             let ctx = EventContext::new_chain(&who.tenant);
-            let revoked = execute::<Token, _>(&*self.log, id, &ctx, |_| TokenCommand::Revoke {
-                revoked_by: who.user.clone(),
-                reason: reason.clone(),
-            })
-            .await;
-            // Refused from the next request on, whatever was read before.
-            self.tokens.forget(&id);
-            revoked.map_err(|e| token_error("revoking the token", e))?;
+            {
+                // Refused from the next request on, whatever was read before, even if
+                // this request is cancelled once the revocation is appended.
+                let _forget = self.tokens.forget_after(&id);
+                execute::<Token, _>(&*self.log, id, &ctx, |_| TokenCommand::Revoke {
+                    revoked_by: who.user.clone(),
+                    reason: reason.clone(),
+                })
+                .await
+                .map_err(|e| token_error("revoking the token", e))?;
+            }
             let loaded = load::<Token>(&*self.log, id)
                 .await
                 .map_err(|e| AppError::from_log("reading the token back", e))?;

@@ -25,8 +25,15 @@ pub(crate) struct Held<K, V> {
 
 struct Inner<K, V> {
     entries: HashMap<K, (Instant, V)>,
-    /// Moves on every `forget`: a read that began before a change must not be kept.
+    /// Moves on every `forget`; a read notes it when it begins.
     generation: u64,
+    /// The generation at which each key was last forgotten: a read of that key begun
+    /// before it must not be kept. Other keys' reads are unaffected, so a tenant's
+    /// budget reservations do not stop every other tenant from being held.
+    forgotten: HashMap<K, u64>,
+    /// Reads begun before this generation are not kept (set when `forgotten` is
+    /// cleared to bound it).
+    floor: u64,
 }
 
 /// Where a read began: when, and at which generation.
@@ -41,6 +48,8 @@ impl<K: Hash + Eq + Clone, V: Clone> Held<K, V> {
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
                 generation: 0,
+                forgotten: HashMap::new(),
+                floor: 0,
             }),
         }
     }
@@ -59,11 +68,15 @@ impl<K: Hash + Eq + Clone, V: Clone> Held<K, V> {
         }
     }
 
-    /// Holds `value`, read from `start`, unless something was forgotten meanwhile (the
-    /// read may predate that change).
+    /// Holds `value`, read from `start`, unless `key` was forgotten meanwhile (the read
+    /// may predate that change).
     pub(crate) fn keep(&self, key: K, value: V, start: ReadStart) {
         let mut inner = self.inner.lock().expect("held values");
-        if inner.generation != start.generation {
+        let changed = inner
+            .forgotten
+            .get(&key)
+            .is_some_and(|at| *at > start.generation);
+        if changed || start.generation < inner.floor {
             return;
         }
         if inner.entries.len() >= MOST {
@@ -78,11 +91,38 @@ impl<K: Hash + Eq + Clone, V: Clone> Held<K, V> {
         inner.entries.insert(key, (start.at, value));
     }
 
-    /// Drops what is held for `key`, and any read of any key begun before now.
+    /// Drops what is held for `key`, and any read of it begun before now.
     pub(crate) fn forget(&self, key: &K) {
         let mut inner = self.inner.lock().expect("held values");
         inner.entries.remove(key);
         inner.generation += 1;
+        let generation = inner.generation;
+        if inner.forgotten.len() >= MOST {
+            inner.forgotten.clear();
+            inner.floor = generation;
+        }
+        inner.forgotten.insert(key.clone(), generation);
+    }
+
+    /// Forgets `key` when dropped: made before a change to it, so that the change is
+    /// forgotten even when the request making it is cancelled once it is appended.
+    pub(crate) fn forget_after<'a>(&'a self, key: &K) -> ForgetAfter<'a, K, V> {
+        ForgetAfter {
+            held: self,
+            key: key.clone(),
+        }
+    }
+}
+
+/// See [`Held::forget_after`].
+pub(crate) struct ForgetAfter<'a, K: Hash + Eq + Clone, V: Clone> {
+    held: &'a Held<K, V>,
+    key: K,
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> Drop for ForgetAfter<'_, K, V> {
+    fn drop(&mut self) {
+        self.held.forget(&self.key);
     }
 }
 
@@ -111,6 +151,27 @@ mod tests {
     }
 
     #[test]
+    fn forgetting_one_key_keeps_reads_of_the_others() {
+        let held = Held::<u32, &str>::new();
+        let start = held.get(&2).expect_err("nothing held yet");
+        held.forget(&1);
+        held.keep(2, "other tenant", start);
+        assert_eq!(held.get(&2).ok(), Some("other tenant"));
+    }
+
+    #[test]
+    fn a_change_is_forgotten_when_its_request_is_dropped() {
+        let held = Held::<u32, &str>::new();
+        let start = held.get(&1).expect_err("nothing held yet");
+        held.keep(1, "issued", start);
+        {
+            let _forget = held.forget_after(&1);
+            // The change is appended, then the request is cancelled here.
+        }
+        assert!(held.get(&1).is_err(), "still held after the change");
+    }
+
+    #[test]
     fn a_value_is_read_again_after_the_hold() {
         let held = Held::<u32, &str>::new();
         let start = held.get(&1).expect_err("nothing held yet");
@@ -128,7 +189,9 @@ mod tests {
         for key in 0..3 * MOST {
             let start = held.get(&key).expect_err("a new key");
             held.keep(key, (), start);
+            held.forget(&(key + 1));
         }
-        assert!(held.inner.lock().unwrap().entries.len() <= MOST);
+        let inner = held.inner.lock().unwrap();
+        assert!(inner.entries.len() <= MOST && inner.forgotten.len() <= MOST);
     }
 }

@@ -336,8 +336,9 @@ impl App {
         Ok(state)
     }
 
-    /// A command on `tenant`; what was held of it is forgotten, so this process's next
-    /// read sees the change.
+    /// A command on `tenant`; what was held of it is forgotten (even when the request
+    /// is cancelled once the command is appended), so this process's next read sees
+    /// the change.
     pub(crate) async fn execute_tenant<F>(
         &self,
         tenant: &str,
@@ -347,9 +348,8 @@ impl App {
     where
         F: FnMut(&Tenant) -> TenantCommand,
     {
-        let executed = execute::<Tenant, _>(&*self.log, tenant_id(tenant), ctx, make).await;
-        self.tenants.forget(&tenant.to_string());
-        executed
+        let _forget = self.tenants.forget_after(&tenant.to_string());
+        execute::<Tenant, _>(&*self.log, tenant_id(tenant), ctx, make).await
     }
 
     /// The placement policy in force for `tenant`.
