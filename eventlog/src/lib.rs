@@ -214,12 +214,15 @@ pub(crate) fn check_batch(events: &[RawEnvelope]) -> Result<(AggregateRef, u64),
     }
     // Ids name events: a batch naming one twice could be stored on one backend and refused
     // by another's unique index, so every backend refuses it here.
-    let mut ids = std::collections::HashSet::with_capacity(events.len());
-    if let Some(twice) = events.iter().find(|e| !ids.insert(e.event_id)) {
-        return Err(LogError::InvalidAppend(format!(
-            "event {} appears twice in one append",
-            twice.event_id
-        )));
+    // (Most appends are one event: no set to build.)
+    if events.len() > 1 {
+        let mut ids = std::collections::HashSet::with_capacity(events.len());
+        if let Some(twice) = events.iter().find(|e| !ids.insert(e.event_id)) {
+            return Err(LogError::InvalidAppend(format!(
+                "event {} appears twice in one append",
+                twice.event_id
+            )));
+        }
     }
     Ok((first.aggregate, first.sequence - 1))
 }

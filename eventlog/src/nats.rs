@@ -485,7 +485,8 @@ impl EventLog for NatsLog {
         // In a cluster this lasts while the stream's leader is elected, often under a
         // second: it is waited out here, briefly, rather than failing the caller's work.
         let give_up = tokio::time::Instant::now() + NO_RESPONDERS_WAIT;
-        let mut pause = Duration::from_millis(25);
+        const FIRST_PAUSE: Duration = Duration::from_millis(25);
+        let mut pause = FIRST_PAUSE;
         let ack = loop {
             let ack = match self
                 .js
@@ -500,7 +501,9 @@ impl EventLog for NatsLog {
                     if e.kind() == PublishErrorKind::StreamNotFound
                         && tokio::time::Instant::now() + pause < give_up =>
                 {
-                    tracing::debug!(stream = %self.config.stream, "no server answered; publishing again");
+                    if pause == FIRST_PAUSE {
+                        tracing::warn!(stream = %self.config.stream, "no server answered for the stream (a leader election?); publishing again for up to {} s", NO_RESPONDERS_WAIT.as_secs());
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(400));
                 }

@@ -42,9 +42,21 @@ fn fresh() -> Open {
     Arc::new(move || {
         let (config, _keep_alive) = (config.clone(), cluster.clone());
         Box::pin(async move {
-            let log = NatsLog::connect(config)
-                .await
-                .expect("connect to the cluster");
+            // Fifteen checks making R3 streams at once on two cores can outlast a
+            // stream creation's request timeout; the services retry a start the same way
+            // (docs/running.md).
+            let mut tries = 0;
+            let log = loop {
+                match NatsLog::connect(config.clone()).await {
+                    Ok(log) => break log,
+                    Err(e) if e.is_transient() && tries < 4 => {
+                        tries += 1;
+                        eprintln!("connecting to the cluster, try {tries}: {e}");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => panic!("connect to the cluster: {e}"),
+                }
+            };
             Arc::new(log) as Arc<dyn EventLog>
         })
     })

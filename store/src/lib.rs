@@ -228,20 +228,6 @@ impl Store {
     }
 }
 
-/// Records `position` for `projection` inside the caller's transaction.
-pub async fn save_position(tx: &mut Tx, projection: &str, position: u64) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO projection_positions (name, position) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET position = excluded.position
-         WHERE projection_positions.position < excluded.position",
-    )
-    .bind(projection)
-    .bind(position as i64)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 /// A projection's position, by name (none: no row).
 const POSITION: &str = "SELECT position FROM projection_positions WHERE name = $1";
 
@@ -281,9 +267,11 @@ const BATCH: usize = 256;
 /// … and while catching up (a start or a rebuild): fewer, larger transactions.
 pub const CATCH_UP_BATCH: usize = 4096;
 
-/// Moves `projection`'s position from `from` to `to`, only if it is still at `from`;
-/// whether it moved.
-async fn move_position(
+/// Moves `projection`'s position from `from` to `to` inside the caller's transaction,
+/// only if it is still at `from` (a compare-and-set: of two writers that applied the
+/// same commits, one finds it moved); whether it moved. A caller that gets false rolls
+/// back what it applied.
+pub async fn move_position(
     tx: &mut Tx,
     projection: &str,
     from: u64,

@@ -45,9 +45,7 @@ use meridian_events::{
     SiteKind, TenantEvent,
 };
 use meridian_ops::trace;
-use meridian_store::{
-    catch_up, position_in, save_position, Backend, Projection, Store, StoreError, Tx,
-};
+use meridian_store::{catch_up, move_position, Backend, Projection, Store, StoreError, Tx};
 use rust_decimal::Decimal;
 use serde_json::value::RawValue;
 use sqlx::Row;
@@ -430,9 +428,6 @@ async fn write_page(
             .execute(&mut *tx)
             .await?;
     }
-    if position_in(&mut tx, NAME).await? != after {
-        return Ok(false);
-    }
     let egress = priced.egress.len();
     if claim(&mut tx, priced.egress).await?.len() != egress {
         return Ok(false);
@@ -440,7 +435,11 @@ async fn write_page(
     for statement in priced.statements {
         statement.execute(&mut tx).await?;
     }
-    save_position(&mut tx, NAME, end).await?;
+    // Compared and moved in one statement, so another writer that applied this page
+    // meanwhile (on PostgreSQL, after a read here would have passed) rolls this back.
+    if !move_position(&mut tx, NAME, after, end).await? {
+        return Ok(false);
+    }
     tx.commit().await?;
     Ok(true)
 }

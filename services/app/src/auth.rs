@@ -347,16 +347,13 @@ impl App {
     /// A token as the log has it, read at most once per [`held::HOLD`](crate::held::HOLD)
     /// (every request names one).
     async fn token_state(&self, id: Uuid) -> Result<Token, AppError> {
-        let start = match self.tokens.get(&id) {
-            Ok(token) => return Ok(token),
-            Err(start) => start,
+        let read = async {
+            load::<Token>(&*self.log, id)
+                .await
+                .map(|loaded| loaded.state)
+                .map_err(|e| AppError::from_log("checking the token", e))
         };
-        let token = load::<Token>(&*self.log, id)
-            .await
-            .map_err(|e| AppError::from_log("checking the token", e))?
-            .state;
-        self.tokens.keep(id, token.clone(), start);
-        Ok(token)
+        self.tokens.get_or_read(id, read).await
     }
 
     async fn token_principal(&self, bearer: &str) -> Result<Option<Principal>, AppError> {

@@ -37,7 +37,7 @@ struct Inner<K, V> {
 }
 
 /// Where a read began: when, and at which generation.
-pub(crate) struct ReadStart {
+struct ReadStart {
     at: Instant,
     generation: u64,
 }
@@ -54,9 +54,24 @@ impl<K: Hash + Eq + Clone, V: Clone> Held<K, V> {
         }
     }
 
+    /// The value held for `key`, or `read`'s (held from now on unless `key` is forgotten
+    /// while it reads).
+    pub(crate) async fn get_or_read<E, F>(&self, key: K, read: F) -> Result<V, E>
+    where
+        F: std::future::Future<Output = Result<V, E>>,
+    {
+        let start = match self.get(&key) {
+            Ok(value) => return Ok(value),
+            Err(start) => start,
+        };
+        let value = read.await?;
+        self.keep(key, value.clone(), start);
+        Ok(value)
+    }
+
     /// The value held for `key` if its read began less than [`HOLD`] ago; otherwise
     /// where a new read begins, to give to [`Held::keep`].
-    pub(crate) fn get(&self, key: &K) -> Result<V, ReadStart> {
+    fn get(&self, key: &K) -> Result<V, ReadStart> {
         let inner = self.inner.lock().expect("held values");
         let now = Instant::now();
         match inner.entries.get(key) {
@@ -70,7 +85,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Held<K, V> {
 
     /// Holds `value`, read from `start`, unless `key` was forgotten meanwhile (the read
     /// may predate that change).
-    pub(crate) fn keep(&self, key: K, value: V, start: ReadStart) {
+    fn keep(&self, key: K, value: V, start: ReadStart) {
         let mut inner = self.inner.lock().expect("held values");
         let changed = inner
             .forgotten

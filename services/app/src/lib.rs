@@ -15,9 +15,9 @@ use std::sync::Arc;
 use meridian_domain::Catalog;
 use meridian_eventlog::EventLog;
 use meridian_store::{Projection, Store};
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 use held::Held;
-use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 pub mod api;
 pub mod audit;

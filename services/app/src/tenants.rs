@@ -324,16 +324,13 @@ impl App {
     /// `tenant` as the log has it, read at most once per [`HOLD`](crate::held::HOLD)
     /// (every submission asks whether its tenant has a budget).
     pub(crate) async fn tenant_state(&self, tenant: &str) -> Result<Tenant, AppError> {
-        let start = match self.tenants.get(&tenant.to_string()) {
-            Ok(state) => return Ok(state),
-            Err(start) => start,
+        let read = async {
+            load::<Tenant>(&*self.log, tenant_id(tenant))
+                .await
+                .map(|loaded| loaded.state)
+                .map_err(|e| AppError::from_log("reading the tenant", e))
         };
-        let state = load::<Tenant>(&*self.log, tenant_id(tenant))
-            .await
-            .map_err(|e| AppError::from_log("reading the tenant", e))?
-            .state;
-        self.tenants.keep(tenant.to_string(), state.clone(), start);
-        Ok(state)
+        self.tenants.get_or_read(tenant.to_string(), read).await
     }
 
     /// A command on `tenant`; what was held of it is forgotten (even when the request
