@@ -162,6 +162,11 @@ pub struct Catalog {
 pub const SNAPSHOT: &str = "catalog";
 pub const SNAPSHOT_FORMAT: u32 = 1;
 
+/// Commits read from the log at a time while catching up. A page is a round trip or two
+/// (over JetStream, a consumer made for it): at 512 a start that read 30,000 commits
+/// spent a fifth of its reading on them.
+const PAGE: usize = 2048;
+
 impl Catalog {
     /// Builds the catalogue from the log: from its last snapshot and the commits after
     /// it, or from the whole log when there is none (or none that matches). Saves a new
@@ -222,7 +227,7 @@ impl Catalog {
             } else {
                 self.position.saturating_sub(1)
             };
-            let commits = log.read_from(after, 512).await?;
+            let commits = log.read_from(after, PAGE).await?;
             if commits.is_empty() {
                 return Ok(read);
             }
@@ -232,13 +237,7 @@ impl Catalog {
                 let mut events = Vec::new();
                 for raw in commit.events.iter() {
                     visit(raw);
-                    if !matches!(
-                        raw.aggregate.kind,
-                        AggregateKind::Site
-                            | AggregateKind::Transfer
-                            | AggregateKind::Job
-                            | AggregateKind::Tenant
-                    ) {
+                    if !Catalog::may_fold(raw) {
                         continue;
                     }
                     events.push(raw.decode_event().map_err(|e| LogError::Corrupt {
@@ -253,6 +252,20 @@ impl Catalog {
                 self.position = commit.position;
                 self.sequence = u64::MAX;
             }
+        }
+    }
+
+    /// Whether [`Catalog::observe`] may fold `raw` in, read from its kind and type
+    /// alone: decoding is the costly part of a start's fold, and most of a log's job
+    /// events (a dispatch carries its task) say nothing about a site's reliability.
+    fn may_fold(raw: &meridian_events::RawEnvelope) -> bool {
+        match raw.aggregate.kind {
+            AggregateKind::Site | AggregateKind::Transfer | AggregateKind::Tenant => true,
+            AggregateKind::Job => matches!(
+                raw.payload.get("type").and_then(|t| t.as_str()),
+                Some("job.finished.v1" | "job.failed.v1" | "job.cancelled.v1")
+            ),
+            _ => false,
         }
     }
 

@@ -49,11 +49,19 @@ where
     A::Event: TryFrom<Event>,
 {
     let aggregate = AggregateRef::new(A::KIND, id);
-    let history =
-        decode_all(log.read_aggregate(aggregate).await?).map_err(|message| LogError::Corrupt {
-            position: 0,
-            message,
-        })?;
+    fold(log.read_aggregate(aggregate).await?)
+}
+
+/// Folds an aggregate's whole history, already read from the log, as [`load`] does.
+pub fn fold<A>(raw: Vec<RawEnvelope>) -> Result<Loaded<A>, LogError>
+where
+    A: Aggregate,
+    A::Event: TryFrom<Event>,
+{
+    let history = decode_all(raw).map_err(|message| LogError::Corrupt {
+        position: 0,
+        message,
+    })?;
     let mut state = A::default();
     for envelope in &history {
         if let Ok(event) = A::Event::try_from(envelope.payload.clone()) {

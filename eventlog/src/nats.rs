@@ -37,6 +37,11 @@ const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
 /// stream's leader) before it reports the log unavailable.
 const NO_RESPONDERS_WAIT: Duration = Duration::from_secs(5);
 
+/// The consumers a stream takes: the durable subscriptions, the tails, and the reads
+/// in flight at once. Set on a stream this log creates (a stream made before keeps
+/// its own limit; `nats stream edit --max-consumers` raises it, nats-server 2.12+).
+const MAX_CONSUMERS: i32 = 10_000;
+
 /// Where and how the log lives in JetStream. Defaults suit one server; production wants
 /// `replicas: 3` (R1 file storage can lose acknowledged writes on power loss).
 #[derive(Debug, Clone)]
@@ -223,6 +228,9 @@ impl NatsLog {
                 num_replicas: config.replicas,
                 duplicate_window: config.duplicate_window,
                 allow_direct: true,
+                // Reads use short-lived consumers (deleted once read, see `read_ordered`),
+                // and nats-server 2.15 limits a stream to 1,000 unless it says otherwise.
+                max_consumers: MAX_CONSUMERS,
                 deny_delete: true,
                 deny_purge: true,
                 ..Default::default()
@@ -361,6 +369,14 @@ impl NatsLog {
             })
             .await
             .map_err(unavailable)?;
+        // The server keeps an ordered consumer for 30 s after its last use, and a stream
+        // takes 1,000 consumers by default (nats-server 2.15): a busy reader (a start
+        // folding the log page by page while writers write) would reach that within
+        // seconds. Deleted once read, in the background (best effort: one the client
+        // made again after a gap just lapses).
+        let name = consumer.cached_info().name.clone();
+        let stream = self.stream.clone();
+        let _delete = DeleteWhenDone(Some((stream, name)));
         let mut messages = consumer.messages().await.map_err(unavailable)?;
         let mut commits = Vec::new();
         while commits.len() < max {
@@ -599,10 +615,15 @@ impl EventLog for NatsLog {
             })
             .await
             .map_err(unavailable)?;
+        let delete = DeleteWhenDone(Some((
+            self.stream.clone(),
+            consumer.cached_info().name.clone(),
+        )));
         let messages = consumer.messages().await.map_err(unavailable)?;
         Ok(Box::new(NatsTail {
             messages: Box::pin(messages),
             after,
+            _delete: delete,
         }))
     }
 
@@ -663,11 +684,29 @@ fn snapshot_position(info: &object_store::ObjectInfo) -> Option<u64> {
     info.metadata.get(SNAPSHOT_POSITION)?.parse().ok()
 }
 
+/// Deletes a one-off consumer when dropped, however the read that used it ended.
+struct DeleteWhenDone(Option<(stream::Stream, String)>);
+
+impl Drop for DeleteWhenDone {
+    fn drop(&mut self) {
+        if let (Some((stream, name)), Ok(runtime)) =
+            (self.0.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(async move {
+                if let Err(e) = stream.delete_consumer(&name).await {
+                    tracing::debug!(consumer = %name, error = %e, "a read's consumer was not deleted; it lapses in 30 s");
+                }
+            });
+        }
+    }
+}
+
 /// An ordered consumer: the client recreates it on gaps or server restarts, resuming
 /// after the last message it delivered.
 struct NatsTail {
     messages: std::pin::Pin<Box<pull::Ordered>>,
     after: u64,
+    _delete: DeleteWhenDone,
 }
 
 #[async_trait]

@@ -456,11 +456,13 @@ pub type BeforeAppend = Box<
 >;
 
 /// A log that hands everything to `inner`, recording the `after` of each `read_from`
-/// and running [`BeforeAppend`] ahead of each append: for tests that watch, or get in
-/// the way of, what a service does with its log.
+/// and the aggregate of each `read_aggregate`, and running [`BeforeAppend`] ahead of
+/// each append: for tests that watch, or get in the way of, what a service does with
+/// its log.
 pub struct Intercepted {
     inner: std::sync::Arc<dyn crate::EventLog>,
     reads: std::sync::Mutex<Vec<u64>>,
+    aggregate_reads: std::sync::Mutex<Vec<meridian_events::AggregateRef>>,
     before_append: Option<BeforeAppend>,
     renamed: Option<String>,
 }
@@ -470,6 +472,7 @@ impl Intercepted {
         Intercepted {
             inner,
             reads: Default::default(),
+            aggregate_reads: Default::default(),
             before_append: None,
             renamed: None,
         }
@@ -492,6 +495,14 @@ impl Intercepted {
     pub fn take_reads(&self) -> Vec<u64> {
         std::mem::take(&mut *self.reads.lock().unwrap_or_else(|e| e.into_inner()))
     }
+
+    /// Every aggregate read whole (`read_aggregate`) so far, oldest first.
+    pub fn aggregates_read(&self) -> Vec<meridian_events::AggregateRef> {
+        self.aggregate_reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 #[async_trait::async_trait]
@@ -510,6 +521,10 @@ impl crate::EventLog for Intercepted {
         &self,
         aggregate: meridian_events::AggregateRef,
     ) -> Result<Vec<meridian_events::RawEnvelope>, crate::LogError> {
+        self.aggregate_reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(aggregate);
         self.inner.read_aggregate(aggregate).await
     }
 

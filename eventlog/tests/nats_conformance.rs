@@ -112,3 +112,43 @@ async fn server_killed_mid_test_and_the_backend_recovers() {
         "only already-acknowledged commits may come again, in order: {payloads:?}"
     );
 }
+
+/// A read's consumer is deleted once read, and a tail's when the tail is dropped: the
+/// server keeps an idle ordered consumer for 30 s, and a stream takes 1,000 consumers
+/// by default (nats-server 2.15), which a start folding the log page by page while
+/// writers write reached within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_tails_leave_no_consumers_behind() {
+    let (url, _server) = nats_url_or_start().expect("a nats-server to test against");
+    let cfg = config(url.clone());
+    let log = NatsLog::connect(cfg.clone())
+        .await
+        .expect("connect to nats");
+    log.append(vec![event(workflow(), 1, json!("one"))])
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        assert_eq!(log.read_from(0, 10).await.unwrap().len(), 1);
+    }
+    let mut tail = log.tail(0).await.unwrap();
+    assert_eq!(
+        tail.next(10, Duration::from_secs(5)).await.unwrap().len(),
+        1
+    );
+    drop(tail);
+
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    let mut stream = js.get_stream(&cfg.stream).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = stream.info().await.unwrap().state.consumer_count;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{left} consumers left behind"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

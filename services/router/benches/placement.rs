@@ -13,6 +13,10 @@
 //! `cargo bench -p meridian-router --bench placement [-- --quick] [--latency-only | --throughput-only] [--workflows N]`
 //! (`--workflows`: how many the throughput rows place, 2,000 unless given).
 
+// The allocator the `meridian` binary runs the router with.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
-use meridian_eventlog::deferred::Deferred;
+use meridian_eventlog::deferred::{Deferred, Failed};
 use meridian_eventlog::{snapshot, EventLog, LogError};
 use meridian_events::aggregate::{
     Job, JobCommand, JobError, Workflow, WorkflowCommand, WorkflowError, WorkflowState,
@@ -42,6 +42,9 @@ pub const SUBSCRIPTION: &str = "router";
 
 /// Workflows read from the log at once when many wait to be reconciled.
 const PREFETCH: usize = 64;
+/// How many workflows of a long list are decided before their decisions are appended,
+/// while the next ones are decided (as many as the log has chains in flight).
+const AHEAD: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
@@ -106,6 +109,8 @@ pub struct Router {
     /// What was decided while working through the delivered batch, appended when the
     /// batch is done, each workflow's commits in order (see `meridian_eventlog::deferred`).
     deferred: Deferred,
+    /// Decisions being appended while more are decided (see [`Router::reconcile_many`]).
+    appending: Vec<tokio::task::JoinHandle<Vec<Failed>>>,
     /// The log position the start folded up to.
     folded_to: u64,
     /// Saves a new snapshot in the background every so many commits delivered.
@@ -142,6 +147,46 @@ pub struct RouterStart {
     /// Commits it read from the log (after the snapshot, if one was used).
     #[serde(skip)]
     pub read: u64,
+    /// The unplaced workflows whose whole history it read, when asked to keep them.
+    #[serde(skip)]
+    histories: Histories,
+}
+
+/// The histories of unplaced workflows submitted after the snapshot, as the start read
+/// them: the router begins with those workflows cached instead of reading each one
+/// again (after a restart with a backlog, thousands of reads, the longest part of it).
+#[derive(Debug, Default)]
+struct Histories(HashMap<Uuid, Vec<meridian_events::RawEnvelope>>);
+
+impl Histories {
+    /// Called after [`Work::visit`] saw `raw`: keeps an unplaced workflow's events in
+    /// order from its first; a workflow placed, ended or seen with a gap is dropped (it
+    /// is read from the log if the router needs it).
+    fn visit(&mut self, work: &Work, raw: &meridian_events::RawEnvelope) {
+        if raw.aggregate.kind != AggregateKind::Workflow {
+            return;
+        }
+        let id = raw.aggregate.id;
+        if !work.unplaced.contains(&id) {
+            self.0.remove(&id);
+            return;
+        }
+        match self.0.get_mut(&id) {
+            None if raw.sequence == 1 => {
+                self.0.insert(id, vec![raw.clone()]);
+            }
+            None => {}
+            Some(history) => {
+                let last = history.last().map_or(0, |e| e.sequence);
+                if raw.sequence == last + 1 {
+                    history.push(raw.clone());
+                } else if raw.sequence > last {
+                    self.0.remove(&id);
+                }
+                // At or below the last: a commit read again; already kept.
+            }
+        }
+    }
 }
 
 /// The work the router picks up again at start.
@@ -168,6 +213,15 @@ impl RouterStart {
     /// is no snapshot that matches it); saves a new snapshot when it read `save_after`
     /// commits or more. A failure to save is logged: the state is good all the same.
     pub async fn load(log: &dyn EventLog, save_after: u64) -> Result<RouterStart, LogError> {
+        RouterStart::fold(log, save_after, false).await
+    }
+
+    /// [`RouterStart::load`], keeping [`Histories`] when `keep_histories`.
+    async fn fold(
+        log: &dyn EventLog,
+        save_after: u64,
+        keep_histories: bool,
+    ) -> Result<RouterStart, LogError> {
         let mut start = match snapshot::load::<RouterStart>(log, SNAPSHOT, SNAPSHOT_FORMAT).await? {
             Some((position, start)) => RouterStart {
                 from_snapshot: Some(position),
@@ -175,9 +229,19 @@ impl RouterStart {
             },
             None => RouterStart::default(),
         };
-        let RouterStart { catalog, work, .. } = &mut start;
+        let RouterStart {
+            catalog,
+            work,
+            histories,
+            ..
+        } = &mut start;
         start.read = catalog
-            .catch_up_visiting(log, |raw| work.visit(raw))
+            .catch_up_visiting(log, |raw| {
+                work.visit(raw);
+                if keep_histories {
+                    histories.visit(work, raw);
+                }
+            })
             .await?;
         if start.read >= save_after {
             let position = start.catalog.position();
@@ -268,7 +332,7 @@ impl Router {
         commits: u64,
     ) -> Result<Router, RouterError> {
         let began = std::time::Instant::now();
-        let start = RouterStart::load(&*log, commits).await?;
+        let start = RouterStart::fold(&*log, commits, true).await?;
         tracing::info!(
             read = start.read,
             snapshot = ?start.from_snapshot,
@@ -276,14 +340,19 @@ impl Router {
             "router: folded the log's commits after its snapshot (or the whole log, without one)"
         );
         let folded_to = start.catalog.position();
-        let RouterStart { catalog, work, .. } = start;
+        let RouterStart {
+            catalog,
+            work,
+            histories,
+            ..
+        } = start;
         let Work {
             unplaced,
             active,
             gpus,
             gpu_held,
         } = work;
-        Ok(Router {
+        let mut router = Router {
             log,
             catalog,
             workflows: HashMap::new(),
@@ -303,9 +372,15 @@ impl Router {
             gpu_held,
             last_refusal: None,
             deferred: Deferred::default(),
+            appending: Vec::new(),
             folded_to,
             snapshots: snapshot::Refresh::every(commits),
-        })
+        };
+        for (id, history) in histories.0 {
+            let loaded = aggregates::fold::<Workflow>(history)?;
+            router.cache_loaded(id, loaded);
+        }
+        Ok(router)
     }
 
     /// The first backoff after a site fault (then doubling); 30 s unless set.
@@ -339,6 +414,9 @@ impl Router {
     async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RouterError> {
         // Decisions of a batch that failed part-way were never stored: the batch comes
         // again, and its workflows are read afresh.
+        for failed in self.appended().await {
+            self.forget(failed.chain, &failed.unwritten);
+        }
         for (workflow, aggregates) in self.deferred.discard() {
             self.forget(workflow, &aggregates);
         }
@@ -356,26 +434,19 @@ impl Router {
                 .filter(|(_, t)| **t <= now)
                 .map(|(id, _)| *id)
                 .collect();
-            self.prefetch(due.iter().copied()).await?;
-            for id in due {
-                self.not_before.remove(&id);
-                self.reconcile(id).await?;
+            for id in &due {
+                self.not_before.remove(id);
             }
+            self.reconcile_many(due).await?;
             // GPUs were freed: held tasks may be released.
             if std::mem::take(&mut self.gpus_freed) {
                 let held = std::mem::take(&mut self.gpu_held);
-                self.prefetch(held.iter().copied()).await?;
-                for id in held {
-                    self.reconcile(id).await?;
-                }
+                self.reconcile_many(held.into_iter().collect()).await?;
             }
             // A site connected, changed its prices or came back: waiting work may fit.
             if std::mem::take(&mut self.sites_changed) {
-                let unplaced = self.unplaced.clone();
-                self.prefetch(unplaced.iter().copied()).await?;
-                for id in unplaced {
-                    self.reconcile(id).await?;
-                }
+                let unplaced = self.unplaced.iter().copied().collect();
+                self.reconcile_many(unplaced).await?;
             }
             // Commits the start already folded come again when their acknowledgement was
             // lost in a crash: the workflows they concern are read whole from the log,
@@ -426,13 +497,15 @@ impl Router {
     /// other failure ends the pass, and the batch is delivered again.
     async fn store_decisions(&mut self) -> Result<(), RouterError> {
         const ROUNDS: u32 = 8;
+        let mut failures = self.appended().await;
         for _ in 0..ROUNDS {
-            if self.deferred.is_empty() {
+            failures.extend(self.deferred.flush(&*self.log).await);
+            if failures.is_empty() {
                 return Ok(());
             }
             let mut again = BTreeSet::new();
             let mut error = None;
-            for failed in self.deferred.flush(&*self.log).await {
+            for failed in std::mem::take(&mut failures) {
                 self.forget(failed.chain, &failed.unwritten);
                 match failed.error {
                     LogError::Conflict { .. } => {
@@ -458,6 +531,41 @@ impl Router {
             self.forget(workflow, &aggregates);
         }
         Ok(())
+    }
+
+    /// Reconciles many workflows (those waiting after a start, on a site or on GPUs),
+    /// [`PREFETCH`] read at a time, appending the decisions of each [`AHEAD`] while
+    /// the next are decided: deciding and appending share no workflow, and the batch is
+    /// acknowledged only once [`Router::store_decisions`] has seen every append stored.
+    async fn reconcile_many(&mut self, ids: Vec<Uuid>) -> Result<(), RouterError> {
+        for chunk in ids.chunks(AHEAD) {
+            self.prefetch(chunk.iter().copied()).await?;
+            for id in chunk {
+                self.reconcile(*id).await?;
+            }
+            if !self.deferred.is_empty() {
+                let mut decided = std::mem::take(&mut self.deferred);
+                let log = self.log.clone();
+                self.appending
+                    .push(tokio::spawn(async move { decided.flush(&*log).await }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the appends [`Router::reconcile_many`] started; returns the chains that
+    /// were not stored whole.
+    async fn appended(&mut self) -> Vec<Failed> {
+        let mut failures = Vec::new();
+        for task in std::mem::take(&mut self.appending) {
+            match task.await {
+                Ok(failed) => failures.extend(failed),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Only a runtime shutting down cancels it, and the router goes with it.
+                Err(_) => {}
+            }
+        }
+        failures
     }
 
     /// Drops what was cached for `workflow` and for the aggregates of its decisions that

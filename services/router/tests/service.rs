@@ -40,6 +40,22 @@ impl Bench {
         Bench::seen_through(sites, |log| log).await
     }
 
+    /// A bench whose one site, `name`, no adapter serves yet (connect it with `connect`).
+    async fn with_unconnected_site(name: &str) -> (Bench, Uuid) {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn EventLog> =
+            Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+        let site = register_unconnected_site(&*log, name).await;
+        let (stop, stopped) = watch::channel(false);
+        let bench = Bench {
+            router: Bench::spawn(log.clone(), stopped),
+            log,
+            stop,
+            _dir: dir,
+        };
+        (bench, site)
+    }
+
     /// A bench whose router reaches the log through `wrap` (the bench itself reads and
     /// writes the log directly).
     async fn seen_through(
@@ -981,17 +997,7 @@ async fn kinds(log: &dyn EventLog, id: Uuid) -> Vec<&'static str> {
 /// router started after the wait began.
 #[tokio::test]
 async fn work_waits_for_a_site_to_connect_and_goes_on_when_it_does() {
-    let dir = tempfile::tempdir().unwrap();
-    let log: Arc<dyn EventLog> =
-        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
-    let site = register_unconnected_site(&*log, "far").await;
-    let (stop, stopped) = watch::channel(false);
-    let mut b = Bench {
-        router: Bench::spawn(log.clone(), stopped),
-        log,
-        stop,
-        _dir: dir,
-    };
+    let (mut b, site) = Bench::with_unconnected_site("far").await;
     let id = b
         .submit("version: v1\nname: w\njobs:\n  a: {image: host, command: [\"true\"]}\n")
         .await;
@@ -1019,6 +1025,46 @@ async fn work_waits_for_a_site_to_connect_and_goes_on_when_it_does() {
     })
     .await;
     assert_eq!(b.workflow(id).await.placement().unwrap().site, "far");
+    let _ = b.stop.send(true);
+}
+
+/// Workflows submitted while no router ran (after its snapshot) are placed by the next
+/// one from what its start read, without reading each of them again; one submitted
+/// before the snapshot is read, and placed all the same.
+#[tokio::test]
+async fn a_started_router_places_the_backlog_it_folded_without_reading_it_again() {
+    let (mut b, site) = Bench::with_unconnected_site("far").await;
+    const ONE_JOB: &str = "version: v1\nname: w\njobs:\n  a: {image: host, command: [\"true\"]}\n";
+    let before = b.submit(ONE_JOB).await;
+    b.wait_for("the wait", async || {
+        b.workflow(before)
+            .await
+            .waiting_reason()
+            .map(str::to_string)
+    })
+    .await;
+    b.stop.send(true).unwrap();
+    (&mut b.router).await.unwrap();
+    b.router = tokio::spawn(async {}); // stopped: the restart below has none to stop
+    RouterStart::load(&*b.log, 0).await.unwrap(); // saves a snapshot
+    let backlog = [b.submit(ONE_JOB).await, b.submit(ONE_JOB).await];
+
+    let seen = Arc::new(Intercepted::new(b.log.clone()));
+    b.restart_on(seen.clone()).await;
+    connect(&*b.log, site, 60).await;
+    for id in backlog.iter().chain([&before]) {
+        b.wait_for("the placement", async || {
+            b.workflow(*id).await.placement().map(|_| ())
+        })
+        .await;
+    }
+    let read = seen.aggregates_read();
+    let workflow =
+        |id| meridian_events::AggregateRef::new(meridian_events::AggregateKind::Workflow, id);
+    assert!(read.contains(&workflow(before)), "{read:?}");
+    for id in backlog {
+        assert!(!read.contains(&workflow(id)), "{id} read again: {read:?}");
+    }
     let _ = b.stop.send(true);
 }
 
