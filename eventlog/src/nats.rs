@@ -37,11 +37,6 @@ const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
 /// stream's leader) before it reports the log unavailable.
 const NO_RESPONDERS_WAIT: Duration = Duration::from_secs(5);
 
-/// The consumers a stream takes: the durable subscriptions, the tails, and the reads
-/// in flight at once. Set on a stream this log creates (a stream made before keeps
-/// its own limit; `nats stream edit --max-consumers` raises it, nats-server 2.12+).
-const MAX_CONSUMERS: i32 = 10_000;
-
 /// Where and how the log lives in JetStream. Defaults suit one server; production wants
 /// `replicas: 3` (R1 file storage can lose acknowledged writes on power loss).
 #[derive(Debug, Clone)]
@@ -228,9 +223,6 @@ impl NatsLog {
                 num_replicas: config.replicas,
                 duplicate_window: config.duplicate_window,
                 allow_direct: true,
-                // Reads use short-lived consumers (deleted once read, see `read_ordered`),
-                // and nats-server 2.15 limits a stream to 1,000 unless it says otherwise.
-                max_consumers: MAX_CONSUMERS,
                 deny_delete: true,
                 deny_purge: true,
                 ..Default::default()

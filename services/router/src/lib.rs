@@ -434,10 +434,13 @@ impl Router {
                 .filter(|(_, t)| **t <= now)
                 .map(|(id, _)| *id)
                 .collect();
-            for id in &due {
-                self.not_before.remove(id);
+            self.reconcile_many(due.clone()).await?;
+            // Only now: a read that fails above leaves them due for the next pass.
+            for id in due {
+                if self.not_before.get(&id).is_some_and(|t| *t <= now) {
+                    self.not_before.remove(&id);
+                }
             }
-            self.reconcile_many(due).await?;
             // GPUs were freed: held tasks may be released.
             if std::mem::take(&mut self.gpus_freed) {
                 let held = std::mem::take(&mut self.gpu_held);
@@ -535,8 +538,13 @@ impl Router {
 
     /// Reconciles many workflows (those waiting after a start, on a site or on GPUs),
     /// [`PREFETCH`] read at a time, appending the decisions of each [`AHEAD`] while
-    /// the next are decided: deciding and appending share no workflow, and the batch is
-    /// acknowledged only once [`Router::store_decisions`] has seen every append stored.
+    /// the next are decided. The batch is acknowledged only once
+    /// [`Router::store_decisions`] has seen every append stored. A workflow in two of
+    /// the lists (due and held for GPUs) is decided twice, its second decisions appended
+    /// beside the first: the log takes a commit only right after the aggregate's last
+    /// (the expected sequence), so the second can never land first, and if the first is
+    /// refused the second is too, and the workflow is decided again from the log. A
+    /// dispatch is always in the same chain as its release, after it.
     async fn reconcile_many(&mut self, ids: Vec<Uuid>) -> Result<(), RouterError> {
         for chunk in ids.chunks(AHEAD) {
             self.prefetch(chunk.iter().copied()).await?;
