@@ -366,9 +366,7 @@ impl NatsLog {
         // folding the log page by page while writers write) would reach that within
         // seconds. Deleted once read, in the background (best effort: one the client
         // made again after a gap just lapses).
-        let name = consumer.cached_info().name.clone();
-        let stream = self.stream.clone();
-        let _delete = DeleteWhenDone(Some((stream, name)));
+        let _delete = DeleteWhenDone::of(&self.stream, &consumer);
         let mut messages = consumer.messages().await.map_err(unavailable)?;
         let mut commits = Vec::new();
         while commits.len() < max {
@@ -607,10 +605,7 @@ impl EventLog for NatsLog {
             })
             .await
             .map_err(unavailable)?;
-        let delete = DeleteWhenDone(Some((
-            self.stream.clone(),
-            consumer.cached_info().name.clone(),
-        )));
+        let delete = DeleteWhenDone::of(&self.stream, &consumer);
         let messages = consumer.messages().await.map_err(unavailable)?;
         Ok(Box::new(NatsTail {
             messages: Box::pin(messages),
@@ -679,6 +674,15 @@ fn snapshot_position(info: &object_store::ObjectInfo) -> Option<u64> {
 /// Deletes a one-off consumer when dropped, however the read that used it ended.
 struct DeleteWhenDone(Option<(stream::Stream, String)>);
 
+impl DeleteWhenDone {
+    fn of(
+        stream: &stream::Stream,
+        consumer: &consumer::Consumer<pull::OrderedConfig>,
+    ) -> DeleteWhenDone {
+        DeleteWhenDone(Some((stream.clone(), consumer.cached_info().name.clone())))
+    }
+}
+
 impl Drop for DeleteWhenDone {
     fn drop(&mut self) {
         if let (Some((stream, name)), Ok(runtime)) =
@@ -686,7 +690,9 @@ impl Drop for DeleteWhenDone {
         {
             runtime.spawn(async move {
                 if let Err(e) = stream.delete_consumer(&name).await {
-                    tracing::debug!(consumer = %name, error = %e, "a read's consumer was not deleted; it lapses in 30 s");
+                    // Not fatal: the server drops it after 30 s idle. Said at WARN because
+                    // many at once would reach the stream's consumer limit.
+                    tracing::warn!(consumer = %name, error = %e, "a read's consumer was not deleted; the server drops it after 30 s");
                 }
             });
         }

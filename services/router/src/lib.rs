@@ -569,8 +569,9 @@ impl Router {
             match task.await {
                 Ok(failed) => failures.extend(failed),
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // Only a runtime shutting down cancels it, and the router goes with it.
-                Err(_) => {}
+                // Only a runtime shutting down cancels it, and the router goes with it
+                // (its batch unacknowledged, so delivered again to the next).
+                Err(e) => tracing::warn!(error = %e, "router: appends cancelled by shutdown"),
             }
         }
         failures
