@@ -2,11 +2,13 @@
 //! aggregate decide, append with the expected sequence, and on a conflict (someone else
 //! moved the aggregate on) load again and decide again.
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use meridian_events::{Aggregate, AggregateRef, Envelope, Event, EventContext, RawEnvelope};
 use uuid::Uuid;
 
-use crate::{EventLog, LogError};
+use crate::{EncodedCommit, EventLog, LogError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecuteError<E: std::error::Error + 'static> {
@@ -62,6 +64,15 @@ where
         position: 0,
         message,
     })?;
+    Ok(fold_decoded(history))
+}
+
+/// Folds an aggregate's whole history, read and decoded already.
+pub fn fold_decoded<A>(history: Vec<Envelope<Event>>) -> Loaded<A>
+where
+    A: Aggregate,
+    A::Event: TryFrom<Event>,
+{
     let mut state = A::default();
     for envelope in &history {
         if let Ok(event) = A::Event::try_from(envelope.payload.clone()) {
@@ -69,11 +80,11 @@ where
         }
     }
     let sequence = history.last().map_or(0, |e| e.sequence);
-    Ok(Loaded {
+    Loaded {
         state,
         sequence,
         history,
-    })
+    }
 }
 
 /// Runs `command` (built afresh from the current state by `make`, so a retry after a
@@ -160,20 +171,20 @@ where
     }
 
     /// What `command` yields against the cached state, as envelopes following its last
-    /// sequence and as the commit to append; nothing is folded in or appended (see
-    /// [`Cached::fold`]).
+    /// sequence and as the commit to append (none when it yields nothing); nothing is
+    /// folded in or appended (see [`Cached::fold`]).
     #[allow(clippy::type_complexity)]
     pub fn decide(
         &self,
         ctx: &EventContext,
         command: A::Command,
-    ) -> Result<(Vec<Envelope<Event>>, Vec<RawEnvelope>), ExecuteError<A::Error>> {
+    ) -> Result<(Arc<Vec<Envelope<Event>>>, Option<EncodedCommit>), ExecuteError<A::Error>> {
         let events = self
             .state
             .handle(command, Utc::now())
             .map_err(ExecuteError::Rejected)?;
         if events.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok((Arc::default(), None));
         }
         let envelopes = Envelope::sequence_after(
             AggregateRef::new(A::KIND, self.id),
@@ -182,12 +193,12 @@ where
             Utc::now(),
             events.into_iter().map(Into::into).collect::<Vec<Event>>(),
         );
-        let raw = envelopes
-            .iter()
-            .map(Envelope::to_raw)
-            .collect::<Result<Vec<_>, _>>()
+        // Written straight from the typed events: no JSON tree in between (the commit
+        // shares them, for a log that wants trees too).
+        let envelopes = Arc::new(envelopes);
+        let commit = EncodedCommit::encode_shared(envelopes.clone())
             .map_err(|e| ExecuteError::Decode(e.to_string()))?;
-        Ok((envelopes, raw))
+        Ok((envelopes, Some(commit)))
     }
 
     /// Folds in envelopes this process decided (before or after appending them).
@@ -211,14 +222,14 @@ where
         const ATTEMPTS: u32 = 8;
         let aggregate = AggregateRef::new(A::KIND, self.id);
         for _ in 0..ATTEMPTS {
-            let (envelopes, raw) = self.decide(ctx, make(&self.state))?;
-            if envelopes.is_empty() {
+            let (envelopes, Some(commit)) = self.decide(ctx, make(&self.state))? else {
                 return Ok(Vec::new());
-            }
-            match log.append(raw).await {
+            };
+            match log.append_encoded(commit).await {
                 Ok(_) => {
                     self.fold(&envelopes);
-                    return Ok(envelopes);
+                    // The log has let go of the commit, and with it its share.
+                    return Ok(Arc::try_unwrap(envelopes).unwrap_or_else(|e| (*e).clone()));
                 }
                 Err(LogError::Conflict { .. }) => {
                     *self = Cached::load(log, self.id).await?;

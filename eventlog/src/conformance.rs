@@ -14,7 +14,7 @@ use meridian_events::{AggregateKind, AggregateRef, Envelope, RawEnvelope};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::{Appended, Commit, EventLog, LogError, StoredCommit, MAX_COMMIT_BYTES};
+use crate::{Appended, Commit, EncodedCommit, EventLog, LogError, StoredCommit, MAX_COMMIT_BYTES};
 
 pub type Open =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Arc<dyn EventLog>> + Send>> + Send + Sync>;
@@ -283,6 +283,62 @@ pub async fn duplicate_event_id_stored_once(open: Open) {
     assert_eq!(history.len(), 3, "stored once");
     let ids: HashSet<Uuid> = history.iter().map(|e| e.event_id).collect();
     assert_eq!(ids.len(), 3);
+}
+
+/// An encoded append ([`EventLog::append_encoded`]) is an append: stored as the same
+/// events, read back equal, a retry a duplicate, a stale one a conflict that writes
+/// nothing, one too large refused.
+pub async fn encoded_appends_are_appends(open: Open) {
+    let log = open().await;
+    let a = workflow();
+    let batch = vec![event(a, 1, json!({"n": 1})), event(a, 2, json!("é ✓"))];
+    let position = match log
+        .append_encoded(EncodedCommit::encode(&batch).unwrap())
+        .await
+    {
+        Ok(Appended::Stored { position }) => position,
+        other => panic!("expected the encoded append to be stored, got {other:?}"),
+    };
+    assert_eq!(log.read_aggregate(a).await.unwrap(), batch);
+    let commits = log.read_from(position - 1, 10).await.unwrap();
+    assert_eq!(commits[0].position, position);
+    assert_eq!(*commits[0].events, batch);
+    // What an encoded append stored, a plain one retries as a duplicate, and back.
+    match log.append(batch.clone()).await {
+        Ok(Appended::Duplicate { position: p }) => assert_eq!(p, position),
+        other => panic!("a retried append is a duplicate, got {other:?}"),
+    }
+    let next = vec![event(a, 3, json!("third"))];
+    append_ok(&*log, next.clone()).await;
+    match log
+        .append_encoded(EncodedCommit::encode(&next).unwrap())
+        .await
+    {
+        Ok(Appended::Duplicate { .. }) => {}
+        other => panic!("a retried encoded append is a duplicate, got {other:?}"),
+    }
+    match log
+        .append_encoded(EncodedCommit::encode(&[event(a, 3, json!("stale"))]).unwrap())
+        .await
+    {
+        Err(LogError::Conflict {
+            expected, actual, ..
+        }) => assert_eq!((expected, actual), (2, 3)),
+        other => panic!("a stale encoded append must conflict, got {other:?}"),
+    }
+    let huge = vec![event(a, 4, json!("x".repeat(MAX_COMMIT_BYTES)))];
+    match log
+        .append_encoded(EncodedCommit::encode(&huge).unwrap())
+        .await
+    {
+        Err(LogError::TooLarge { limit, .. }) => assert_eq!(limit, MAX_COMMIT_BYTES),
+        other => panic!("an encoded commit over the limit is refused, got {other:?}"),
+    }
+    assert_eq!(
+        log.read_aggregate(a).await.unwrap().len(),
+        3,
+        "nothing more written"
+    );
 }
 
 pub async fn invalid_batches_change_nothing(open: Open) {
@@ -770,7 +826,7 @@ macro_rules! conformance_suite {
             empty_log, append_then_read, long_history_reads_back_whole,
             conflict_on_stale_sequence, appends_after_what_a_subscription_delivered,
             concurrent_writers_one_wins, many_appends_at_once_through_one_handle,
-            duplicate_event_id_stored_once,
+            duplicate_event_id_stored_once, encoded_appends_are_appends,
             invalid_batches_change_nothing, large_and_non_ascii_payloads,
             replay_returns_everything_in_order,
             subscription_resumes_without_loss_or_reordering,

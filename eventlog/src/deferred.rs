@@ -21,10 +21,10 @@
 use std::collections::HashMap;
 
 use futures::stream::{self, StreamExt};
-use meridian_events::{AggregateRef, RawEnvelope};
+use meridian_events::AggregateRef;
 use uuid::Uuid;
 
-use crate::{EventLog, LogError, MAX_COMMIT_BYTES};
+use crate::{EncodedCommit, EventLog, LogError};
 
 /// How many chains are appended at once. JetStream answers each append in a round trip
 /// that grows with the load, so the more in flight the better, up to what the server
@@ -36,62 +36,8 @@ const WIDTH: usize = 1024;
 #[derive(Debug, Default)]
 pub struct Deferred {
     /// Each chain's commits in decision order; chains in the order first seen.
-    chains: Vec<(Uuid, Vec<Held>)>,
+    chains: Vec<(Uuid, Vec<EncodedCommit>)>,
     index: HashMap<Uuid, usize>,
-}
-
-/// A commit held, and its size once a later commit asked to join it.
-#[derive(Debug)]
-struct Held {
-    events: Vec<RawEnvelope>,
-    size: Option<usize>,
-}
-
-impl Held {
-    /// Takes `commit` in when it continues this commit's aggregate and both fit in one
-    /// append; otherwise hands it back.
-    fn join(&mut self, commit: Vec<RawEnvelope>) -> Option<Vec<RawEnvelope>> {
-        let continues = match (self.events.last(), commit.first()) {
-            (Some(last), Some(next)) => {
-                last.aggregate == next.aggregate && last.sequence + 1 == next.sequence
-            }
-            _ => false,
-        };
-        if !continues {
-            return Some(commit);
-        }
-        let size = *self.size.get_or_insert_with(|| encoded_len(&self.events));
-        let joined = size.saturating_add(encoded_len(&commit));
-        if joined > MAX_COMMIT_BYTES {
-            return Some(commit);
-        }
-        self.size = Some(joined);
-        self.events.extend(commit);
-        None
-    }
-}
-
-/// At least the size either log gives `events` as one commit: each envelope's JSON, a
-/// separator after each, and brackets. Counted, not kept.
-fn encoded_len(events: &[RawEnvelope]) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len();
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(events.len() + 2);
-    for event in events {
-        if serde_json::to_writer(&mut count, event).is_err() {
-            // The log refuses it too; never join it with anything.
-            return usize::MAX;
-        }
-    }
-    count.0
 }
 
 /// A chain whose commit failed: the error, and the aggregates of that commit and of
@@ -105,11 +51,8 @@ pub struct Failed {
 
 impl Deferred {
     /// Holds `commit` at the end of `chain`, joined to the commit before it where it
-    /// can be (see the module's documentation).
-    pub fn push(&mut self, chain: Uuid, commit: Vec<RawEnvelope>) {
-        if commit.is_empty() {
-            return;
-        }
+    /// can be (see the module's documentation and [`EncodedCommit::join`]).
+    pub fn push(&mut self, chain: Uuid, commit: EncodedCommit) {
         let at = *self.index.entry(chain).or_insert_with(|| {
             self.chains.push((chain, Vec::new()));
             self.chains.len() - 1
@@ -119,8 +62,8 @@ impl Deferred {
             Some(last) => last.join(commit),
             None => Some(commit),
         };
-        if let Some(events) = commit {
-            held.push(Held { events, size: None });
+        if let Some(commit) = commit {
+            held.push(commit);
         }
     }
 
@@ -138,7 +81,7 @@ impl Deferred {
         self.index.clear();
         std::mem::take(&mut self.chains)
             .into_iter()
-            .map(|(chain, commits)| (chain, aggregates(&commits)))
+            .map(|(chain, commits)| (chain, runs(commits.iter().map(EncodedCommit::aggregate))))
             .collect()
     }
 
@@ -150,15 +93,15 @@ impl Deferred {
         stream::iter(chains)
             .map(|(chain, commits)| async move {
                 // Each commit is handed to the log, not copied.
-                let mut commits = commits.into_iter().map(|held| held.events);
+                let mut commits = commits.into_iter();
                 while let Some(commit) = commits.next() {
-                    let aggregate = first(&commit);
-                    if let Err(error) = log.append(commit).await {
-                        let rest = commits.filter_map(|c| first(&c));
+                    let aggregate = commit.aggregate();
+                    if let Err(error) = log.append_encoded(commit).await {
+                        let rest = commits.map(|c| c.aggregate());
                         return Some(Failed {
                             chain,
                             error,
-                            unwritten: runs(aggregate.into_iter().chain(rest)),
+                            unwritten: runs(std::iter::once(aggregate).chain(rest)),
                         });
                     }
                 }
@@ -171,10 +114,6 @@ impl Deferred {
     }
 }
 
-fn first(commit: &[RawEnvelope]) -> Option<AggregateRef> {
-    commit.first().map(|e| e.aggregate)
-}
-
 /// The aggregates in order, each run of one named once.
 fn runs(aggregates: impl Iterator<Item = AggregateRef>) -> Vec<AggregateRef> {
     let mut out: Vec<AggregateRef> = aggregates.collect();
@@ -182,23 +121,20 @@ fn runs(aggregates: impl Iterator<Item = AggregateRef>) -> Vec<AggregateRef> {
     out
 }
 
-fn aggregates(commits: &[Held]) -> Vec<AggregateRef> {
-    runs(commits.iter().filter_map(|c| first(&c.events)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sqlite::SqliteLog;
+    use crate::MAX_COMMIT_BYTES;
     use meridian_events::vocabulary::workflow::WorkflowEvent;
     use meridian_events::{AggregateKind, Envelope, Event, EventContext};
 
-    fn commit(id: Uuid, after: u64, n: usize) -> Vec<RawEnvelope> {
+    fn commit(id: Uuid, after: u64, n: usize) -> EncodedCommit {
         commit_by(id, after, (0..n).map(|i| format!("test {i}")))
     }
 
     /// A commit of one event per `by`, after `after` events of workflow `id`.
-    fn commit_by(id: Uuid, after: u64, by: impl Iterator<Item = String>) -> Vec<RawEnvelope> {
+    fn commit_by(id: Uuid, after: u64, by: impl Iterator<Item = String>) -> EncodedCommit {
         let events: Vec<Event> = by
             .map(|by| {
                 WorkflowEvent::CancelRequested {
@@ -209,16 +145,14 @@ mod tests {
                 .into()
             })
             .collect();
-        Envelope::sequence_after(
+        EncodedCommit::encode(&Envelope::sequence_after(
             AggregateRef::new(AggregateKind::Workflow, id),
             after,
             &EventContext::new_chain("t"),
             chrono::Utc::now(),
             events,
-        )
-        .iter()
-        .map(|e| e.to_raw().unwrap())
-        .collect()
+        ))
+        .unwrap()
     }
 
     /// Chains are stored in order, side by side; a chain stops at its conflict and
@@ -229,13 +163,12 @@ mod tests {
         let log = SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap();
         let (a, b, c) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
         // Someone else already wrote b's first event.
-        log.append(commit(b, 0, 1)).await.unwrap();
+        log.append_encoded(commit(b, 0, 1)).await.unwrap();
         let mut deferred = Deferred::default();
         deferred.push(a, commit(a, 0, 1));
         deferred.push(b, commit(b, 0, 1));
         deferred.push(a, commit(a, 1, 2));
         deferred.push(b, commit(c, 0, 1));
-        deferred.push(c, commit(c, 0, 0));
         assert!(deferred.holds(a) && deferred.holds(b) && !deferred.holds(c));
         let failed = deferred.flush(&log).await;
         assert!(deferred.is_empty());

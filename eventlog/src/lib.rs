@@ -16,11 +16,13 @@ use meridian_events::{AggregateRef, RawEnvelope};
 pub mod aggregates;
 pub mod conformance;
 pub mod deferred;
+pub mod encoded;
 pub mod nats;
 pub mod snapshot;
 pub mod sqlite;
 pub mod testkit;
 
+pub use encoded::EncodedCommit;
 pub use snapshot::Snapshot;
 
 /// The largest commit (its events as JSON) every backend accepts. JetStream's default
@@ -123,6 +125,13 @@ pub trait EventLog: Send + Sync + 'static {
     /// that reports [`Appended::Duplicate`], however long ago they were stored.
     async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError>;
 
+    /// [`EventLog::append`] of events already written as JSON: the same checks and
+    /// outcomes, without a JSON tree of each event in between. This default parses them
+    /// and appends those; both logs store the text as it is.
+    async fn append_encoded(&self, commit: EncodedCommit) -> Result<Appended, LogError> {
+        self.append(commit.decode()?).await
+    }
+
     /// One aggregate's whole history, in sequence order (empty when it has none).
     async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError>;
 
@@ -187,7 +196,9 @@ pub trait Subscription: Send {
 }
 
 /// Checks the shape of an append and returns its aggregate and expected sequence.
-pub(crate) fn check_batch(events: &[RawEnvelope]) -> Result<(AggregateRef, u64), LogError> {
+pub(crate) fn check_batch<P>(
+    events: &[meridian_events::Envelope<P>],
+) -> Result<(AggregateRef, u64), LogError> {
     let first = events
         .first()
         .ok_or_else(|| LogError::InvalidAppend("no events to append".into()))?;

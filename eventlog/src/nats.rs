@@ -26,9 +26,11 @@ use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use meridian_events::{AggregateRef, RawEnvelope};
 
+use uuid::Uuid;
+
 use crate::{
-    check_batch, check_name, Appended, Commit, EventLog, LogError, Snapshot, Subscription,
-    MAX_COMMIT_BYTES,
+    check_batch, check_name, Appended, Commit, EncodedCommit, EventLog, LogError, Snapshot,
+    StoredCommit, Subscription, MAX_COMMIT_BYTES,
 };
 
 const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
@@ -195,6 +197,19 @@ async fn wait_for_replicas(
     }
 }
 
+/// One commit as [`NatsLog::publish`] sends it: its payload and what the append checks.
+struct Publish<'a> {
+    aggregate: AggregateRef,
+    /// The aggregate's sequence the commit expects.
+    expected: u64,
+    /// The aggregate's sequence once the commit is stored.
+    last_sequence: u64,
+    /// The message id: JetStream's duplicate window catches a retry by it.
+    first_id: Uuid,
+    traceparent: Option<&'a str>,
+    payload: Vec<u8>,
+}
+
 impl NatsLog {
     /// Connects and creates the stream when it does not exist yet.
     /// `config.url` may name several servers of a cluster, comma-separated; the client
@@ -311,17 +326,134 @@ impl NatsLog {
         }
     }
 
+    /// Publishes one commit's `payload`, expecting the aggregate at `expected`.
+    async fn publish(&self, commit: Publish<'_>) -> Result<Appended, LogError> {
+        let Publish {
+            aggregate,
+            expected,
+            last_sequence,
+            first_id,
+            traceparent,
+            payload,
+        } = commit;
+        let size = payload.len();
+        if size > MAX_COMMIT_BYTES {
+            return Err(LogError::TooLarge {
+                size,
+                limit: MAX_COMMIT_BYTES,
+            });
+        }
+
+        let expected_position = if expected == 0 {
+            0
+        } else {
+            let cached = self.last_seen.get(aggregate);
+            match cached {
+                Some((sequence, position)) if sequence == expected => position,
+                _ => match self.last_of(aggregate).await? {
+                    Some((sequence, position)) if sequence == expected => position,
+                    _ => {
+                        return self
+                            .conflict_or_duplicate(aggregate, expected, first_id)
+                            .await
+                    }
+                },
+            }
+        };
+
+        let payload = bytes::Bytes::from(payload);
+        let publish = || {
+            let mut publish = PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(first_id.to_string())
+                .expected_last_subject_sequence(expected_position)
+                .header(LAST_SEQUENCE_HEADER, last_sequence.to_string().as_str());
+            if let Some(tp) = traceparent {
+                publish = publish.header("traceparent", tp);
+            }
+            publish
+        };
+        // No server answering for the stream means no server took the message, so sending
+        // it again cannot store it twice (and the message id would catch it if it could).
+        // In a cluster this lasts while the stream's leader is elected, often under a
+        // second: it is waited out here, briefly, rather than failing the caller's work.
+        let give_up = tokio::time::Instant::now() + NO_RESPONDERS_WAIT;
+        const FIRST_PAUSE: Duration = Duration::from_millis(25);
+        let mut pause = FIRST_PAUSE;
+        let ack = loop {
+            let ack = match self
+                .js
+                .send_publish(self.subject(aggregate), publish())
+                .await
+            {
+                Ok(future) => future.await,
+                Err(e) => Err(e),
+            };
+            match ack {
+                Err(e)
+                    if e.kind() == PublishErrorKind::StreamNotFound
+                        && tokio::time::Instant::now() + pause < give_up =>
+                {
+                    if pause == FIRST_PAUSE {
+                        tracing::warn!(stream = %self.config.stream, "no server answered for the stream (a leader election?); publishing again for up to {} s", NO_RESPONDERS_WAIT.as_secs());
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(400));
+                }
+                ack => break ack,
+            }
+        };
+        match ack {
+            Ok(ack) if ack.duplicate => Ok(Appended::Duplicate {
+                position: ack.sequence,
+            }),
+            Ok(ack) => {
+                self.last_seen
+                    .remember(aggregate, last_sequence, ack.sequence);
+                Ok(Appended::Stored {
+                    position: ack.sequence,
+                })
+            }
+            Err(e) => match e.kind() {
+                PublishErrorKind::WrongLastSequence => {
+                    self.last_seen.forget(aggregate);
+                    self.conflict_or_duplicate(aggregate, expected, first_id)
+                        .await
+                }
+                // 10164 is the same conflict reported without the sequence.
+                PublishErrorKind::Other if e.to_string().contains("wrong last sequence") => {
+                    self.last_seen.forget(aggregate);
+                    self.conflict_or_duplicate(aggregate, expected, first_id)
+                        .await
+                }
+                PublishErrorKind::MaxPayloadExceeded => Err(LogError::TooLarge {
+                    size,
+                    limit: MAX_COMMIT_BYTES,
+                }),
+                // No server answered for the stream for NO_RESPONDERS_WAIT: its servers
+                // are down or still electing. The stream exists (connect made it), so this
+                // passes; a caller retries it as any outage.
+                PublishErrorKind::StreamNotFound => Err(LogError::Unavailable(format!(
+                    "no server answered for stream {} (subject {}); retry",
+                    self.config.stream,
+                    self.subject(aggregate)
+                ))),
+                _ => Err(unavailable(e)),
+            },
+        }
+    }
+
     /// After a failed expected-sequence check: either these events are already stored (a
     /// retry past the duplicate window) or someone else moved the aggregate on.
     async fn conflict_or_duplicate(
         &self,
         aggregate: AggregateRef,
         expected: u64,
-        first: &RawEnvelope,
+        first_id: Uuid,
     ) -> Result<Appended, LogError> {
         let history = self.read_commits(aggregate).await?;
         for commit in &history {
-            if commit.events.iter().any(|e| e.event_id == first.event_id) {
+            if commit.events.iter().any(|e| e.event_id == first_id) {
                 return Ok(Appended::Duplicate {
                     position: commit.position,
                 });
@@ -350,6 +482,23 @@ impl NatsLog {
         last: u64,
         max: usize,
     ) -> Result<Vec<Commit>, LogError> {
+        self.read_ordered_payloads(filter_subject, start, last, max)
+            .await?
+            .into_iter()
+            .map(|(position, payload)| {
+                Ok(Commit::new(position, decode_commit(position, &payload)?))
+            })
+            .collect()
+    }
+
+    /// [`NatsLog::read_ordered`], each commit's payload as stored.
+    async fn read_ordered_payloads(
+        &self,
+        filter_subject: String,
+        start: u64,
+        last: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, bytes::Bytes)>, LogError> {
         let consumer = self
             .stream
             .create_consumer(pull::OrderedConfig {
@@ -384,14 +533,11 @@ impl NatsLog {
             if position < start
                 || commits
                     .last()
-                    .is_some_and(|c: &Commit| c.position >= position)
+                    .is_some_and(|(at, _): &(u64, bytes::Bytes)| *at >= position)
             {
                 continue;
             }
-            commits.push(Commit::new(
-                position,
-                decode_commit(position, &msg.payload)?,
-            ));
+            commits.push((position, msg.message.payload));
             if position >= last {
                 break;
             }
@@ -449,111 +595,28 @@ impl EventLog for NatsLog {
         let (aggregate, expected) = check_batch(&events)?;
         let payload =
             serde_json::to_vec(&events).map_err(|e| LogError::InvalidAppend(e.to_string()))?;
-        if payload.len() > MAX_COMMIT_BYTES {
-            return Err(LogError::TooLarge {
-                size: payload.len(),
-                limit: MAX_COMMIT_BYTES,
-            });
-        }
-        let last_sequence = expected + events.len() as u64;
+        let first = &events[0];
+        self.publish(Publish {
+            aggregate,
+            expected,
+            last_sequence: expected + events.len() as u64,
+            first_id: first.event_id,
+            traceparent: first.traceparent.as_deref(),
+            payload,
+        })
+        .await
+    }
 
-        let expected_position = if expected == 0 {
-            0
-        } else {
-            let cached = self.last_seen.get(aggregate);
-            match cached {
-                Some((sequence, position)) if sequence == expected => position,
-                _ => match self.last_of(aggregate).await? {
-                    Some((sequence, position)) if sequence == expected => position,
-                    _ => {
-                        return self
-                            .conflict_or_duplicate(aggregate, expected, &events[0])
-                            .await
-                    }
-                },
-            }
-        };
-
-        let payload = bytes::Bytes::from(payload);
-        let publish = || {
-            let mut publish = PublishMessage::build()
-                .payload(payload.clone())
-                .message_id(events[0].event_id.to_string())
-                .expected_last_subject_sequence(expected_position)
-                .header(LAST_SEQUENCE_HEADER, last_sequence.to_string().as_str());
-            if let Some(tp) = &events[0].traceparent {
-                publish = publish.header("traceparent", tp.as_str());
-            }
-            publish
-        };
-        // No server answering for the stream means no server took the message, so sending
-        // it again cannot store it twice (and the message id would catch it if it could).
-        // In a cluster this lasts while the stream's leader is elected, often under a
-        // second: it is waited out here, briefly, rather than failing the caller's work.
-        let give_up = tokio::time::Instant::now() + NO_RESPONDERS_WAIT;
-        const FIRST_PAUSE: Duration = Duration::from_millis(25);
-        let mut pause = FIRST_PAUSE;
-        let ack = loop {
-            let ack = match self
-                .js
-                .send_publish(self.subject(aggregate), publish())
-                .await
-            {
-                Ok(future) => future.await,
-                Err(e) => Err(e),
-            };
-            match ack {
-                Err(e)
-                    if e.kind() == PublishErrorKind::StreamNotFound
-                        && tokio::time::Instant::now() + pause < give_up =>
-                {
-                    if pause == FIRST_PAUSE {
-                        tracing::warn!(stream = %self.config.stream, "no server answered for the stream (a leader election?); publishing again for up to {} s", NO_RESPONDERS_WAIT.as_secs());
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(400));
-                }
-                ack => break ack,
-            }
-        };
-        match ack {
-            Ok(ack) if ack.duplicate => Ok(Appended::Duplicate {
-                position: ack.sequence,
-            }),
-            Ok(ack) => {
-                self.last_seen
-                    .remember(aggregate, last_sequence, ack.sequence);
-                Ok(Appended::Stored {
-                    position: ack.sequence,
-                })
-            }
-            Err(e) => match e.kind() {
-                PublishErrorKind::WrongLastSequence => {
-                    self.last_seen.forget(aggregate);
-                    self.conflict_or_duplicate(aggregate, expected, &events[0])
-                        .await
-                }
-                // 10164 is the same conflict reported without the sequence.
-                PublishErrorKind::Other if e.to_string().contains("wrong last sequence") => {
-                    self.last_seen.forget(aggregate);
-                    self.conflict_or_duplicate(aggregate, expected, &events[0])
-                        .await
-                }
-                PublishErrorKind::MaxPayloadExceeded => Err(LogError::TooLarge {
-                    size: events.iter().map(|e| e.payload.to_string().len()).sum(),
-                    limit: MAX_COMMIT_BYTES,
-                }),
-                // No server answered for the stream for NO_RESPONDERS_WAIT: its servers
-                // are down or still electing. The stream exists (connect made it), so this
-                // passes; a caller retries it as any outage.
-                PublishErrorKind::StreamNotFound => Err(LogError::Unavailable(format!(
-                    "no server answered for stream {} (subject {}); retry",
-                    self.config.stream,
-                    self.subject(aggregate)
-                ))),
-                _ => Err(unavailable(e)),
-            },
-        }
+    async fn append_encoded(&self, commit: EncodedCommit) -> Result<Appended, LogError> {
+        self.publish(Publish {
+            aggregate: commit.aggregate(),
+            expected: commit.expected(),
+            last_sequence: commit.last_sequence(),
+            first_id: commit.first_id(),
+            traceparent: commit.traceparent(),
+            payload: commit.to_array(),
+        })
+        .await
     }
 
     async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {
@@ -571,6 +634,29 @@ impl EventLog for NatsLog {
             return Ok(Vec::new());
         }
         self.read_ordered(String::new(), after + 1, head, max).await
+    }
+
+    async fn read_text_from(&self, after: u64, max: usize) -> Result<Vec<StoredCommit>, LogError> {
+        let head = self.head().await?;
+        if after >= head || max == 0 {
+            return Ok(Vec::new());
+        }
+        // A commit is stored as the JSON array of its envelopes: split, not parsed.
+        self.read_ordered_payloads(String::new(), after + 1, head, max)
+            .await?
+            .into_iter()
+            .map(|(position, payload)| {
+                let events: Vec<&serde_json::value::RawValue> = serde_json::from_slice(&payload)
+                    .map_err(|e| LogError::Corrupt {
+                        position,
+                        message: e.to_string(),
+                    })?;
+                Ok(StoredCommit {
+                    position,
+                    events: events.into_iter().map(|e| e.get().to_string()).collect(),
+                })
+            })
+            .collect()
     }
 
     async fn head(&self) -> Result<u64, LogError> {
@@ -616,7 +702,7 @@ impl EventLog for NatsLog {
 
     async fn save_snapshot(&self, snapshot: Snapshot) -> Result<(), LogError> {
         check_name(&snapshot.name)?;
-        let store = self.snapshots().await?;
+        let store = self.snapshots().await?.clone();
         // Two savers racing may both pass this check; the later position then only
         // loses to an earlier one until the next save, which is harmless (see `snapshot`).
         match store.info(&snapshot.name).await {
@@ -635,11 +721,18 @@ impl EventLog for NatsLog {
             )]),
             ..Default::default()
         };
-        store
-            .put(meta, &mut snapshot.body.as_slice())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
+        // A put is chunks, then the object's metadata, then a purge of the old chunks: a
+        // caller given up half-way (a service's background fold, stopped with it) would
+        // leave chunks that nothing purges. It runs on its own task, so it ends either way.
+        let put = tokio::spawn(async move {
+            store
+                .put(meta, &mut snapshot.body.as_slice())
+                .await
+                .map(|_| ())
+                .map_err(unavailable)
+        });
+        put.await
+            .map_err(|e| LogError::Backend(format!("saving a snapshot: {e}")))?
     }
 
     async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>, LogError> {

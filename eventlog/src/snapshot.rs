@@ -160,3 +160,54 @@ impl Refresh {
         self.running = Some(tokio::spawn(fold()));
     }
 }
+
+/// A fold still running when its service stops is given up: it only reads the log and
+/// saves a snapshot, which the next fold does again (a save under way finishes: both
+/// logs write a snapshot whole or not at all, JetStream's on a task of its own), and
+/// left running it would read the log on behalf of a service that is gone (in a
+/// process that runs services in turn, taking the cores of the next one).
+impl Drop for Refresh {
+    fn drop(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod refresh_tests {
+    use super::Refresh;
+
+    /// Dropped when the fold's future is: whether it ran to its end or was given up.
+    struct Dropped(Option<tokio::sync::oneshot::Sender<()>>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fold_runs_after_every_commits_and_stops_with_its_service() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let mut refresh = Refresh::every(10);
+        let guard = Dropped(Some(tx));
+        let mut fold = Some(move || async move {
+            let _guard = guard;
+            let _ = started_tx.send(());
+            std::future::pending::<()>().await;
+        });
+        refresh.delivered(9, || async {});
+        assert!(refresh.running.is_none(), "9 commits of 10: no fold yet");
+        refresh.delivered(1, fold.take().unwrap());
+        started.await.expect("the fold started");
+        drop(refresh);
+        tokio::time::timeout(std::time::Duration::from_secs(5), rx)
+            .await
+            .expect("the fold was given up with its service")
+            .unwrap();
+    }
+}

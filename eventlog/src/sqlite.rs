@@ -29,7 +29,7 @@ use sqlx::{Row, SqlitePool};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::{
-    check_batch, check_name, Appended, Commit, EventLog, LogError, Snapshot, StoredCommit,
+    check_name, Appended, Commit, EncodedCommit, EventLog, LogError, Snapshot, StoredCommit,
     Subscription, MAX_COMMIT_BYTES,
 };
 
@@ -625,32 +625,50 @@ fn decode(position: u64, text: &str) -> Result<RawEnvelope, LogError> {
     })
 }
 
-#[async_trait]
-impl EventLog for SqliteLog {
-    async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError> {
-        let (aggregate, expected) = check_batch(&events)?;
-        let encoded = events
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| LogError::InvalidAppend(e.to_string()))?;
-        let size: usize = encoded.iter().map(|s| s.len() + 1).sum::<usize>() + 1;
-        if size > MAX_COMMIT_BYTES {
-            return Err(LogError::TooLarge {
-                size,
-                limit: MAX_COMMIT_BYTES,
-            });
-        }
+/// Refuses a commit over [`MAX_COMMIT_BYTES`], as JetStream would.
+fn fits(commit: &EncodedCommit) -> Result<(), LogError> {
+    let size = commit.size();
+    if size > MAX_COMMIT_BYTES {
+        return Err(LogError::TooLarge {
+            size,
+            limit: MAX_COMMIT_BYTES,
+        });
+    }
+    Ok(())
+}
 
+impl SqliteLog {
+    /// Hands the writer `commit`, checked already, with `events` its events parsed.
+    async fn append_checked(
+        &self,
+        commit: EncodedCommit,
+        events: Vec<RawEnvelope>,
+    ) -> Result<Appended, LogError> {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
+            aggregate: commit.aggregate(),
+            expected: commit.expected(),
+            encoded: commit.into_texts(),
             events,
-            encoded,
-            aggregate,
-            expected,
             reply,
         };
         self.inner.write(Write::Append(pending), answer).await
+    }
+}
+
+#[async_trait]
+impl EventLog for SqliteLog {
+    async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError> {
+        let commit = EncodedCommit::encode(&events)?;
+        fits(&commit)?;
+        self.append_checked(commit, events).await
+    }
+
+    async fn append_encoded(&self, commit: EncodedCommit) -> Result<Appended, LogError> {
+        fits(&commit)?;
+        // The parsed events are what the log's tail hands its readers from memory.
+        let events = commit.decode()?;
+        self.append_checked(commit, events).await
     }
 
     async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {

@@ -76,3 +76,54 @@ async fn two_processes_appending_to_one_file_deliver_each_others_commits() {
         fresh.read_from(6, 1).await.unwrap()
     );
 }
+
+/// The load generators' counter counts the events of its type after its position,
+/// none before and none of another type, and stops the run on the refused type.
+#[tokio::test]
+async fn the_load_counter_counts_its_type_after_its_position() {
+    use meridian_eventlog::conformance::{event, workflow};
+    use meridian_eventlog::testkit::count_until;
+    use serde_json::json;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(
+        SqliteLog::open(&dir.path().join("events.sqlite"))
+            .await
+            .unwrap(),
+    );
+    let append = |payload: serde_json::Value| {
+        let log = log.clone();
+        async move {
+            log.append(vec![event(workflow(), 1, payload)])
+                .await
+                .unwrap()
+        }
+    };
+    for _ in 0..3 {
+        append(json!({"type": "placed"})).await;
+    }
+    let from = log.head().await.unwrap();
+    for i in 0..5 {
+        append(json!({"type": "placed", "i": i})).await;
+        append(json!({"type": "other", "placed": "placed"})).await;
+    }
+    append(json!("not an object")).await;
+    let count = |n| {
+        tokio::time::timeout(
+            Duration::from_millis(500),
+            count_until(&*log, from, "placed", "refused", n),
+        )
+    };
+    count(5).await.expect("five placed after the position");
+    assert!(count(6).await.is_err(), "only five follow the position");
+
+    append(json!({"type": "refused"})).await;
+    let log2 = log.clone();
+    let refused =
+        tokio::spawn(async move { count_until(&*log2, from, "placed", "refused", 6).await });
+    let refused = tokio::time::timeout(Duration::from_secs(5), refused)
+        .await
+        .expect("the refused type stops the count");
+    assert!(refused.unwrap_err().is_panic());
+}

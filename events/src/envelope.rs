@@ -232,3 +232,40 @@ impl RawEnvelope {
         Ok(self.with_payload(crate::Event::from_payload(&self.payload)?))
     }
 }
+
+/// An envelope read from the log's text with its payload left as text, and the
+/// payload's type: for a reader that decodes few of the events it reads (a start's
+/// fold of the log), so that the rest are only scanned, never built as JSON trees.
+#[derive(Debug, Clone)]
+pub struct TextEnvelope<'a> {
+    /// The whole envelope's JSON, as read.
+    pub text: &'a str,
+    pub envelope: Envelope<&'a serde_json::value::RawValue>,
+    /// The payload's versioned type, as `"workflow.submitted.v1"`; empty when the
+    /// payload names none (it then decodes as no event).
+    pub kind: std::borrow::Cow<'a, str>,
+}
+
+impl<'a> TextEnvelope<'a> {
+    /// Reads one envelope's JSON, as the log stores it.
+    pub fn parse(text: &'a str) -> Result<TextEnvelope<'a>, serde_json::Error> {
+        let envelope: Envelope<&serde_json::value::RawValue> = serde_json::from_str(text)?;
+        let kind = crate::Event::type_of_json(envelope.payload.get()).unwrap_or_default();
+        Ok(TextEnvelope {
+            text,
+            envelope,
+            kind,
+        })
+    }
+
+    /// The payload as an [`Event`](crate::Event), decoded from its text.
+    pub fn decode_event(&self) -> Result<Envelope<crate::Event>, serde_json::Error> {
+        let payload = self.envelope.payload.get();
+        if self.kind.is_empty() {
+            // Say what is wrong with the type, not that "" is unknown.
+            crate::Event::type_of_json(payload)?;
+        }
+        let event = crate::Event::from_json(&self.kind, payload)?;
+        Ok(self.envelope.with_payload(event))
+    }
+}

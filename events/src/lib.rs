@@ -9,7 +9,9 @@ pub mod money;
 pub mod vocabulary;
 
 pub use aggregate::Aggregate;
-pub use envelope::{AggregateKind, AggregateRef, Envelope, EventContext, RawEnvelope};
+pub use envelope::{
+    AggregateKind, AggregateRef, Envelope, EventContext, RawEnvelope, TextEnvelope,
+};
 pub use money::{
     ComputeOffer, ComputePricing, ComputeRate, Currency, EgressTariff, EgressTier, Money,
     MoneyError, PriceSheet, StorageRate,

@@ -625,6 +625,14 @@ fn every_variant_round_trips_through_the_envelope() {
         let raw = envelope.to_raw().unwrap();
         // Through text, as the log stores it.
         let text = serde_json::to_string(&raw).unwrap();
+        // Writers encode the typed envelope straight to text (the log's encoded
+        // appends): byte for byte what the JSON tree gives.
+        assert_eq!(
+            serde_json::to_string(&envelope).unwrap(),
+            text,
+            "{}",
+            envelope.payload.kind()
+        );
         let stored: RawEnvelope = serde_json::from_str(&text).unwrap();
         let typed: Envelope<Event> = stored.clone().decode().unwrap();
         assert_eq!(typed, envelope);

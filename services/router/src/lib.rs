@@ -28,7 +28,7 @@ use meridian_events::aggregate::{
 use meridian_events::vocabulary::workflow::StorageClass;
 use meridian_events::{
     AggregateKind, ArrayBatch, Envelope, Event, EventContext, JobEvent, JobOutcome, SiteEvent,
-    TaskRef, TenantEvent, WorkflowEvent,
+    TaskRef, TenantEvent, TextEnvelope, WorkflowEvent,
 };
 use meridian_ops::{counted, trace};
 use tokio::sync::watch;
@@ -155,37 +155,62 @@ pub struct RouterStart {
 /// The histories of unplaced workflows submitted after the snapshot, as the start read
 /// them: the router begins with those workflows cached instead of reading each one
 /// again (after a restart with a backlog, thousands of reads, the longest part of it).
+/// Kept as text, each event's sequence and JSON, and decoded only for the workflows
+/// still unplaced at the end of the fold.
 #[derive(Debug, Default)]
-struct Histories(HashMap<Uuid, Vec<meridian_events::RawEnvelope>>);
+struct Histories(HashMap<Uuid, Vec<(u64, String)>>);
 
 impl Histories {
-    /// Called after [`Work::visit`] saw `raw`: keeps an unplaced workflow's events in
+    /// Called after [`Work::visit`] saw `read`: keeps an unplaced workflow's events in
     /// order from its first; a workflow placed, ended or seen with a gap is dropped (it
     /// is read from the log if the router needs it).
-    fn visit(&mut self, work: &Work, raw: &meridian_events::RawEnvelope) {
-        if raw.aggregate.kind != AggregateKind::Workflow {
+    fn visit(&mut self, work: &Work, read: &TextEnvelope<'_>) {
+        let envelope = &read.envelope;
+        if envelope.aggregate.kind != AggregateKind::Workflow {
             return;
         }
-        let id = raw.aggregate.id;
+        let id = envelope.aggregate.id;
         if !work.unplaced.contains(&id) {
             self.0.remove(&id);
             return;
         }
+        let kept = (envelope.sequence, read.text.to_string());
         match self.0.get_mut(&id) {
-            None if raw.sequence == 1 => {
-                self.0.insert(id, vec![raw.clone()]);
+            None if envelope.sequence == 1 => {
+                self.0.insert(id, vec![kept]);
             }
             None => {}
             Some(history) => {
-                let last = history.last().map_or(0, |e| e.sequence);
-                if raw.sequence == last + 1 {
-                    history.push(raw.clone());
-                } else if raw.sequence > last {
+                let last = history.last().map_or(0, |(sequence, _)| *sequence);
+                if envelope.sequence == last + 1 {
+                    history.push(kept);
+                } else if envelope.sequence > last {
                     self.0.remove(&id);
                 }
                 // At or below the last: a commit read again; already kept.
             }
         }
+    }
+
+    /// Each kept workflow, its history decoded and folded.
+    fn fold(self) -> Result<Vec<(Uuid, aggregates::Loaded<Workflow>)>, LogError> {
+        self.0
+            .into_iter()
+            .map(|(id, history)| {
+                let decoded = history
+                    .iter()
+                    .map(|(sequence, text)| {
+                        TextEnvelope::parse(text)
+                            .and_then(|read| read.decode_event())
+                            .map_err(|e| LogError::Corrupt {
+                                position: 0,
+                                message: format!("workflow/{id} #{sequence}: {e}"),
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok((id, aggregates::fold_decoded::<Workflow>(decoded)))
+            })
+            .collect()
     }
 }
 
@@ -266,16 +291,17 @@ impl RouterStart {
 }
 
 impl Work {
-    fn visit(&mut self, raw: &meridian_events::RawEnvelope) {
+    fn visit(&mut self, read: &TextEnvelope<'_>) {
+        let raw = &read.envelope;
         if raw.aggregate.kind == AggregateKind::Job {
-            count_gpus_raw(&mut self.gpus, raw);
+            count_gpus_raw(&mut self.gpus, read);
             return;
         }
         if raw.aggregate.kind != AggregateKind::Workflow {
             return;
         }
         let id = raw.aggregate.id;
-        match raw.payload.get("type").and_then(|t| t.as_str()) {
+        match Some(&*read.kind) {
             Some("workflow.submitted.v1") => {
                 self.unplaced.insert(id);
             }
@@ -376,8 +402,7 @@ impl Router {
             folded_to,
             snapshots: snapshot::Refresh::every(commits),
         };
-        for (id, history) in histories.0 {
-            let loaded = aggregates::fold::<Workflow>(history)?;
+        for (id, loaded) in histories.fold()? {
             router.cache_loaded(id, loaded);
         }
         Ok(router)
@@ -1163,13 +1188,15 @@ impl Router {
         &mut self,
         id: Uuid,
         command: impl FnOnce(&Workflow) -> WorkflowCommand,
-    ) -> Result<Vec<Envelope<Event>>, RouterError> {
+    ) -> Result<std::sync::Arc<Vec<Envelope<Event>>>, RouterError> {
         let cached = self.workflow(id).await?;
         let ctx = Self::context(cached);
         match cached.decide(&ctx, command(&cached.state)) {
             Ok((events, commit)) => {
                 cached.fold(&events);
-                self.deferred.push(id, commit);
+                if let Some(commit) = commit {
+                    self.deferred.push(id, commit);
+                }
                 Ok(events)
             }
             // The aggregate moved on since this decision was made (another event came
@@ -1177,12 +1204,12 @@ impl Router {
             // applies, which is no failure of the router's.
             Err(ExecuteError::Rejected(e)) if already_done(&e) => {
                 tracing::debug!(workflow = %id, reason = %e, "decision no longer applies");
-                Ok(Vec::new())
+                Ok(Default::default())
             }
             Err(ExecuteError::Rejected(e)) => {
                 tracing::warn!(workflow = %id, reason = %e, "the workflow refused the router's decision");
                 self.last_refusal = Some(e.to_string());
-                Ok(Vec::new())
+                Ok(Default::default())
             }
             Err(source) => Err(RouterError::Workflow { id, source }),
         }
@@ -1396,7 +1423,7 @@ impl Router {
                             outcome: outcome.clone(),
                         })
                         .await?;
-                    for e in &events {
+                    for e in events.iter() {
                         self.note_settlement(id, e);
                     }
                 }
@@ -1552,7 +1579,7 @@ impl Router {
                     site: site.clone(),
                 })
                 .await?;
-            for e in &events {
+            for e in events.iter() {
                 self.remember_release(id, e);
             }
             // Counted now, not when the dispatch comes back: the next task must see them.
@@ -1599,7 +1626,7 @@ impl Router {
             return Ok(());
         }
         tracing::info!(workflow = %id, job, site, tasks = tasks.len(), cap, "array released as one batch");
-        for e in &events {
+        for e in events.iter() {
             self.remember_release(id, e);
         }
         for (_, job_id) in &tasks {
@@ -1676,28 +1703,33 @@ impl Router {
         if let Ok((events, _)) = &decided {
             job.fold(events);
         }
-        Ok(decided.map(|(_, commit)| self.deferred.push(workflow_id, commit)))
+        Ok(decided.map(|(_, commit)| {
+            if let Some(commit) = commit {
+                self.deferred.push(workflow_id, commit);
+            }
+        }))
     }
 }
 
-/// [`Router::count_gpus`] on a raw event, while the log is read at start.
-fn count_gpus_raw(
-    gpus: &mut HashMap<String, BTreeMap<Uuid, u32>>,
-    raw: &meridian_events::RawEnvelope,
-) {
+/// [`Router::count_gpus`] on an event read as text, while the log is read at start.
+fn count_gpus_raw(gpus: &mut HashMap<String, BTreeMap<Uuid, u32>>, read: &TextEnvelope<'_>) {
+    let raw = &read.envelope;
     let id = raw.aggregate.id;
-    match raw.payload.get("type").and_then(|t| t.as_str()) {
-        Some("job.dispatched.v1") => {
-            let resources = raw
-                .payload
-                .get("resources")
-                .and_then(|r| serde_json::from_value::<meridian_spec::Resources>(r.clone()).ok());
+    match &*read.kind {
+        "job.dispatched.v1" => {
+            #[derive(serde::Deserialize)]
+            struct Dispatched {
+                resources: Option<meridian_spec::Resources>,
+            }
+            let resources = serde_json::from_str::<Dispatched>(raw.payload.get())
+                .ok()
+                .and_then(|d| d.resources);
             let n = resources.map_or(0, |r| r.gpus_total());
             if n > 0 {
                 gpus.entry(raw.tenant.clone()).or_default().insert(id, n);
             }
         }
-        Some("job.finished.v1" | "job.failed.v1" | "job.cancelled.v1") => {
+        "job.finished.v1" | "job.failed.v1" | "job.cancelled.v1" => {
             if let Some(jobs) = gpus.get_mut(&raw.tenant) {
                 jobs.remove(&id);
             }

@@ -1197,6 +1197,14 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(b.dispatched(id).await.len(), 2, "only 4 GPUs at once");
+    // A start's fold of the log counts them from the dispatches it reads.
+    let whole = RouterStart::fold_whole_log(&*b.log).await.unwrap();
+    let in_use = whole
+        .work
+        .gpus
+        .get("t")
+        .map(|jobs| jobs.values().sum::<u32>());
+    assert_eq!(in_use, Some(4), "{:?}", whole.work.gpus);
 
     // Restarted, the router still counts the four GPUs in use.
     b.restart().await;
