@@ -137,6 +137,18 @@ impl EncodedCommit {
         self.events.iter().map(String::len).sum::<usize>() + self.events.len() + 1
     }
 
+    /// Refuses a commit over [`MAX_COMMIT_BYTES`], as both logs do.
+    pub fn fits(&self) -> Result<(), LogError> {
+        let size = self.size();
+        if size > MAX_COMMIT_BYTES {
+            return Err(LogError::TooLarge {
+                size,
+                limit: MAX_COMMIT_BYTES,
+            });
+        }
+        Ok(())
+    }
+
     /// The events as one JSON array: a JetStream message's payload.
     pub fn to_array(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.size());

@@ -29,8 +29,8 @@ use meridian_events::{AggregateRef, RawEnvelope};
 use uuid::Uuid;
 
 use crate::{
-    check_batch, check_name, Appended, Commit, EncodedCommit, EventLog, LogError, Snapshot,
-    StoredCommit, Subscription, MAX_COMMIT_BYTES,
+    check_name, Appended, Commit, EncodedCommit, EventLog, LogError, Snapshot, StoredCommit,
+    Subscription, MAX_COMMIT_BYTES,
 };
 
 const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
@@ -197,19 +197,6 @@ async fn wait_for_replicas(
     }
 }
 
-/// One commit as [`NatsLog::publish`] sends it: its payload and what the append checks.
-struct Publish<'a> {
-    aggregate: AggregateRef,
-    /// The aggregate's sequence the commit expects.
-    expected: u64,
-    /// The aggregate's sequence once the commit is stored.
-    last_sequence: u64,
-    /// The message id: JetStream's duplicate window catches a retry by it.
-    first_id: Uuid,
-    traceparent: Option<&'a str>,
-    payload: Vec<u8>,
-}
-
 impl NatsLog {
     /// Connects and creates the stream when it does not exist yet.
     /// `config.url` may name several servers of a cluster, comma-separated; the client
@@ -326,23 +313,15 @@ impl NatsLog {
         }
     }
 
-    /// Publishes one commit's `payload`, expecting the aggregate at `expected`.
-    async fn publish(&self, commit: Publish<'_>) -> Result<Appended, LogError> {
-        let Publish {
-            aggregate,
-            expected,
-            last_sequence,
-            first_id,
-            traceparent,
-            payload,
-        } = commit;
+    /// Publishes `commit` as one message, its events' JSON array, expecting the
+    /// aggregate's last commit where the commit expects it.
+    async fn publish(&self, commit: EncodedCommit) -> Result<Appended, LogError> {
+        let (aggregate, expected) = (commit.aggregate(), commit.expected());
+        let (last_sequence, first_id) = (commit.last_sequence(), commit.first_id());
+        let traceparent = commit.traceparent();
+        commit.fits()?;
+        let payload = commit.to_array();
         let size = payload.len();
-        if size > MAX_COMMIT_BYTES {
-            return Err(LogError::TooLarge {
-                size,
-                limit: MAX_COMMIT_BYTES,
-            });
-        }
 
         let expected_position = if expected == 0 {
             0
@@ -592,31 +571,11 @@ impl NatsLog {
 #[async_trait]
 impl EventLog for NatsLog {
     async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError> {
-        let (aggregate, expected) = check_batch(&events)?;
-        let payload =
-            serde_json::to_vec(&events).map_err(|e| LogError::InvalidAppend(e.to_string()))?;
-        let first = &events[0];
-        self.publish(Publish {
-            aggregate,
-            expected,
-            last_sequence: expected + events.len() as u64,
-            first_id: first.event_id,
-            traceparent: first.traceparent.as_deref(),
-            payload,
-        })
-        .await
+        self.publish(EncodedCommit::encode(&events)?).await
     }
 
     async fn append_encoded(&self, commit: EncodedCommit) -> Result<Appended, LogError> {
-        self.publish(Publish {
-            aggregate: commit.aggregate(),
-            expected: commit.expected(),
-            last_sequence: commit.last_sequence(),
-            first_id: commit.first_id(),
-            traceparent: commit.traceparent(),
-            payload: commit.to_array(),
-        })
-        .await
+        self.publish(commit).await
     }
 
     async fn read_aggregate(&self, aggregate: AggregateRef) -> Result<Vec<RawEnvelope>, LogError> {

@@ -195,14 +195,13 @@ mod refresh_tests {
         let (started_tx, started) = tokio::sync::oneshot::channel();
         let mut refresh = Refresh::every(10);
         let guard = Dropped(Some(tx));
-        let mut fold = Some(move || async move {
+        refresh.delivered(9, || async {});
+        assert!(refresh.running.is_none(), "9 commits of 10: no fold yet");
+        refresh.delivered(1, move || async move {
             let _guard = guard;
             let _ = started_tx.send(());
             std::future::pending::<()>().await;
         });
-        refresh.delivered(9, || async {});
-        assert!(refresh.running.is_none(), "9 commits of 10: no fold yet");
-        refresh.delivered(1, fold.take().unwrap());
         started.await.expect("the fold started");
         drop(refresh);
         tokio::time::timeout(std::time::Duration::from_secs(5), rx)

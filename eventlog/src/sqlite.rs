@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::{
     check_name, Appended, Commit, EncodedCommit, EventLog, LogError, Snapshot, StoredCommit,
-    Subscription, MAX_COMMIT_BYTES,
+    Subscription,
 };
 
 /// How often a waiting subscription looks for commits written by another process.
@@ -625,18 +625,6 @@ fn decode(position: u64, text: &str) -> Result<RawEnvelope, LogError> {
     })
 }
 
-/// Refuses a commit over [`MAX_COMMIT_BYTES`], as JetStream would.
-fn fits(commit: &EncodedCommit) -> Result<(), LogError> {
-    let size = commit.size();
-    if size > MAX_COMMIT_BYTES {
-        return Err(LogError::TooLarge {
-            size,
-            limit: MAX_COMMIT_BYTES,
-        });
-    }
-    Ok(())
-}
-
 impl SqliteLog {
     /// Hands the writer `commit`, checked already, with `events` its events parsed.
     async fn append_checked(
@@ -660,12 +648,12 @@ impl SqliteLog {
 impl EventLog for SqliteLog {
     async fn append(&self, events: Vec<RawEnvelope>) -> Result<Appended, LogError> {
         let commit = EncodedCommit::encode(&events)?;
-        fits(&commit)?;
+        commit.fits()?;
         self.append_checked(commit, events).await
     }
 
     async fn append_encoded(&self, commit: EncodedCommit) -> Result<Appended, LogError> {
-        fits(&commit)?;
+        commit.fits()?;
         // The parsed events are what the log's tail hands its readers from memory.
         let events = commit.decode()?;
         self.append_checked(commit, events).await

@@ -402,16 +402,6 @@ pub async fn count_until(
     refused: &str,
     count: usize,
 ) {
-    #[derive(serde::Deserialize)]
-    struct Tagged<'a> {
-        #[serde(borrow)]
-        payload: Tag<'a>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Tag<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: std::borrow::Cow<'a, str>,
-    }
     let mut after = from;
     let mut seen = 0;
     while seen < count {
@@ -421,7 +411,7 @@ pub async fn count_until(
         }
         for text in commits.iter().flat_map(|c| &c.events) {
             // A payload that is not an object with a type is not counted.
-            match serde_json::from_str::<Tagged>(text).map(|t| t.payload.kind) {
+            match meridian_events::TextEnvelope::parse(text).map(|read| read.kind) {
                 Ok(t) if t == tag => seen += 1,
                 Ok(t) if t == refused => panic!("{refused}: {text}"),
                 _ => {}

@@ -294,18 +294,18 @@ impl Work {
     fn visit(&mut self, read: &TextEnvelope<'_>) {
         let raw = &read.envelope;
         if raw.aggregate.kind == AggregateKind::Job {
-            count_gpus_raw(&mut self.gpus, read);
+            count_gpus_read(&mut self.gpus, read);
             return;
         }
         if raw.aggregate.kind != AggregateKind::Workflow {
             return;
         }
         let id = raw.aggregate.id;
-        match Some(&*read.kind) {
-            Some("workflow.submitted.v1") => {
+        match &*read.kind {
+            "workflow.submitted.v1" => {
                 self.unplaced.insert(id);
             }
-            Some("workflow.placement_decided.v1") => {
+            "workflow.placement_decided.v1" => {
                 self.unplaced.remove(&id);
                 self.active
                     .entry(raw.tenant.clone())
@@ -313,13 +313,13 @@ impl Work {
                     .insert(id);
             }
             // A hold lasts until the next release; held work is tried again at start.
-            Some("workflow.release_held.v1") => {
+            "workflow.release_held.v1" => {
                 self.gpu_held.insert(id);
             }
-            Some("workflow.job_released.v1") => {
+            "workflow.job_released.v1" => {
                 self.gpu_held.remove(&id);
             }
-            Some("workflow.finished.v1" | "workflow.failed.v1" | "workflow.cancelled.v1") => {
+            "workflow.finished.v1" | "workflow.failed.v1" | "workflow.cancelled.v1" => {
                 self.unplaced.remove(&id);
                 self.gpu_held.remove(&id);
                 if let Some(placed) = self.active.get_mut(&raw.tenant) {
@@ -1712,7 +1712,7 @@ impl Router {
 }
 
 /// [`Router::count_gpus`] on an event read as text, while the log is read at start.
-fn count_gpus_raw(gpus: &mut HashMap<String, BTreeMap<Uuid, u32>>, read: &TextEnvelope<'_>) {
+fn count_gpus_read(gpus: &mut HashMap<String, BTreeMap<Uuid, u32>>, read: &TextEnvelope<'_>) {
     let raw = &read.envelope;
     let id = raw.aggregate.id;
     match &*read.kind {

@@ -31,6 +31,13 @@ struct Bench {
     _dir: tempfile::TempDir,
 }
 
+/// A new SQLite log in a directory of its own.
+async fn new_log() -> (tempfile::TempDir, Arc<dyn EventLog>) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap();
+    (dir, Arc::new(log))
+}
+
 impl Bench {
     async fn new() -> Bench {
         Bench::with_sites(&[("only", "1")]).await
@@ -42,18 +49,29 @@ impl Bench {
 
     /// A bench whose one site, `name`, no adapter serves yet (connect it with `connect`).
     async fn with_unconnected_site(name: &str) -> (Bench, Uuid) {
-        let dir = tempfile::tempdir().unwrap();
-        let log: Arc<dyn EventLog> =
-            Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+        let (dir, log) = new_log().await;
         let site = register_unconnected_site(&*log, name).await;
+        (Bench::start(dir, log), site)
+    }
+
+    /// A router started on `log` (in `dir`), set up already.
+    fn start(dir: tempfile::TempDir, log: Arc<dyn EventLog>) -> Bench {
+        Bench::start_through(dir, log, |log| log)
+    }
+
+    /// [`Bench::start`], the router reaching the log through `wrap`.
+    fn start_through(
+        dir: tempfile::TempDir,
+        log: Arc<dyn EventLog>,
+        wrap: impl FnOnce(Arc<dyn EventLog>) -> Arc<dyn EventLog>,
+    ) -> Bench {
         let (stop, stopped) = watch::channel(false);
-        let bench = Bench {
-            router: Bench::spawn(log.clone(), stopped),
+        Bench {
+            router: Bench::spawn(wrap(log.clone()), stopped),
             log,
             stop,
             _dir: dir,
-        };
-        (bench, site)
+        }
     }
 
     /// A bench whose router reaches the log through `wrap` (the bench itself reads and
@@ -62,20 +80,11 @@ impl Bench {
         sites: &[(&str, &str)],
         wrap: impl FnOnce(Arc<dyn EventLog>) -> Arc<dyn EventLog>,
     ) -> Bench {
-        let dir = tempfile::tempdir().unwrap();
-        let log: Arc<dyn EventLog> =
-            Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+        let (dir, log) = new_log().await;
         for (name, price) in sites {
             register_site(&*log, name, price).await;
         }
-        let (stop, stopped) = watch::channel(false);
-        let router = Self::spawn(wrap(log.clone()), stopped);
-        Bench {
-            log,
-            stop,
-            router,
-            _dir: dir,
-        }
+        Bench::start_through(dir, log, wrap)
     }
 
     fn spawn(
@@ -370,18 +379,10 @@ async fn batches(log: &dyn EventLog, id: Uuid) -> Vec<(String, Option<Uuid>, u32
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_that_takes_arrays_gets_them_in_batches_held_to_the_cap() {
-    let dir = tempfile::tempdir().unwrap();
-    let log: Arc<dyn EventLog> =
-        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let (dir, log) = new_log().await;
     let site = register(&*log, "hpc", "1", 8).await;
     connect_taking_arrays(&*log, site, 86_400, Some(3)).await;
-    let (stop, stopped) = watch::channel(false);
-    let b = Bench {
-        router: Bench::spawn(log.clone(), stopped),
-        log,
-        stop,
-        _dir: dir,
-    };
+    let b = Bench::start(dir, log);
     let id = b.submit(DAG).await;
     let prep = b
         .wait_for("prep dispatched", async || {
@@ -803,21 +804,13 @@ jobs:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_workflow_runs_each_job_at_its_planned_site_and_holds_volumes_where_used() {
-    let dir = tempfile::tempdir().unwrap();
-    let log: Arc<dyn EventLog> =
-        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let (dir, log) = new_log().await;
     // Only `big` has 32 CPUs; `small` runs prep for a fifth of the price: 4 × 0.01
     // there against 4 × 0.05, and moving the volume costs nothing here. No data mover
     // runs: the test records the volume's arrival at big itself.
     register_sized_site(&*log, "small", "0.01", 8).await;
     register_sized_site(&*log, "big", "0.05", 64).await;
-    let (stop, stopped) = watch::channel(false);
-    let b = Bench {
-        log: log.clone(),
-        stop,
-        router: Bench::spawn(log, stopped),
-        _dir: dir,
-    };
+    let b = Bench::start(dir, log);
     let id = b.submit(SPLIT).await;
     let first = b
         .wait_for("prep dispatched", async || {
@@ -1118,9 +1111,7 @@ async fn register_unconnected_site(log: &dyn EventLog, name: &str) -> Uuid {
 async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
     use meridian_events::aggregate::TenantCommand;
     use meridian_events::vocabulary::tenant::TenantLimits;
-    let dir = tempfile::tempdir().unwrap();
-    let log: Arc<dyn EventLog> =
-        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let (dir, log) = new_log().await;
     let prices = PriceSheet {
         currency: Currency::USD,
         effective_from: Utc::now() - chrono::Duration::days(1),
@@ -1168,14 +1159,7 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
         },
     )
     .await;
-    let (stop, stopped) = watch::channel(false);
-    let router = Bench::spawn(log.clone(), stopped);
-    let mut b = Bench {
-        log,
-        stop,
-        router,
-        _dir: dir,
-    };
+    let mut b = Bench::start(dir, log);
     let id = b
         .submit(
             "version: v1\nname: g\njobs:\n  train:\n    image: host\n    command: [\"true\"]\n    array: {start: 1, end: 3, parallelism: 3}\n    resources: {gpus: {count: 2, vendor: any}}\n",
@@ -1244,19 +1228,11 @@ async fn a_tenants_gpu_limit_holds_tasks_back_until_gpus_free_up() {
 /// the log takes (both backends refuse a commit over `MAX_COMMIT_BYTES`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_largest_array_batch_fits_in_one_commit() {
-    let dir = tempfile::tempdir().unwrap();
-    let log: Arc<dyn EventLog> =
-        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let (dir, log) = new_log().await;
     let long = "n".repeat(63);
     let site = register(&*log, &"s".repeat(63), "1", 8).await;
     connect_taking_arrays(&*log, site, 86_400, Some(5000)).await;
-    let (stop, stopped) = watch::channel(false);
-    let b = Bench {
-        router: Bench::spawn(log.clone(), stopped),
-        log,
-        stop,
-        _dir: dir,
-    };
+    let b = Bench::start(dir, log);
     let yaml = format!(
         "version: v1\nname: {long}\njobs:\n  {long}:\n    image: host\n    command: [\"true\"]\n    array: {{start: 4000000000, end: 4000001499, parallelism: 1500}}\n"
     );
