@@ -330,23 +330,41 @@ impl LocalAdapter {
         let devices = match r.gpus.as_ref().filter(|g| g.count > 0) {
             None => Vec::new(),
             Some(g) => {
-                // Held by running jobs, or cordoned: no new work.
-                let mut taken: Vec<String> = active.values().flat_map(|h| h.gpus.clone()).collect();
-                taken.extend(self.inner.cordoned.read().expect("lock").iter().cloned());
+                let cordoned = self.inner.cordoned.read().expect("lock").clone();
                 let devices = self.inner.gpus.read().expect("lock");
-                let picked = gpu::pick(&devices, &taken, g.count, &g.vendor, g.model.as_deref())
-                    .ok_or_else(|| {
-                        AdapterError::Busy(format!(
-                            "the local site's GPUs that fit ({} {}{}) are in use by other jobs",
-                            g.count,
-                            g.vendor,
-                            g.model
-                                .as_deref()
-                                .map(|m| format!(" {m}"))
-                                .unwrap_or_default()
-                        ))
-                    })?;
-                picked.into_iter().cloned().collect()
+                // Held by running jobs, or cordoned: no new work.
+                let pick = |active: &HashMap<Uuid, Hold>| {
+                    let mut taken: Vec<String> =
+                        active.values().flat_map(|h| h.gpus.clone()).collect();
+                    taken.extend(cordoned.iter().cloned());
+                    gpu::pick(&devices, &taken, g.count, &g.vendor, g.model.as_deref())
+                        .map(|picked| picked.into_iter().cloned().collect::<Vec<_>>())
+                };
+                let mut picked = pick(&active);
+                if picked.is_none() {
+                    // A job that has ended frees its devices now, not when its watcher
+                    // next looks (up to a second later): its state on disk says so.
+                    active.retain(|id, hold| {
+                        hold.gpus.is_empty()
+                            || !self
+                                .inner
+                                .dir(*id)
+                                .snapshot()
+                                .is_ok_and(|s| s.state.is_terminal())
+                    });
+                    picked = pick(&active);
+                }
+                picked.ok_or_else(|| {
+                    AdapterError::Busy(format!(
+                        "the local site's GPUs that fit ({} {}{}) are in use by other jobs",
+                        g.count,
+                        g.vendor,
+                        g.model
+                            .as_deref()
+                            .map(|m| format!(" {m}"))
+                            .unwrap_or_default()
+                    ))
+                })?
             }
         };
         active.entry(job.job_id).or_insert_with(|| Hold {
