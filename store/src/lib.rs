@@ -299,25 +299,37 @@ pub async fn move_position(
 /// the one that finds the position moved rolls back and applies the batch again from
 /// where the position now is. (A rebuild's reset deletes the position: a runner left up
 /// beside it then applies its batch from nothing, as before; stop the runners first.)
+///
+/// A compare-and-set fails only when another writer moved the position in the
+/// meantime, which is that writer's progress, so there is no limit on the attempts: a
+/// faster rival (a rebuild in small pages beside a follower with a long batch) ends
+/// by passing the batch, and then nothing is left to apply. The runner waits a little
+/// longer after each failure so that the rival can get there.
 async fn apply_batch(
     store: &Store,
     projection: &dyn Projection,
     commits: &[Commit],
     known: Option<u64>,
 ) -> Result<u64, StoreError> {
-    const ATTEMPTS: u32 = 8;
     let mut from = known;
-    for _ in 0..ATTEMPTS {
+    let mut pause = Duration::from_millis(1);
+    let mut failed: u64 = 0;
+    loop {
         if let Some(position) = apply_from(store, projection, commits, from).await? {
             return Ok(position);
         }
         from = None;
+        failed += 1;
+        if failed.is_multiple_of(64) {
+            tracing::warn!(
+                projection = projection.name(),
+                failed,
+                "another writer keeps moving the position; is a replica or a rebuild running beside this one?"
+            );
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
-    Err(StoreError::Apply {
-        projection: projection.name().to_string(),
-        position: commits.first().map_or(0, |c| c.position),
-        message: format!("its position kept moving under {ATTEMPTS} attempts"),
-    })
 }
 
 /// [`apply_batch`] from `known`, or from the position read inside the transaction;
