@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use meridian_eventlog::{snapshot, EventLog, LogError};
+use meridian_eventlog::{snapshot, EventLog, LogError, StoredCommit};
 use meridian_events::vocabulary::site::{Capacity, Dataset, Device, Shape};
 use meridian_events::vocabulary::{Endpoint, Location, TransferEvent};
 use meridian_events::JobEvent;
@@ -216,49 +216,67 @@ impl Catalog {
     }
 
     /// [`Catalog::catch_up`], showing `visit` every event read (its payload still
-    /// text); returns how many commits it read.
+    /// text); returns how many commits it read. The next page is read while this one
+    /// is folded: over JetStream the server sends it on its own core meanwhile.
     pub async fn catch_up_visiting(
         &mut self,
         log: &dyn EventLog,
         mut visit: impl FnMut(&TextEnvelope<'_>),
     ) -> Result<u64, LogError> {
+        // A commit only partly folded in by `observe_at` is read again for the rest.
+        let after = if self.sequence == u64::MAX {
+            self.position
+        } else {
+            self.position.saturating_sub(1)
+        };
+        // Read as text: a start's fold decodes few of the events it reads, and building
+        // every one as a JSON tree was most of its time.
+        let mut commits = log.read_text_from(after, PAGE).await?;
         let mut read = 0;
-        loop {
-            // A commit only partly folded in by `observe_at` is read again for the rest.
-            let after = if self.sequence == u64::MAX {
-                self.position
-            } else {
-                self.position.saturating_sub(1)
-            };
-            // Read as text: a start's fold decodes few of the events it reads, and
-            // building every one as a JSON tree was most of its time.
-            let commits = log.read_text_from(after, PAGE).await?;
-            if commits.is_empty() {
-                return Ok(read);
-            }
+        while let Some(last) = commits.last().map(|c| c.position) {
             read += commits.len() as u64;
-            for commit in commits {
-                let corrupt = |e: serde_json::Error| LogError::Corrupt {
-                    position: commit.position,
-                    message: e.to_string(),
-                };
-                // Decoding is the costly part: only the kinds the catalogue folds in.
-                let mut events = Vec::new();
-                for text in &commit.events {
-                    let read = TextEnvelope::parse(text).map_err(corrupt)?;
-                    visit(&read);
-                    if Catalog::may_fold(&read) {
-                        events.push(read.decode_event().map_err(corrupt)?);
-                    }
-                }
-                // A whole commit or nothing, so that a corrupt one is met again next time.
-                for envelope in &events {
-                    self.observe_at(commit.position, envelope);
-                }
-                self.position = commit.position;
-                self.sequence = u64::MAX;
-            }
+            let (folded, next) = tokio::join!(
+                self.fold_page(commits, &mut visit),
+                log.read_text_from(last, PAGE)
+            );
+            folded?;
+            commits = next?;
         }
+        Ok(read)
+    }
+
+    /// Folds in one page of [`Catalog::catch_up_visiting`], letting the read of the
+    /// next page run now and then.
+    async fn fold_page(
+        &mut self,
+        commits: Vec<StoredCommit>,
+        visit: &mut impl FnMut(&TextEnvelope<'_>),
+    ) -> Result<(), LogError> {
+        for (i, commit) in commits.into_iter().enumerate() {
+            if i % 128 == 127 {
+                tokio::task::yield_now().await;
+            }
+            let corrupt = |e: serde_json::Error| LogError::Corrupt {
+                position: commit.position,
+                message: e.to_string(),
+            };
+            // Decoding is the costly part: only the kinds the catalogue folds in.
+            let mut events = Vec::new();
+            for text in &commit.events {
+                let read = TextEnvelope::parse(text).map_err(corrupt)?;
+                visit(&read);
+                if Catalog::may_fold(&read) {
+                    events.push(read.decode_event().map_err(corrupt)?);
+                }
+            }
+            // A whole commit or nothing, so that a corrupt one is met again next time.
+            for envelope in &events {
+                self.observe_at(commit.position, envelope);
+            }
+            self.position = commit.position;
+            self.sequence = u64::MAX;
+        }
+        Ok(())
     }
 
     /// Whether [`Catalog::observe`] may fold `read` in, read from its kind and type

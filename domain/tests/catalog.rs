@@ -243,3 +243,26 @@ async fn a_catch_up_finishes_a_commit_that_was_partly_observed() {
         "already folded in"
     );
 }
+
+/// A catch-up longer than one page (2,048 commits) reads the next page while it folds
+/// this one: every commit is folded once, in order, and the catch-up ends at the head.
+#[tokio::test]
+async fn a_catch_up_over_several_pages_folds_every_commit_once() {
+    let (_dir, log) = open().await;
+    register(&log, "a").await;
+    let ends = 2_100;
+    for i in 0..ends {
+        let failed = (i % 3 == 0).then_some(FailureReason::Preempted);
+        job_end(&log, "a", failed).await;
+    }
+    let mut catalog = Catalog::default();
+    let mut visited = 0;
+    let read = catalog
+        .catch_up_visiting(&log, |_| visited += 1)
+        .await
+        .unwrap();
+    assert_eq!(read, ends + 1, "commits read");
+    assert_eq!(visited, ends + 1, "events shown to the visitor");
+    assert_eq!(catalog.position(), log.head().await.unwrap());
+    assert_eq!(counts(&catalog, "a"), (ends, ends.div_ceil(3)));
+}
