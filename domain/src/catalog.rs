@@ -235,12 +235,12 @@ impl Catalog {
         let mut read = 0;
         while let Some(last) = commits.last().map(|c| c.position) {
             read += commits.len() as u64;
-            let (folded, next) = tokio::join!(
+            // A fold that fails does not wait for the read (it stops between commits).
+            let ((), next) = tokio::try_join!(
                 self.fold_page(commits, &mut visit),
                 log.read_text_from(last, PAGE)
-            );
-            folded?;
-            commits = next?;
+            )?;
+            commits = next;
         }
         Ok(read)
     }

@@ -270,53 +270,68 @@ pub const CATCH_UP_BATCH: usize = 4096;
 /// Moves `projection`'s position from `from` to `to` inside the caller's transaction,
 /// only if it is still at `from` (a compare-and-set: of two writers that applied the
 /// same commits, one finds it moved); whether it moved. A caller that gets false rolls
-/// back what it applied.
+/// back what it applied. A missing position is 0: a writer that applied from a later
+/// one does not move a position a rebuild's reset deleted, it finds it moved.
 pub async fn move_position(
     tx: &mut Tx,
     projection: &str,
     from: u64,
     to: u64,
 ) -> Result<bool, StoreError> {
-    let moved = sqlx::query(
+    let statement = if from == 0 {
         "INSERT INTO projection_positions (name, position) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET position = excluded.position
-         WHERE projection_positions.position = $3",
-    )
-    .bind(projection)
-    .bind(to as i64)
-    .bind(from as i64)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
+         WHERE projection_positions.position = $3"
+    } else {
+        "UPDATE projection_positions SET position = $2 WHERE name = $1 AND position = $3"
+    };
+    let moved = sqlx::query(statement)
+        .bind(projection)
+        .bind(to as i64)
+        .bind(from as i64)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
     Ok(moved > 0)
 }
 
-/// Applies one batch of commits and their position atomically; returns the new position.
-/// The batch is applied from `known`, the position this runner applied last (else from
-/// the position read inside the transaction), and the position moves only if it is
-/// still where the batch was applied from. So a runner on its own reads no position per
-/// batch, and of two runners of one projection (replicas) that apply the same batch,
-/// the one that finds the position moved rolls back and applies the batch again from
-/// where the position now is. (A rebuild's reset deletes the position: a runner left up
-/// beside it then applies its batch from nothing, as before; stop the runners first.)
+/// What applying a batch came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    /// Applied (or found applied by another writer) up to this position.
+    Applied(u64),
+    /// The position is behind the commit the batch was read after (a rebuild reset it,
+    /// and is still short of the batch): applying the batch would skip what lies
+    /// between. Read again from this position.
+    Behind(u64),
+}
+
+/// Applies one batch of commits, read from the log after position `after`, and their
+/// position atomically. The batch is applied from `known`, the position this runner
+/// applied last (else from the position read inside the transaction), and the
+/// position moves only if it is still where the batch was applied from. So a runner
+/// on its own reads no position per batch, and of two runners of one projection
+/// (replicas) that apply the same batch, the one that finds the position moved rolls
+/// back and applies the batch again from where the position now is.
 ///
 /// A compare-and-set fails only when another writer moved the position in the
 /// meantime, which is that writer's progress, so there is no limit on the attempts: a
-/// faster rival (a rebuild in small pages beside a follower with a long batch) ends
-/// by passing the batch, and then nothing is left to apply. The runner waits a little
-/// longer after each failure so that the rival can get there.
+/// rival ahead (a replica) ends by passing the batch, and then nothing is left to
+/// apply; one behind the batch (a rebuild from a reset) makes this [`Batch::Behind`].
+/// The runner waits a little longer after each failure so that the rival can get on.
 async fn apply_batch(
     store: &Store,
     projection: &dyn Projection,
     commits: &[Commit],
+    after: u64,
     known: Option<u64>,
-) -> Result<u64, StoreError> {
+) -> Result<Batch, StoreError> {
     let mut from = known;
     let mut pause = Duration::from_millis(1);
     let mut failed: u64 = 0;
     loop {
-        if let Some(position) = apply_from(store, projection, commits, from).await? {
-            return Ok(position);
+        if let Some(batch) = apply_from(store, projection, commits, after, from).await? {
+            return Ok(batch);
         }
         from = None;
         failed += 1;
@@ -338,13 +353,18 @@ async fn apply_from(
     store: &Store,
     projection: &dyn Projection,
     commits: &[Commit],
+    after: u64,
     known: Option<u64>,
-) -> Result<Option<u64>, StoreError> {
+) -> Result<Option<Batch>, StoreError> {
     let mut tx = store.begin().await?;
     let applied = match known {
         Some(position) => position,
         None => position_in(&mut tx, projection.name()).await?,
     };
+    if applied < after {
+        // Dropped, the transaction rolls back (it wrote nothing).
+        return Ok(Some(Batch::Behind(applied)));
+    }
     // Commits come in position order: those not yet applied are a suffix.
     let fresh = &commits[commits.partition_point(|c| c.position <= applied)..];
     let last = fresh.last().map_or(applied, |c| c.position);
@@ -352,11 +372,10 @@ async fn apply_from(
         projection.apply_all(&mut tx, fresh).await?;
     }
     if last > applied && !move_position(&mut tx, projection.name(), applied, last).await? {
-        // Dropped, the transaction rolls back.
         return Ok(None);
     }
     tx.commit().await?;
-    Ok(Some(last))
+    Ok(Some(Batch::Applied(last)))
 }
 
 /// Applies everything up to the log's head now, then returns the position reached.
@@ -368,14 +387,31 @@ pub async fn catch_up(
 ) -> Result<u64, StoreError> {
     store.migrate(projection.schema()).await?;
     let mut position = store.position(projection.name()).await?;
-    let mut commits = log.read_from(position, CATCH_UP_BATCH).await?;
+    // The position the batch in hand was read after.
+    let mut after = position;
+    let mut commits = log.read_from(after, CATCH_UP_BATCH).await?;
     while let Some(end) = commits.last().map(|c| c.position) {
-        let (applied, next) = tokio::join!(
-            apply_batch(store, projection, &commits, Some(position)),
+        let (batch, next) = tokio::join!(
+            apply_batch(store, projection, &commits, after, Some(position)),
             log.read_from(end, CATCH_UP_BATCH)
         );
-        position = applied?;
-        commits = next?;
+        match batch? {
+            Batch::Applied(applied) => {
+                position = applied;
+                after = end;
+                commits = next?;
+            }
+            Batch::Behind(applied) => {
+                tracing::info!(
+                    projection = projection.name(),
+                    position = applied,
+                    "the position went back (a rebuild); reading again from it"
+                );
+                position = applied;
+                after = applied;
+                commits = log.read_from(after, CATCH_UP_BATCH).await?;
+            }
+        }
     }
     Ok(position)
 }
@@ -406,6 +442,8 @@ pub async fn run(
         };
         // The position this runner applied last, while nothing failed since it was read.
         let mut known = Some(position);
+        // The position the tail's next batch follows.
+        let mut after = position;
         let mut tail = match log.tail(position).await {
             Ok(tail) => tail,
             Err(e) if e.is_transient() => {
@@ -429,10 +467,23 @@ pub async fn run(
             };
             match commits {
                 Ok(commits) if commits.is_empty() => {}
-                Ok(commits) => match apply_batch(&store, projection, &commits, known).await {
-                    Ok(position) => {
+                Ok(commits) => match tokio::select! {
+                    batch = apply_batch(&store, projection, &commits, after, known) => batch,
+                    // Between or during tries: a transaction left unfinished rolls back.
+                    _ = shutdown.changed() => return Ok(()),
+                } {
+                    Ok(Batch::Applied(position)) => {
                         known = Some(position);
+                        after = commits.last().map_or(after, |c| c.position);
                         backoff = Duration::from_millis(100);
+                    }
+                    Ok(Batch::Behind(position)) => {
+                        tracing::info!(
+                            projection = projection.name(),
+                            position,
+                            "the position went back (a rebuild); following the log again from it"
+                        );
+                        continue 'reconnect;
                     }
                     // A busy or restarting database: nothing was applied (the batch and
                     // its position roll back together); read from the position again.

@@ -156,6 +156,64 @@ async fn postgres_store_applies_each_commit_once() {
     meridian_store::testing::drop_postgres(&url).await;
 }
 
+/// A runner left up while its projection is reset (a rebuild about to begin) does not
+/// carry its old position over the emptied tables: its next batch finds the position
+/// gone, and it follows the log again from the start. (It used to write its batch and
+/// position over the empty tables, and everything before them was never applied.)
+async fn a_runner_beside_a_reset_starts_again_from_the_beginning(store: Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let a = workflow();
+    for s in 1..=30 {
+        log.append(vec![event(a, s, json!(s))]).await.unwrap();
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let runner = {
+        let (store, log) = (store.clone(), log.clone());
+        tokio::spawn(async move { run(store, &*log, &Counts, stopped).await })
+    };
+    let reached = |head: u64| {
+        let store = store.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            while store.position("counts").await.unwrap() != head {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "never reached {head}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    reached(log.head().await.unwrap()).await;
+    store.reset(&Counts).await.unwrap();
+    store.migrate(Counts.schema()).await.unwrap();
+    log.append(vec![event(a, 31, json!(31))]).await.unwrap();
+    reached(log.head().await.unwrap()).await;
+    stop.send(true).unwrap();
+    runner.await.unwrap().unwrap();
+    assert_eq!(counts(&store).await, vec![(a.to_string(), 31)]);
+}
+
+#[tokio::test]
+async fn sqlite_a_runner_beside_a_reset_starts_again_from_the_beginning() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("read.sqlite").display());
+    a_runner_beside_a_reset_starts_again_from_the_beginning(Store::connect(&url).await.unwrap())
+        .await;
+}
+
+#[tokio::test]
+async fn postgres_a_runner_beside_a_reset_starts_again_from_the_beginning() {
+    let url = meridian_store::testing::fresh_postgres()
+        .await
+        .expect("a PostgreSQL server (set MERIDIAN_TEST_POSTGRES)");
+    a_runner_beside_a_reset_starts_again_from_the_beginning(Store::connect(&url).await.unwrap())
+        .await;
+    meridian_store::testing::drop_postgres(&url).await;
+}
+
 /// [`Counts`], raced: before each of its first `moves` batches, a rival (another
 /// replica) applies the batch's first commit and moves the position on its own
 /// connection, so the batch's compare-and-set fails.
@@ -227,6 +285,83 @@ async fn postgres_a_batch_whose_position_keeps_moving_is_applied_once_in_the_end
     );
     assert_eq!(counts(&store).await, vec![(a.to_string(), 30)]);
     assert_eq!(store.position("counts").await.unwrap(), head);
+    meridian_store::testing::drop_postgres(&url).await;
+}
+
+/// [`Counts`], with a rebuild beginning under its first batch: the rival resets the
+/// projection and applies the log's first `rebuilt` commits, then the batch goes on.
+struct ResetUnder {
+    store: Store,
+    log: Arc<dyn EventLog>,
+    rebuilt: usize,
+    done: AtomicU32,
+}
+
+#[async_trait]
+impl Projection for ResetUnder {
+    fn name(&self) -> &'static str {
+        Counts.name()
+    }
+    fn schema(&self) -> &'static [&'static str] {
+        Counts.schema()
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        Counts.tables()
+    }
+    async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError> {
+        Counts.apply(tx, commit).await
+    }
+    async fn apply_all(&self, tx: &mut Tx, commits: &[Commit]) -> Result<(), StoreError> {
+        if self.done.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.store.reset(&Counts).await?;
+            self.store.migrate(Counts.schema()).await?;
+            let first = self.log.read_from(0, self.rebuilt).await?;
+            let mut rival = self.store.begin().await?;
+            for commit in &first {
+                Counts.apply(&mut rival, commit).await?;
+            }
+            let end = first.last().unwrap().position;
+            assert!(move_position(&mut rival, self.name(), 0, end).await?);
+            rival.commit().await?;
+        }
+        for commit in commits {
+            Counts.apply(tx, commit).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A batch read after a position that a rebuild has not reached yet is not applied over
+/// the rebuild's gap: the runner reads again from where the rebuild is. (It applied
+/// the batch and moved the position over the commits in between.) PostgreSQL only, as
+/// for [`Raced`].
+#[tokio::test]
+async fn postgres_a_batch_ahead_of_a_rebuild_is_not_applied_over_its_gap() {
+    let url = meridian_store::testing::fresh_postgres()
+        .await
+        .expect("a PostgreSQL server (set MERIDIAN_TEST_POSTGRES)");
+    let store = Store::connect(&url).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let a = workflow();
+    for s in 1..=30 {
+        log.append(vec![event(a, s, json!(s))]).await.unwrap();
+    }
+    catch_up(&store, &*log, &Counts).await.unwrap();
+    for s in 31..=40 {
+        log.append(vec![event(a, s, json!(s))]).await.unwrap();
+    }
+    let under = ResetUnder {
+        store: store.clone(),
+        log: log.clone(),
+        rebuilt: 3,
+        done: AtomicU32::new(0),
+    };
+    let head = log.head().await.unwrap();
+    assert_eq!(catch_up(&store, &*log, &under).await.unwrap(), head);
+    assert!(under.done.load(Ordering::SeqCst) >= 2, "the rival ran");
+    assert_eq!(counts(&store).await, vec![(a.to_string(), 40)]);
     meridian_store::testing::drop_postgres(&url).await;
 }
 

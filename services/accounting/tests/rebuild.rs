@@ -236,7 +236,11 @@ async fn rebuild_beside_a_running_consumer_bills_once(store: Store, reference: S
     reached(&store, head).await;
     // A consumer that stopped early has dropped its receiver: its error is the one to see.
     let _ = stop.send(true);
-    consumer.await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(60), consumer)
+        .await
+        .expect("the consumer stops when told")
+        .unwrap()
+        .unwrap();
     assert_same_charges(&store, &reference).await;
 }
 
