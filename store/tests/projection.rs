@@ -53,6 +53,19 @@ async fn counts(store: &Store) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// Waits until the projection's position is `head` (the deadline only turns a hang
+/// into a failure).
+async fn reached(store: &Store, head: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while store.position("counts").await.unwrap() != head {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the runners never reached {head}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn scenario(store: Store) {
     let dir = tempfile::tempdir().unwrap();
     let log: Arc<dyn EventLog> =
@@ -116,15 +129,7 @@ async fn scenario(store: Store) {
     for s in 5..=24 {
         log.append(vec![event(a, s, json!(s))]).await.unwrap();
     }
-    let head = log.head().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while store.position("counts").await.unwrap() != head {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the runners reach the log's head"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    reached(&store, log.head().await.unwrap()).await;
     stop.send(true).unwrap();
     for runner in runners {
         runner.await.unwrap().unwrap();
@@ -173,24 +178,11 @@ async fn a_runner_beside_a_reset_starts_again_from_the_beginning(store: Store) {
         let (store, log) = (store.clone(), log.clone());
         tokio::spawn(async move { run(store, &*log, &Counts, stopped).await })
     };
-    let reached = |head: u64| {
-        let store = store.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-            while store.position("counts").await.unwrap() != head {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "never reached {head}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    reached(log.head().await.unwrap()).await;
+    reached(&store, log.head().await.unwrap()).await;
     store.reset(&Counts).await.unwrap();
     store.migrate(Counts.schema()).await.unwrap();
     log.append(vec![event(a, 31, json!(31))]).await.unwrap();
-    reached(log.head().await.unwrap()).await;
+    reached(&store, log.head().await.unwrap()).await;
     stop.send(true).unwrap();
     runner.await.unwrap().unwrap();
     assert_eq!(counts(&store).await, vec![(a.to_string(), 31)]);
@@ -214,16 +206,60 @@ async fn postgres_a_runner_beside_a_reset_starts_again_from_the_beginning() {
     meridian_store::testing::drop_postgres(&url).await;
 }
 
-/// [`Counts`], raced: before each of its first `moves` batches, a rival (another
-/// replica) applies the batch's first commit and moves the position on its own
-/// connection, so the batch's compare-and-set fails.
-struct Raced {
+/// What another writer of the projection does, on its own connection, just before
+/// one of [`Rivalled`]'s batches is applied.
+enum Rival {
+    /// A replica ahead: before each of the first `n` batches, it applies the batch's
+    /// first commit and moves the position, so the batch's compare-and-set fails.
+    MovesAhead { n: u32 },
+    /// A rebuild beginning under the first batch: it resets the projection and
+    /// applies the log's first `rebuilt` commits.
+    ResetsUnder {
+        log: Arc<dyn EventLog>,
+        rebuilt: usize,
+    },
+}
+
+/// [`Counts`], with a [`Rival`] writing beside it.
+struct Rivalled {
     store: Store,
-    moves: AtomicU32,
+    rival: Rival,
+    /// Batches the rival went before.
+    went: AtomicU32,
+}
+
+impl Rivalled {
+    async fn rival_goes(&self, commits: &[Commit]) -> Result<(), StoreError> {
+        let rival = match &self.rival {
+            Rival::MovesAhead { n } if self.went.load(Ordering::SeqCst) < *n => {
+                let mut rival = self.store.begin().await?;
+                let from = position_in(&mut rival, self.name()).await?;
+                Counts.apply(&mut rival, &commits[0]).await?;
+                assert!(move_position(&mut rival, self.name(), from, commits[0].position).await?);
+                rival
+            }
+            Rival::ResetsUnder { log, rebuilt } if self.went.load(Ordering::SeqCst) == 0 => {
+                self.store.reset(&Counts).await?;
+                self.store.migrate(Counts.schema()).await?;
+                let first = log.read_from(0, *rebuilt).await?;
+                let mut rival = self.store.begin().await?;
+                for commit in &first {
+                    Counts.apply(&mut rival, commit).await?;
+                }
+                let end = first.last().unwrap().position;
+                assert!(move_position(&mut rival, self.name(), 0, end).await?);
+                rival
+            }
+            _ => return Ok(()),
+        };
+        rival.commit().await?;
+        self.went.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
 }
 
 #[async_trait]
-impl Projection for Raced {
+impl Projection for Rivalled {
     fn name(&self) -> &'static str {
         Counts.name()
     }
@@ -237,17 +273,7 @@ impl Projection for Raced {
         Counts.apply(tx, commit).await
     }
     async fn apply_all(&self, tx: &mut Tx, commits: &[Commit]) -> Result<(), StoreError> {
-        let rival_moves = self
-            .moves
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if rival_moves {
-            let mut rival = self.store.begin().await?;
-            let from = position_in(&mut rival, self.name()).await?;
-            Counts.apply(&mut rival, &commits[0]).await?;
-            assert!(move_position(&mut rival, self.name(), from, commits[0].position).await?);
-            rival.commit().await?;
-        }
+        self.rival_goes(commits).await?;
         for commit in commits {
             Counts.apply(tx, commit).await?;
         }
@@ -272,15 +298,16 @@ async fn postgres_a_batch_whose_position_keeps_moving_is_applied_once_in_the_end
     for s in 1..=30 {
         log.append(vec![event(a, s, json!(s))]).await.unwrap();
     }
-    let raced = Raced {
+    let raced = Rivalled {
         store: store.clone(),
-        moves: AtomicU32::new(20),
+        rival: Rival::MovesAhead { n: 20 },
+        went: AtomicU32::new(0),
     };
     let head = log.head().await.unwrap();
     assert_eq!(catch_up(&store, &log, &raced).await.unwrap(), head);
     assert_eq!(
-        raced.moves.load(Ordering::SeqCst),
-        0,
+        raced.went.load(Ordering::SeqCst),
+        20,
         "the rival moved 20 times"
     );
     assert_eq!(counts(&store).await, vec![(a.to_string(), 30)]);
@@ -288,53 +315,10 @@ async fn postgres_a_batch_whose_position_keeps_moving_is_applied_once_in_the_end
     meridian_store::testing::drop_postgres(&url).await;
 }
 
-/// [`Counts`], with a rebuild beginning under its first batch: the rival resets the
-/// projection and applies the log's first `rebuilt` commits, then the batch goes on.
-struct ResetUnder {
-    store: Store,
-    log: Arc<dyn EventLog>,
-    rebuilt: usize,
-    done: AtomicU32,
-}
-
-#[async_trait]
-impl Projection for ResetUnder {
-    fn name(&self) -> &'static str {
-        Counts.name()
-    }
-    fn schema(&self) -> &'static [&'static str] {
-        Counts.schema()
-    }
-    fn tables(&self) -> &'static [&'static str] {
-        Counts.tables()
-    }
-    async fn apply(&self, tx: &mut Tx, commit: &Commit) -> Result<(), StoreError> {
-        Counts.apply(tx, commit).await
-    }
-    async fn apply_all(&self, tx: &mut Tx, commits: &[Commit]) -> Result<(), StoreError> {
-        if self.done.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.store.reset(&Counts).await?;
-            self.store.migrate(Counts.schema()).await?;
-            let first = self.log.read_from(0, self.rebuilt).await?;
-            let mut rival = self.store.begin().await?;
-            for commit in &first {
-                Counts.apply(&mut rival, commit).await?;
-            }
-            let end = first.last().unwrap().position;
-            assert!(move_position(&mut rival, self.name(), 0, end).await?);
-            rival.commit().await?;
-        }
-        for commit in commits {
-            Counts.apply(tx, commit).await?;
-        }
-        Ok(())
-    }
-}
-
 /// A batch read after a position that a rebuild has not reached yet is not applied over
 /// the rebuild's gap: the runner reads again from where the rebuild is. (It applied
 /// the batch and moved the position over the commits in between.) PostgreSQL only, as
-/// for [`Raced`].
+/// for the one above.
 #[tokio::test]
 async fn postgres_a_batch_ahead_of_a_rebuild_is_not_applied_over_its_gap() {
     let url = meridian_store::testing::fresh_postgres()
@@ -352,15 +336,21 @@ async fn postgres_a_batch_ahead_of_a_rebuild_is_not_applied_over_its_gap() {
     for s in 31..=40 {
         log.append(vec![event(a, s, json!(s))]).await.unwrap();
     }
-    let under = ResetUnder {
+    let under = Rivalled {
         store: store.clone(),
-        log: log.clone(),
-        rebuilt: 3,
-        done: AtomicU32::new(0),
+        rival: Rival::ResetsUnder {
+            log: log.clone(),
+            rebuilt: 3,
+        },
+        went: AtomicU32::new(0),
     };
     let head = log.head().await.unwrap();
     assert_eq!(catch_up(&store, &*log, &under).await.unwrap(), head);
-    assert!(under.done.load(Ordering::SeqCst) >= 2, "the rival ran");
+    assert_eq!(
+        under.went.load(Ordering::SeqCst),
+        1,
+        "the rebuild went first"
+    );
     assert_eq!(counts(&store).await, vec![(a.to_string(), 40)]);
     meridian_store::testing::drop_postgres(&url).await;
 }
