@@ -483,6 +483,11 @@ pub async fn run(
                             position,
                             "the position went back (a rebuild); following the log again from it"
                         );
+                        // A reset drops the tables too; a rebuild makes them again, but
+                        // it may not have begun. (A failure here shows again below.)
+                        if let Err(e) = store.migrate(projection.schema()).await {
+                            tracing::warn!(projection = projection.name(), error = %e, "could not make the projection's tables again");
+                        }
                         continue 'reconnect;
                     }
                     // A busy or restarting database: nothing was applied (the batch and
@@ -500,6 +505,11 @@ pub async fn run(
                 },
                 Err(e) if e.is_transient() => {
                     tracing::warn!(projection = projection.name(), error = %e, "log unavailable; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue 'reconnect;
                 }
                 Err(e) => return Err(e.into()),

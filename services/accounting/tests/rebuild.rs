@@ -183,9 +183,7 @@ async fn reached(store: &Store, head: u64) {
 }
 
 /// The ledgers in `raced` and `single` hold the same charges. The position is left
-/// out: on PostgreSQL a lagging replica can write back an older position than its
-/// rival's (`meridian_store`'s position upsert does not only move forward), which costs
-/// a re-read after a restart, never a second charge.
+/// out: the callers check it against the log's head themselves.
 async fn assert_same_charges(raced: &Store, single: &Store) {
     let (raced, single) = (
         snapshot(raced).await.unwrap(),
