@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use meridian_eventlog::conformance::{event, workflow};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::{Commit, EventLog};
+use meridian_events::AggregateRef;
 use meridian_store::{
     catch_up, move_position, position_in, run, Projection, Store, StoreError, Tx,
 };
@@ -64,6 +65,27 @@ async fn reached(store: &Store, head: u64) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A SQLite log holding `commits` one-event commits of one workflow.
+async fn log_of(commits: u64) -> (tempfile::TempDir, Arc<dyn EventLog>, AggregateRef) {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let a = workflow();
+    for s in 1..=commits {
+        log.append(vec![event(a, s, json!(s))]).await.unwrap();
+    }
+    (dir, log, a)
+}
+
+/// A fresh PostgreSQL database (its URL, to drop it) and a store on it.
+async fn postgres() -> (String, Store) {
+    let url = meridian_store::testing::fresh_postgres()
+        .await
+        .expect("a PostgreSQL server (set MERIDIAN_TEST_POSTGRES)");
+    let store = Store::connect(&url).await.unwrap();
+    (url, store)
 }
 
 async fn scenario(store: Store) {
@@ -166,13 +188,7 @@ async fn postgres_store_applies_each_commit_once() {
 /// gone, and it follows the log again from the start. (It used to write its batch and
 /// position over the empty tables, and everything before them was never applied.)
 async fn a_runner_beside_a_reset_starts_again_from_the_beginning(store: Store) {
-    let dir = tempfile::tempdir().unwrap();
-    let log: Arc<dyn EventLog> =
-        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
-    let a = workflow();
-    for s in 1..=30 {
-        log.append(vec![event(a, s, json!(s))]).await.unwrap();
-    }
+    let (_dir, log, a) = log_of(30).await;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let runner = {
         let (store, log) = (store.clone(), log.clone());
@@ -198,11 +214,8 @@ async fn sqlite_a_runner_beside_a_reset_starts_again_from_the_beginning() {
 
 #[tokio::test]
 async fn postgres_a_runner_beside_a_reset_starts_again_from_the_beginning() {
-    let url = meridian_store::testing::fresh_postgres()
-        .await
-        .expect("a PostgreSQL server (set MERIDIAN_TEST_POSTGRES)");
-    a_runner_beside_a_reset_starts_again_from_the_beginning(Store::connect(&url).await.unwrap())
-        .await;
+    let (url, store) = postgres().await;
+    a_runner_beside_a_reset_starts_again_from_the_beginning(store).await;
     meridian_store::testing::drop_postgres(&url).await;
 }
 
@@ -288,23 +301,15 @@ impl Projection for Rivalled {
 /// in the middle of the batch.
 #[tokio::test]
 async fn postgres_a_batch_whose_position_keeps_moving_is_applied_once_in_the_end() {
-    let url = meridian_store::testing::fresh_postgres()
-        .await
-        .expect("a PostgreSQL server (set MERIDIAN_TEST_POSTGRES)");
-    let store = Store::connect(&url).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap();
-    let a = workflow();
-    for s in 1..=30 {
-        log.append(vec![event(a, s, json!(s))]).await.unwrap();
-    }
+    let (url, store) = postgres().await;
+    let (_dir, log, a) = log_of(30).await;
     let raced = Rivalled {
         store: store.clone(),
         rival: Rival::MovesAhead { n: 20 },
         went: AtomicU32::new(0),
     };
     let head = log.head().await.unwrap();
-    assert_eq!(catch_up(&store, &log, &raced).await.unwrap(), head);
+    assert_eq!(catch_up(&store, &*log, &raced).await.unwrap(), head);
     assert_eq!(
         raced.went.load(Ordering::SeqCst),
         20,
@@ -321,17 +326,8 @@ async fn postgres_a_batch_whose_position_keeps_moving_is_applied_once_in_the_end
 /// for the one above.
 #[tokio::test]
 async fn postgres_a_batch_ahead_of_a_rebuild_is_not_applied_over_its_gap() {
-    let url = meridian_store::testing::fresh_postgres()
-        .await
-        .expect("a PostgreSQL server (set MERIDIAN_TEST_POSTGRES)");
-    let store = Store::connect(&url).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log: Arc<dyn EventLog> =
-        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
-    let a = workflow();
-    for s in 1..=30 {
-        log.append(vec![event(a, s, json!(s))]).await.unwrap();
-    }
+    let (url, store) = postgres().await;
+    let (_dir, log, a) = log_of(30).await;
     catch_up(&store, &*log, &Counts).await.unwrap();
     for s in 31..=40 {
         log.append(vec![event(a, s, json!(s))]).await.unwrap();
