@@ -36,6 +36,20 @@ pub enum StoreError {
     UnsupportedUrl(String),
 }
 
+impl StoreError {
+    /// PostgreSQL gave up the transaction because another one changed what it read or
+    /// wrote (a serialization failure or a deadlock): nothing of it was kept, and doing
+    /// it again from the start is the answer.
+    pub fn is_serialization_failure(&self) -> bool {
+        match self {
+            StoreError::Database(sqlx::Error::Database(e)) => {
+                matches!(e.code().as_deref(), Some("40001" | "40P01"))
+            }
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
@@ -177,6 +191,24 @@ impl Store {
         Ok(match self.backend {
             Backend::Sqlite => self.writer.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.writer.begin().await?,
+        })
+    }
+
+    /// [`Store::begin`], for a writer that reads what it then writes (a projection that
+    /// adds to totals it read): every read sees one snapshot, taken at the first
+    /// statement, and a write to a row another transaction changed after it fails
+    /// ([`StoreError::is_serialization_failure`]) instead of building on what it read.
+    /// PostgreSQL's default (read committed) would let a rival's commit land between a
+    /// read and the write that depends on it. SQLite's write lock, taken at `BEGIN`,
+    /// already keeps every other writer out.
+    pub async fn begin_snapshot(&self) -> Result<Tx, StoreError> {
+        Ok(match self.backend {
+            Backend::Sqlite => self.writer.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => {
+                self.writer
+                    .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                    .await?
+            }
         })
     }
 
@@ -348,7 +380,8 @@ async fn apply_batch(
 }
 
 /// [`apply_batch`] from `known`, or from the position read inside the transaction;
-/// None when the position had moved from there (nothing is applied).
+/// None when the position had moved from there, or another writer changed what the
+/// batch read (nothing is applied).
 async fn apply_from(
     store: &Store,
     projection: &dyn Projection,
@@ -356,7 +389,26 @@ async fn apply_from(
     after: u64,
     known: Option<u64>,
 ) -> Result<Option<Batch>, StoreError> {
-    let mut tx = store.begin().await?;
+    match try_apply_from(store, projection, commits, after, known).await {
+        Err(e) if e.is_serialization_failure() => Ok(None),
+        applied => applied,
+    }
+}
+
+/// One attempt of [`apply_from`]. Its transaction reads one snapshot
+/// ([`Store::begin_snapshot`]): a projection reads the totals it adds to, and a
+/// rebuild's page committed between that read and the compare-and-set would leave the
+/// position where this batch expects it (the page ends there) and the totals without
+/// the page. The snapshot makes that a serialization failure, and the batch is applied
+/// again on top of the page.
+async fn try_apply_from(
+    store: &Store,
+    projection: &dyn Projection,
+    commits: &[Commit],
+    after: u64,
+    known: Option<u64>,
+) -> Result<Option<Batch>, StoreError> {
+    let mut tx = store.begin_snapshot().await?;
     let applied = match known {
         Some(position) => position,
         None => position_in(&mut tx, projection.name()).await?,

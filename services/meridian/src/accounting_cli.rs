@@ -474,9 +474,9 @@ pub enum PolicyVerb {
 #[derive(clap::Subcommand)]
 pub enum Rebuild {
     /// The ledger: drops it and replays the whole log into it. Embedded: with
-    /// `meridian up` stopped. Distributed: stop `meridian server accounting` first (one
-    /// left up bills nothing twice, but on PostgreSQL it can write back egress volumes
-    /// without the rebuild's last page; see docs/accounting.md).
+    /// `meridian up` stopped. Distributed: stop `meridian server accounting` first so
+    /// that the rebuild writes every page itself, at full speed (one left up bills
+    /// nothing twice and follows the rebuild; see docs/accounting.md).
     Accounting {
         #[command(flatten)]
         target: RebuildTarget,
