@@ -10,11 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use meridian_events::{AggregateKind, AggregateRef, Envelope, RawEnvelope};
+use meridian_events::{
+    AggregateKind, AggregateRef, Envelope, Event, JobEvent, RawEnvelope, TokenEvent, WorkflowEvent,
+};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::{Appended, Commit, EncodedCommit, EventLog, LogError, StoredCommit, MAX_COMMIT_BYTES};
+use crate::{
+    Appended, Commit, DecodedCommit, EncodedCommit, EventLog, LogError, StoredCommit,
+    MAX_COMMIT_BYTES,
+};
 
 pub type Open =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Arc<dyn EventLog>> + Send>> + Send + Sync>;
@@ -615,6 +620,120 @@ pub async fn a_dropped_next_loses_nothing(open: Open) {
         .is_empty());
 }
 
+/// What `next_decoded` hands over is what was appended, typed: the commits of the kinds
+/// asked for with their events, the others with none (and nothing of theirs decoded, so
+/// an event no reader of that kind understands stops no one else); an event that does
+/// not decode is an error naming its position; acknowledging works as after `next`.
+pub async fn decoded_delivery_is_what_was_appended(open: Open) {
+    let log = open().await;
+    let at = Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).unwrap();
+    let typed = |aggregate, payload: Event| event(aggregate, 1, json!(null)).with_payload(payload);
+    let cancelled = typed(
+        workflow(),
+        WorkflowEvent::Cancelled { cancelled_at: at }.into(),
+    );
+    let job = AggregateRef::new(AggregateKind::Job, Uuid::now_v7());
+    let asked = typed(
+        job,
+        JobEvent::CancelRequested {
+            by: "conformance".into(),
+            reason: Some("décodé".into()),
+            requested_at: at,
+        }
+        .into(),
+    );
+    let token = AggregateRef::new(AggregateKind::Token, Uuid::now_v7());
+    let revoked = typed(
+        token,
+        TokenEvent::Revoked {
+            token_id: token.id,
+            revoked_by: "conformance".into(),
+            reason: None,
+        }
+        .into(),
+    );
+    let mut second = asked.clone();
+    second.event_id = Uuid::now_v7();
+    second.sequence = 2;
+    let raw = |e: &Envelope<Event>| e.to_raw().unwrap();
+    let positions = vec![
+        append_ok(&*log, vec![raw(&cancelled)]).await,
+        append_ok(&*log, vec![raw(&asked), raw(&second)]).await,
+        append_ok(&*log, vec![raw(&revoked)]).await,
+        // A token event of a type no build knows.
+        append_ok(
+            &*log,
+            vec![event(token, 2, json!({"type": "token.unheard_of.v9"}))],
+        )
+        .await,
+    ];
+
+    let kinds = [AggregateKind::Workflow, AggregateKind::Job];
+    let mut sub = log.subscribe("decoded").await.unwrap();
+    let mut got: Vec<DecodedCommit> = Vec::new();
+    while got.len() < 3 {
+        let batch = sub
+            .next_decoded(2, Duration::from_secs(5), &kinds)
+            .await
+            .unwrap();
+        assert!(!batch.is_empty(), "delivered {} of 4 commits", got.len());
+        got.extend(batch);
+    }
+    let expected = vec![
+        DecodedCommit {
+            position: positions[0],
+            events: vec![cancelled],
+        },
+        DecodedCommit {
+            position: positions[1],
+            events: vec![asked, second],
+        },
+        DecodedCommit {
+            position: positions[2],
+            events: Vec::new(),
+        },
+    ];
+    assert_eq!(got[..3], expected[..]);
+    sub.ack(positions[2]).await.unwrap();
+    drop(sub);
+
+    // Resumes after the ack: the unknown token event comes, undecoded, as a position.
+    let mut sub = log.subscribe("decoded").await.unwrap();
+    let rest = sub
+        .next_decoded(10, Duration::from_secs(5), &kinds)
+        .await
+        .unwrap();
+    assert_eq!(
+        rest,
+        vec![DecodedCommit {
+            position: positions[3],
+            events: Vec::new(),
+        }]
+    );
+
+    // A reader of every kind is stopped by it, told where.
+    let mut all = log.subscribe("every_kind").await.unwrap();
+    let mut delivered = 0;
+    let error = loop {
+        match all
+            .next_decoded(1, Duration::from_secs(5), &AggregateKind::ALL)
+            .await
+        {
+            Ok(batch) if batch.is_empty() => panic!("nothing delivered after {delivered}"),
+            Ok(batch) => delivered += batch.len(),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(delivered, 3, "the three commits before it are delivered");
+    match error {
+        LogError::Corrupt { position, message } => {
+            assert_eq!(position, positions[3]);
+            assert!(message.contains("token.unheard_of.v9"), "{message}");
+        }
+        other => panic!("expected a corrupt record, got {other:?}"),
+    }
+}
+
 pub async fn tail_follows_from_a_position(open: Open) {
     let log = open().await;
     let a = workflow();
@@ -830,7 +949,7 @@ macro_rules! conformance_suite {
             invalid_batches_change_nothing, large_and_non_ascii_payloads,
             replay_returns_everything_in_order,
             subscription_resumes_without_loss_or_reordering,
-            a_dropped_next_loses_nothing,
+            a_dropped_next_loses_nothing, decoded_delivery_is_what_was_appended,
             tail_follows_from_a_position, snapshots_are_kept_beside_the_log);
     };
     (@tests $fresh:expr; $($check:ident),*) => {

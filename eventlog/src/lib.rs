@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use meridian_events::{AggregateRef, RawEnvelope};
+use meridian_events::{AggregateKind, AggregateRef, Envelope, Event, RawEnvelope};
 
 pub mod aggregates;
 pub mod conformance;
@@ -61,6 +61,15 @@ impl Commit {
 pub struct StoredCommit {
     pub position: u64,
     pub events: Vec<String>,
+}
+
+/// A delivered commit with its events decoded into [`Event`]s: those of the aggregate
+/// kinds the reader asked for ([`Subscription::next_decoded`]); a commit of another kind
+/// comes with no events, so that its position can still be acknowledged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedCommit {
+    pub position: u64,
+    pub events: Vec<Envelope<Event>>,
 }
 
 /// What an append did.
@@ -190,6 +199,38 @@ pub trait Subscription: Send {
     /// The next commits, at most `max`, waiting up to `wait` for the first one.
     /// Returns an empty batch when nothing arrived in time.
     async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError>;
+
+    /// [`Subscription::next`] with the events of a commit of one of `kinds` decoded into
+    /// [`Event`]s (a commit holds one aggregate's events). A log that receives text
+    /// decodes it straight into the types, with no JSON tree in between; events of other
+    /// kinds are not decoded at all. An event that does not decode is
+    /// [`LogError::Corrupt`].
+    async fn next_decoded(
+        &mut self,
+        max: usize,
+        wait: Duration,
+        kinds: &[AggregateKind],
+    ) -> Result<Vec<DecodedCommit>, LogError> {
+        self.next(max, wait)
+            .await?
+            .into_iter()
+            .map(|commit| {
+                let position = commit.position;
+                let events = commit
+                    .events
+                    .iter()
+                    .filter(|raw| kinds.contains(&raw.aggregate.kind))
+                    .map(|raw| {
+                        raw.decode_event().map_err(|e| LogError::Corrupt {
+                            position,
+                            message: e.to_string(),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(DecodedCommit { position, events })
+            })
+            .collect()
+    }
 
     /// Acknowledges every commit up to and including `position`, durably.
     async fn ack(&mut self, position: u64) -> Result<(), LogError>;

@@ -24,13 +24,13 @@ use async_nats::jetstream::stream::{
 };
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
-use meridian_events::{AggregateRef, RawEnvelope};
+use meridian_events::{AggregateKind, AggregateRef, Envelope, Event, RawEnvelope};
 
 use uuid::Uuid;
 
 use crate::{
-    check_name, Appended, Commit, EncodedCommit, EventLog, LogError, Snapshot, StoredCommit,
-    Subscription, MAX_COMMIT_BYTES,
+    check_name, Appended, Commit, DecodedCommit, EncodedCommit, EventLog, LogError, Snapshot,
+    StoredCommit, Subscription, MAX_COMMIT_BYTES,
 };
 
 const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
@@ -110,18 +110,16 @@ impl LastSeen {
         seen.insert(aggregate, (sequence, position));
     }
 
-    /// Each delivered commit's aggregate, unless a later commit of it was seen already
-    /// (a subscription delivers a commit again after a restart or a broken stream).
-    fn delivered(&self, commits: &[Commit]) {
+    /// Each delivered commit's aggregate with its last event's sequence and the commit's
+    /// position, unless a later commit of it was seen already (a subscription delivers a
+    /// commit again after a restart or a broken stream).
+    fn delivered(&self, commits: impl IntoIterator<Item = (AggregateRef, u64, u64)>) {
         let mut seen = self.0.lock().expect("last_seen poisoned");
-        for commit in commits {
-            let Some(last) = commit.events.last() else {
-                continue;
-            };
+        for (aggregate, sequence, position) in commits {
             Self::bound(&mut seen);
-            let entry = seen.entry(last.aggregate).or_insert((0, 0));
-            if last.sequence > entry.0 {
-                *entry = (last.sequence, commit.position);
+            let entry = seen.entry(aggregate).or_insert((0, 0));
+            if sequence > entry.0 {
+                *entry = (sequence, position);
             }
         }
     }
@@ -146,6 +144,34 @@ fn decode_commit(position: u64, payload: &[u8]) -> Result<Vec<RawEnvelope>, LogE
         position,
         message: e.to_string(),
     })
+}
+
+/// A commit's envelopes read from its text, each payload decoded into an [`Event`] when
+/// the commit's aggregate is of one of `kinds`; with the commit's aggregate and last
+/// sequence (None for a commit of no events).
+fn decode_events(
+    position: u64,
+    payload: &[u8],
+    kinds: &[AggregateKind],
+) -> Result<(DecodedCommit, Option<(AggregateRef, u64)>), LogError> {
+    let corrupt = |e: serde_json::Error| LogError::Corrupt {
+        position,
+        message: e.to_string(),
+    };
+    let envelopes: Vec<Envelope<&serde_json::value::RawValue>> =
+        serde_json::from_slice(payload).map_err(corrupt)?;
+    let last = envelopes.last().map(|e| (e.aggregate, e.sequence));
+    let events = envelopes
+        .iter()
+        .filter(|e| kinds.contains(&e.aggregate.kind))
+        .map(|e| {
+            let payload = e.payload.get();
+            let kind = Event::type_of_json(payload).map_err(corrupt)?;
+            let event = Event::from_json(&kind, payload).map_err(corrupt)?;
+            Ok(e.with_payload(event))
+        })
+        .collect::<Result<_, LogError>>()?;
+    Ok((DecodedCommit { position, events }, last))
 }
 
 /// A replicated stream answers reads only once it has a leader and its replicas are
@@ -875,18 +901,19 @@ impl NatsSubscription {
         }
         Ok(self.messages.as_mut().expect("set above"))
     }
-}
 
-#[async_trait]
-impl Subscription for NatsSubscription {
+    /// The next messages, at most `max`, waiting up to `wait` for the first.
     /// Cancellation-safe: the awaits come before anything is taken from the stream; the
     /// rest is taken without awaiting.
-    async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
-        let mut out = Vec::new();
+    async fn take(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<async_nats::jetstream::Message>, LogError> {
         let messages = self.messages().await?;
         let first = match tokio::time::timeout(wait, messages.next()).await {
             Ok(next) => next,
-            Err(_) => return Ok(out),
+            Err(_) => return Ok(Vec::new()),
         };
         let mut taken = Vec::new();
         let mut next = Some(first);
@@ -916,6 +943,15 @@ impl Subscription for NatsSubscription {
                 None
             };
         }
+        Ok(taken)
+    }
+}
+
+#[async_trait]
+impl Subscription for NatsSubscription {
+    async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
+        let taken = self.take(max, wait).await?;
+        let mut out = Vec::with_capacity(taken.len());
         for msg in taken {
             let position = msg.info().map_err(unavailable)?.stream_sequence;
             out.push(Commit::new(
@@ -924,7 +960,30 @@ impl Subscription for NatsSubscription {
             ));
             self.unacked.push_back((position, msg));
         }
-        self.last_seen.delivered(&out);
+        self.last_seen.delivered(out.iter().filter_map(|commit| {
+            let last = commit.events.last()?;
+            Some((last.aggregate, last.sequence, commit.position))
+        }));
+        Ok(out)
+    }
+
+    async fn next_decoded(
+        &mut self,
+        max: usize,
+        wait: Duration,
+        kinds: &[AggregateKind],
+    ) -> Result<Vec<DecodedCommit>, LogError> {
+        let taken = self.take(max, wait).await?;
+        let mut out = Vec::with_capacity(taken.len());
+        let mut seen = Vec::with_capacity(taken.len());
+        for msg in taken {
+            let position = msg.info().map_err(unavailable)?.stream_sequence;
+            let (commit, last) = decode_events(position, &msg.payload, kinds)?;
+            out.push(commit);
+            seen.extend(last.map(|(aggregate, sequence)| (aggregate, sequence, position)));
+            self.unacked.push_back((position, msg));
+        }
+        self.last_seen.delivered(seen);
         Ok(out)
     }
 

@@ -354,7 +354,7 @@ impl DataMover {
                         self.start(Work::Stage, holding);
                     }
                 }
-                commits = sub.next(128, Duration::from_millis(200)) => {
+                commits = sub.next_decoded(128, Duration::from_millis(200), &[AggregateKind::Workflow]) => {
                     let commits = commits?;
                     // A restart then folds at most about SAVE_AFTER commits past the snapshot.
                     let log = self.log.clone();
@@ -364,11 +364,7 @@ impl DataMover {
                         }
                     });
                     for commit in commits {
-                        for raw in commit.events.iter() {
-                            if raw.aggregate.kind != AggregateKind::Workflow {
-                                continue;
-                            }
-                            let envelope = decode(commit.position, raw)?;
+                        for envelope in commit.events {
                             let id = envelope.aggregate.id;
                             match envelope.payload {
                                 Event::Workflow(WorkflowEvent::VolumeAllocated {

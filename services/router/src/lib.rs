@@ -60,8 +60,6 @@ pub enum RouterError {
         id: Uuid,
         source: ExecuteError<JobError>,
     },
-    #[error("undecodable event at position {position}: {message}")]
-    Decode { position: u64, message: String },
 }
 
 /// What a release said, needed to dispatch it.
@@ -452,7 +450,7 @@ impl Router {
         let mut sub = self.log.subscribe(SUBSCRIPTION).await?;
         loop {
             let commits = tokio::select! {
-                next = sub.next(256, Duration::from_secs(1)) => next?,
+                next = sub.next_decoded(256, Duration::from_secs(1), &AggregateKind::ALL) => next?,
                 _ = shutdown.changed() => return Ok(()),
             };
             // Workflows whose backoff ended get their turn again.
@@ -495,12 +493,8 @@ impl Router {
             let delivered = commits.len() as u64;
             for commit in commits {
                 let mut touched = BTreeSet::new();
-                for raw in commit.events.iter() {
-                    let envelope = raw.decode_event().map_err(|e| RouterError::Decode {
-                        position: commit.position,
-                        message: e.to_string(),
-                    })?;
-                    if let Some(workflow) = self.observe(commit.position, &envelope).await? {
+                for envelope in &commit.events {
+                    if let Some(workflow) = self.observe(commit.position, envelope).await? {
                         touched.insert(workflow);
                     }
                 }

@@ -53,8 +53,6 @@ pub enum RunnerError {
         id: Uuid,
         source: ExecuteError<JobError>,
     },
-    #[error("undecodable event at position {position}: {message}")]
-    Decode { position: u64, message: String },
 }
 
 /// One job of this site the runner follows.
@@ -331,7 +329,7 @@ impl SiteRunner {
         let mut sweeps = true;
         loop {
             tokio::select! {
-                commits = sub.next(128, Duration::from_millis(100)) => {
+                commits = sub.next_decoded(128, Duration::from_millis(100), &[AggregateKind::Job]) => {
                     let commits = commits?;
                     // A restart then folds at most about SAVE_AFTER commits past the snapshot.
                     // (No snapshot can be kept under a site name too long for one.)
@@ -347,14 +345,7 @@ impl SiteRunner {
                         }
                     });
                     for commit in commits {
-                        for raw in commit.events.iter() {
-                            if raw.aggregate.kind != AggregateKind::Job {
-                                continue;
-                            }
-                            let envelope = raw.decode_event().map_err(|e| RunnerError::Decode {
-                                position: commit.position,
-                                message: e.to_string(),
-                            })?;
+                        for envelope in commit.events {
                             self.observe(envelope).await?;
                         }
                         sub.ack(commit.position).await?;
