@@ -656,7 +656,7 @@ pub async fn decoded_delivery_is_what_was_appended(open: Open) {
     second.event_id = Uuid::now_v7();
     second.sequence = 2;
     let raw = |e: &Envelope<Event>| e.to_raw().unwrap();
-    let positions = vec![
+    let positions = [
         append_ok(&*log, vec![raw(&cancelled)]).await,
         append_ok(&*log, vec![raw(&asked), raw(&second)]).await,
         append_ok(&*log, vec![raw(&revoked)]).await,
@@ -679,7 +679,7 @@ pub async fn decoded_delivery_is_what_was_appended(open: Open) {
         assert!(!batch.is_empty(), "delivered {} of 4 commits", got.len());
         got.extend(batch);
     }
-    let expected = vec![
+    let expected = [
         DecodedCommit {
             position: positions[0],
             events: vec![cancelled],

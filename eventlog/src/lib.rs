@@ -204,7 +204,8 @@ pub trait Subscription: Send {
     /// [`Event`]s (a commit holds one aggregate's events). A log that receives text
     /// decodes it straight into the types, with no JSON tree in between; events of other
     /// kinds are not decoded at all. An event that does not decode is
-    /// [`LogError::Corrupt`].
+    /// [`LogError::Corrupt`], and the rest of its batch is not handed over: open the
+    /// subscription again to go on (it resumes after the last acknowledged commit).
     async fn next_decoded(
         &mut self,
         max: usize,

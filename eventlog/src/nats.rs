@@ -902,6 +902,16 @@ impl NatsSubscription {
         Ok(self.messages.as_mut().expect("set above"))
     }
 
+    /// After a commit that does not decode: the rest of its batch was taken from the
+    /// stream and handed to no one, so the next call starts again from the last
+    /// acknowledged commit (as after a broken stream), never past them.
+    fn give_up(&mut self, error: LogError) -> LogError {
+        self.messages = None;
+        self.broken = true;
+        self.unacked.clear();
+        error
+    }
+
     /// The next messages, at most `max`, waiting up to `wait` for the first.
     /// Cancellation-safe: the awaits come before anything is taken from the stream; the
     /// rest is taken without awaiting.
@@ -954,10 +964,8 @@ impl Subscription for NatsSubscription {
         let mut out = Vec::with_capacity(taken.len());
         for msg in taken {
             let position = msg.info().map_err(unavailable)?.stream_sequence;
-            out.push(Commit::new(
-                position,
-                decode_commit(position, &msg.payload)?,
-            ));
+            let events = decode_commit(position, &msg.payload).map_err(|e| self.give_up(e))?;
+            out.push(Commit::new(position, events));
             self.unacked.push_back((position, msg));
         }
         self.last_seen.delivered(out.iter().filter_map(|commit| {
@@ -978,7 +986,8 @@ impl Subscription for NatsSubscription {
         let mut seen = Vec::with_capacity(taken.len());
         for msg in taken {
             let position = msg.info().map_err(unavailable)?.stream_sequence;
-            let (commit, last) = decode_events(position, &msg.payload, kinds)?;
+            let (commit, last) =
+                decode_events(position, &msg.payload, kinds).map_err(|e| self.give_up(e))?;
             out.push(commit);
             seen.extend(last.map(|(aggregate, sequence)| (aggregate, sequence, position)));
             self.unacked.push_back((position, msg));

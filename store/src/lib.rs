@@ -195,12 +195,13 @@ impl Store {
     }
 
     /// [`Store::begin`], for a writer that reads what it then writes (a projection that
-    /// adds to totals it read): every read sees one snapshot, taken at the first
-    /// statement, and a write to a row another transaction changed after it fails
-    /// ([`StoreError::is_serialization_failure`]) instead of building on what it read.
-    /// PostgreSQL's default (read committed) would let a rival's commit land between a
-    /// read and the write that depends on it. SQLite's write lock, taken at `BEGIN`,
-    /// already keeps every other writer out.
+    /// adds to totals it read): on PostgreSQL every statement sees one snapshot, taken
+    /// at the transaction's first statement, and an `UPDATE` (or an `INSERT … ON
+    /// CONFLICT`) that meets a row another transaction changed or inserted after it
+    /// fails ([`StoreError::is_serialization_failure`]) instead of building on what was
+    /// read. PostgreSQL's default (read committed) would let a rival's commit land
+    /// between a read and the write that depends on it. SQLite's write lock, taken at
+    /// `BEGIN`, already keeps every other writer out.
     pub async fn begin_snapshot(&self) -> Result<Tx, StoreError> {
         Ok(match self.backend {
             Backend::Sqlite => self.writer.begin_with("BEGIN IMMEDIATE").await?,
@@ -244,7 +245,27 @@ impl Store {
     }
 
     /// Drops a projection's tables and position, so the next run rebuilds it from the log.
+    ///
+    /// A runner of the projection left up can take the tables' locks in another order
+    /// than the drops do (the ledger writes its charges last, and they are dropped
+    /// first): PostgreSQL then aborts one of the two as a deadlock, most often the reset,
+    /// which waited longest. The reset is tried again, a few times, after a pause.
     pub async fn reset(&self, projection: &dyn Projection) -> Result<(), StoreError> {
+        let mut pause = Duration::from_millis(50);
+        for _ in 0..8 {
+            match self.try_reset(projection).await {
+                Err(e) if e.is_serialization_failure() => {
+                    tracing::warn!(projection = projection.name(), error = %e, "reset met a running writer of the projection; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                done => return done,
+            }
+        }
+        self.try_reset(projection).await
+    }
+
+    async fn try_reset(&self, projection: &dyn Projection) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
         for table in projection.tables() {
             sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))

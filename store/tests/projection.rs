@@ -297,7 +297,8 @@ impl Projection for Rivalled {
 /// A writer whose position another writer keeps moving goes on until it gets its
 /// turn: each move is the other's progress, not a reason to stop. (It stopped after
 /// 8 attempts, and a follower left up beside a rebuild in small pages met that.)
-/// PostgreSQL only: its read-committed transactions are what let the rival commit
+/// PostgreSQL only: its transactions take no lock before they write, which is what
+/// lets the rival commit
 /// in the middle of the batch.
 #[tokio::test]
 async fn postgres_a_batch_whose_position_keeps_moving_is_applied_once_in_the_end() {
@@ -445,6 +446,58 @@ async fn postgres_a_batch_that_read_before_a_rebuilds_page_is_applied_again_afte
         "applied twice: once beside the rebuild, once after it"
     );
     assert_eq!(counts(&store).await, vec![(a.to_string(), 40)]);
+    meridian_store::testing::drop_postgres(&url).await;
+}
+
+/// Two tables, dropped in the order a writer of the projection does not take them.
+struct Pair;
+
+#[async_trait]
+impl Projection for Pair {
+    fn name(&self) -> &'static str {
+        "pair"
+    }
+    fn schema(&self) -> &'static [&'static str] {
+        &[
+            "CREATE TABLE IF NOT EXISTS pair_first (n BIGINT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS pair_second (n BIGINT NOT NULL)",
+        ]
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        &["pair_first", "pair_second"]
+    }
+    async fn apply(&self, _tx: &mut Tx, _commit: &Commit) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A reset that meets a writer taking the tables' locks in the other order (as a ledger
+/// consumer left up during a rebuild does) is not lost to the deadlock: PostgreSQL
+/// aborts the reset, which waited first, and the reset goes again once the writer is
+/// done. (It failed with "deadlock detected".)
+#[tokio::test]
+async fn postgres_a_reset_that_meets_a_writer_in_the_other_order_goes_again() {
+    let (url, store) = postgres().await;
+    store.migrate(Pair.schema()).await.unwrap();
+    let mut writer = store.begin().await.unwrap();
+    sqlx::query("INSERT INTO pair_second (n) VALUES (1)")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let resetting = tokio::spawn({
+        let store = store.clone();
+        async move { store.reset(&Pair).await }
+    });
+    // The reset holds the first table and waits for the second.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sqlx::query("INSERT INTO pair_first (n) VALUES (1)")
+        .execute(&mut *writer)
+        .await
+        .expect("the reset, not the writer, is the deadlock's victim");
+    writer.commit().await.unwrap();
+    resetting.await.unwrap().expect("the reset goes again");
+    assert!(!store.has_table("pair_first").await.unwrap());
+    assert!(!store.has_table("pair_second").await.unwrap());
     meridian_store::testing::drop_postgres(&url).await;
 }
 

@@ -14,8 +14,9 @@
 //! redelivered event, or one applied by a second replica at the same moment, changes
 //! nothing (its items depend only on the event). Egress also adds to the month's volume
 //! counter, so an egress event is first claimed in `ledger_applied`: whoever claims it
-//! second (or waits for the first claim's transaction) skips it, and the volume is never
-//! counted twice.
+//! second skips it (on PostgreSQL, a batch that waited for the first claim's
+//! transaction is applied again from the start, and then skips it), and the volume is
+//! never counted twice.
 //!
 //! A batch of commits is applied in a handful of statements: everything its lines need
 //! besides their events (the jobs' names, the sites' kinds and regions, the tenants'
