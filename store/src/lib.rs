@@ -383,8 +383,12 @@ async fn apply_batch(
     let mut pause = Duration::from_millis(1);
     let mut failed: u64 = 0;
     loop {
-        if let Some(batch) = apply_from(store, projection, commits, after, from).await? {
-            return Ok(batch);
+        match apply_from(store, projection, commits, after, from).await {
+            Ok(Some(batch)) => return Ok(batch),
+            Ok(None) => {}
+            // Another writer changed what the batch read: nothing of it was kept.
+            Err(e) if e.is_serialization_failure() => {}
+            Err(e) => return Err(e),
         }
         from = None;
         failed += 1;
@@ -401,28 +405,14 @@ async fn apply_batch(
 }
 
 /// [`apply_batch`] from `known`, or from the position read inside the transaction;
-/// None when the position had moved from there, or another writer changed what the
-/// batch read (nothing is applied).
+/// None when the position had moved from there (nothing is applied).
+///
+/// Its transaction reads one snapshot ([`Store::begin_snapshot`]): a projection reads
+/// the totals it adds to, and a rebuild's page committed between that read and the
+/// compare-and-set would leave the position where this batch expects it (the page
+/// ends there) and the totals without the page. The snapshot makes that a
+/// serialization failure, and the batch is applied again on top of the page.
 async fn apply_from(
-    store: &Store,
-    projection: &dyn Projection,
-    commits: &[Commit],
-    after: u64,
-    known: Option<u64>,
-) -> Result<Option<Batch>, StoreError> {
-    match try_apply_from(store, projection, commits, after, known).await {
-        Err(e) if e.is_serialization_failure() => Ok(None),
-        applied => applied,
-    }
-}
-
-/// One attempt of [`apply_from`]. Its transaction reads one snapshot
-/// ([`Store::begin_snapshot`]): a projection reads the totals it adds to, and a
-/// rebuild's page committed between that read and the compare-and-set would leave the
-/// position where this batch expects it (the page ends there) and the totals without
-/// the page. The snapshot makes that a serialization failure, and the batch is applied
-/// again on top of the page.
-async fn try_apply_from(
     store: &Store,
     projection: &dyn Projection,
     commits: &[Commit],
