@@ -28,6 +28,13 @@ pub struct Snapshot {
 /// ten thousand commits takes well under a second, so a restart never folds much more.
 pub const SAVE_AFTER: u64 = 10_000;
 
+/// The `save_after` of a [`Refresh`]'s fold: it saves whatever it read. It runs once
+/// [`SAVE_AFTER`] commits were delivered, and those include commits the last fold had
+/// read already, so it can read fewer than that past the snapshot; held to the
+/// threshold, it threw its work away, and a router's restart after a busy spell read
+/// three times [`SAVE_AFTER`] past its snapshot.
+pub const REFRESH_SAVES: u64 = 1;
+
 /// The stored body: the state, the format it was written in, and the first event id of
 /// the commit at its position (so a snapshot of another log with the same name is
 /// recognised).
@@ -159,6 +166,20 @@ impl Refresh {
         self.since = 0;
         self.running = Some(tokio::spawn(fold()));
     }
+
+    /// For a service stopping cleanly: lets a fold under way finish, for `within` at
+    /// most, so that its work is saved for the next start rather than lost.
+    pub async fn finish(&mut self, within: std::time::Duration) {
+        if let Some(mut running) = self.running.take() {
+            if tokio::time::timeout(within, &mut running).await.is_err() {
+                tracing::warn!(
+                    seconds = within.as_secs(),
+                    "a snapshot fold did not finish in time; given up"
+                );
+                running.abort();
+            }
+        }
+    }
 }
 
 /// A fold still running when its service stops is given up: it only reads the log and
@@ -187,6 +208,31 @@ mod refresh_tests {
                 let _ = tx.send(());
             }
         }
+    }
+
+    /// A clean stop waits for the fold under way, and gives up one that takes too long.
+    #[tokio::test]
+    async fn a_clean_stop_lets_a_fold_finish_within_its_bound() {
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let mut refresh = Refresh::every(1);
+        refresh.delivered(1, move || async move {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let _ = done_tx.send(());
+        });
+        refresh.finish(std::time::Duration::from_secs(5)).await;
+        assert!(done.await.is_ok(), "the fold ran to its end");
+
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let guard = Dropped(Some(tx));
+        refresh.delivered(1, move || async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        });
+        refresh.finish(std::time::Duration::from_millis(100)).await;
+        tokio::time::timeout(std::time::Duration::from_secs(5), rx)
+            .await
+            .expect("a fold past its bound is given up")
+            .unwrap();
     }
 
     #[tokio::test]

@@ -359,7 +359,7 @@ impl DataMover {
                     // A restart then folds at most about SAVE_AFTER commits past the snapshot.
                     let log = self.log.clone();
                     snapshots.delivered(commits.len() as u64, move || async move {
-                        if let Err(e) = MoverStart::load(&*log, SAVE_AFTER).await {
+                        if let Err(e) = MoverStart::load(&*log, snapshot::REFRESH_SAVES).await {
                             tracing::warn!(error = %e, "could not fold the log for the data mover's snapshot");
                         }
                     });

@@ -416,26 +416,29 @@ impl Router {
         self
     }
 
-    /// Runs until `shutdown` turns true. Transient log errors are retried.
+    /// Runs until `shutdown` turns true. Transient log errors are retried. A snapshot
+    /// fold under way is given up to 10 s to finish at a stop.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), RouterError> {
         let mut backoff = Duration::from_millis(100);
         loop {
             if *shutdown.borrow() {
-                return Ok(());
+                break;
             }
             match self.serve(&mut shutdown).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => break,
                 Err(RouterError::Log(e)) if e.is_transient() => {
                     tracing::warn!(error = %e, "router: log unavailable; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
-                        _ = shutdown.changed() => return Ok(()),
+                        _ = shutdown.changed() => break,
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => return Err(e),
             }
         }
+        self.snapshots.finish(Duration::from_secs(10)).await;
+        Ok(())
     }
 
     async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RouterError> {
@@ -509,9 +512,9 @@ impl Router {
                 sub.ack(position).await?;
             }
             // A restart then folds at most about that many commits past the snapshot.
-            let (log, every) = (self.log.clone(), self.snapshots.every);
+            let log = self.log.clone();
             self.snapshots.delivered(delivered, move || async move {
-                if let Err(e) = RouterStart::load(&*log, every).await {
+                if let Err(e) = RouterStart::load(&*log, snapshot::REFRESH_SAVES).await {
                     tracing::warn!(error = %e, "router: could not fold the log for a snapshot");
                 }
             });

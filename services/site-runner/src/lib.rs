@@ -339,7 +339,7 @@ impl SiteRunner {
                             if OpenJobs::snapshot_name(&site).is_none() {
                                 return;
                             }
-                            if let Err(e) = OpenJobs::load(&*log, &site, snapshot::SAVE_AFTER).await {
+                            if let Err(e) = OpenJobs::load(&*log, &site, snapshot::REFRESH_SAVES).await {
                                 tracing::warn!(%site, error = %e, "could not fold the log for the site's snapshot");
                             }
                         }
