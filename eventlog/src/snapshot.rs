@@ -35,6 +35,9 @@ pub const SAVE_AFTER: u64 = 10_000;
 /// three times [`SAVE_AFTER`] past its snapshot.
 pub const REFRESH_SAVES: u64 = 1;
 
+/// How long a service stopping cleanly waits for a fold under way ([`Refresh::finish`]).
+pub const FINISH_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The stored body: the state, the format it was written in, and the first event id of
 /// the commit at its position (so a snapshot of another log with the same name is
 /// recognised).

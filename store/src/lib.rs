@@ -252,17 +252,18 @@ impl Store {
     /// which waited longest. The reset is tried again, a few times, after a pause.
     pub async fn reset(&self, projection: &dyn Projection) -> Result<(), StoreError> {
         let mut pause = Duration::from_millis(50);
-        for _ in 0..8 {
+        let mut tries = 1;
+        loop {
             match self.try_reset(projection).await {
-                Err(e) if e.is_serialization_failure() => {
+                Err(e) if e.is_serialization_failure() && tries < 8 => {
                     tracing::warn!(projection = projection.name(), error = %e, "reset met a running writer of the projection; trying again");
                     tokio::time::sleep(pause).await;
                     pause *= 2;
+                    tries += 1;
                 }
                 done => return done,
             }
         }
-        self.try_reset(projection).await
     }
 
     async fn try_reset(&self, projection: &dyn Projection) -> Result<(), StoreError> {

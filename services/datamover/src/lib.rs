@@ -396,7 +396,10 @@ impl DataMover {
                         sub.ack(commit.position).await?;
                     }
                 }
-                _ = shutdown.changed() => return Ok(()),
+                _ = shutdown.changed() => {
+                    snapshots.finish(snapshot::FINISH_WITHIN).await;
+                    return Ok(());
+                }
             }
         }
     }

@@ -437,7 +437,7 @@ impl Router {
                 Err(e) => return Err(e),
             }
         }
-        self.snapshots.finish(Duration::from_secs(10)).await;
+        self.snapshots.finish(snapshot::FINISH_WITHIN).await;
         Ok(())
     }
 

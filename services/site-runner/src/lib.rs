@@ -356,6 +356,7 @@ impl SiteRunner {
                 _ = beat.tick() => self.heartbeat().await?,
                 _ = sweep.tick(), if sweeps => sweeps = self.sweep().await?,
                 _ = shutdown.changed() => {
+                    self.snapshots.finish(snapshot::FINISH_WITHIN).await;
                     self.disconnect().await;
                     return Ok(());
                 }
