@@ -171,14 +171,16 @@ const PAGE: usize = 2048;
 
 impl Catalog {
     /// Builds the catalogue from the log: from its last snapshot and the commits after
-    /// it, or from the whole log when there is none (or none that matches). Saves a new
-    /// snapshot when it had to read [`snapshot::SAVE_AFTER`] commits or more.
+    /// it up to the log's head when it began, or from the whole log when there is none
+    /// (or none that matches). Saves a new snapshot when it had to read
+    /// [`snapshot::SAVE_AFTER`] commits or more.
     pub async fn load(log: &dyn EventLog) -> Result<Catalog, LogError> {
         let mut catalog = snapshot::load::<Catalog>(log, SNAPSHOT, SNAPSHOT_FORMAT)
             .await?
             .map(|(_, catalog)| catalog)
             .unwrap_or_default();
-        let read = catalog.catch_up_visiting(log, |_| {}).await?;
+        let until = log.head().await?;
+        let read = catalog.catch_up_to(log, until, |_| {}).await?;
         if read >= snapshot::SAVE_AFTER {
             if let Err(e) =
                 snapshot::save(log, SNAPSHOT, SNAPSHOT_FORMAT, catalog.position, &catalog).await
@@ -221,6 +223,20 @@ impl Catalog {
     pub async fn catch_up_visiting(
         &mut self,
         log: &dyn EventLog,
+        visit: impl FnMut(&TextEnvelope<'_>),
+    ) -> Result<u64, LogError> {
+        self.catch_up_to(log, u64::MAX, visit).await
+    }
+
+    /// [`Catalog::catch_up_visiting`] that stops once it has folded position `until`
+    /// (it may fold a little past it: the rest of the page that holds it). A start
+    /// folds up to the head it found when it began: following the head instead, it
+    /// kept reading while writers appended, and under a stream of submissions it did
+    /// not serve until they stopped.
+    pub async fn catch_up_to(
+        &mut self,
+        log: &dyn EventLog,
+        until: u64,
         mut visit: impl FnMut(&TextEnvelope<'_>),
     ) -> Result<u64, LogError> {
         // A commit only partly folded in by `observe_at` is read again for the rest.
@@ -235,6 +251,10 @@ impl Catalog {
         let mut read = 0;
         while let Some(last) = commits.last().map(|c| c.position) {
             read += commits.len() as u64;
+            if last >= until {
+                self.fold_page(commits, &mut visit).await?;
+                break;
+            }
             // A fold that fails does not wait for the read (it stops between commits).
             let ((), next) = tokio::try_join!(
                 self.fold_page(commits, &mut visit),

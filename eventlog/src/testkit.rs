@@ -463,15 +463,53 @@ pub type BeforeAppend = Box<
         + Sync,
 >;
 
+/// An [`AfterRead`] for a writer that outpaces a reader: while `on` holds, it appends
+/// one commit to `log` after each read (a cancel request of a workflow of its own,
+/// which nothing acts on).
+pub fn appending_while(
+    log: std::sync::Arc<dyn crate::EventLog>,
+    on: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> AfterRead {
+    Box::new(move || {
+        let (log, on) = (log.clone(), on.clone());
+        Box::pin(async move {
+            if !on.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            let event = meridian_events::WorkflowEvent::CancelRequested {
+                by: "writer".into(),
+                reason: None,
+                requested_at: chrono::Utc::now(),
+            };
+            let envelope = meridian_events::Envelope::sequence_after(
+                meridian_events::AggregateRef::new(
+                    meridian_events::AggregateKind::Workflow,
+                    uuid::Uuid::now_v7(),
+                ),
+                0,
+                &meridian_events::EventContext::new_chain("t"),
+                chrono::Utc::now(),
+                vec![meridian_events::Event::from(event)],
+            );
+            let commit = crate::EncodedCommit::encode(&envelope).expect("encode");
+            log.append_encoded(commit).await.expect("append");
+        })
+    })
+}
+
+/// What [`Intercepted::after_read`] runs after each `read_from`.
+pub type AfterRead = Box<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
 /// A log that hands everything to `inner`, recording the `after` of each `read_from`
 /// and the aggregate of each `read_aggregate`, and running [`BeforeAppend`] ahead of
-/// each append: for tests that watch, or get in the way of, what a service does with
-/// its log.
+/// each append and [`AfterRead`] after each read: for tests that watch, or get in the
+/// way of, what a service does with its log.
 pub struct Intercepted {
     inner: std::sync::Arc<dyn crate::EventLog>,
     reads: std::sync::Mutex<Vec<u64>>,
     aggregate_reads: std::sync::Mutex<Vec<meridian_events::AggregateRef>>,
     before_append: Option<BeforeAppend>,
+    after_read: Option<AfterRead>,
     renamed: Option<String>,
 }
 
@@ -482,6 +520,7 @@ impl Intercepted {
             reads: Default::default(),
             aggregate_reads: Default::default(),
             before_append: None,
+            after_read: None,
             renamed: None,
         }
     }
@@ -496,6 +535,13 @@ impl Intercepted {
 
     pub fn before_append(mut self, hook: BeforeAppend) -> Intercepted {
         self.before_append = Some(hook);
+        self
+    }
+
+    /// Runs `hook` after each `read_from` (and so each `read_text_from`), before the
+    /// commits read are handed back: a writer that appends while a reader pages through.
+    pub fn after_read(mut self, hook: AfterRead) -> Intercepted {
+        self.after_read = Some(hook);
         self
     }
 
@@ -555,7 +601,11 @@ impl crate::EventLog for Intercepted {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(after);
-        self.inner.read_from(after, max).await
+        let read = self.inner.read_from(after, max).await;
+        if let Some(hook) = &self.after_read {
+            hook().await;
+        }
+        read
     }
 
     async fn head(&self) -> Result<u64, crate::LogError> {

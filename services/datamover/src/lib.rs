@@ -91,14 +91,18 @@ pub const SNAPSHOT: &str = "datamover";
 const SNAPSHOT_FORMAT: u32 = 1;
 
 impl MoverStart {
-    /// From the snapshot and the commits after it (or the whole log); saves a new
-    /// snapshot when it read `save_after` commits or more.
+    /// From the snapshot and the commits after it up to the log's head when it began
+    /// (or the whole log); saves a new snapshot when it read `save_after` commits or
+    /// more.
     pub async fn load(log: &dyn EventLog, save_after: u64) -> Result<MoverStart, MoverError> {
         let mut start = snapshot::load::<MoverStart>(log, SNAPSHOT, SNAPSHOT_FORMAT)
             .await?
             .map(|(_, start)| start)
             .unwrap_or_default();
-        loop {
+        // Up to the head as it is now: the subscription delivers what comes after, and a
+        // fold that followed the head would not end while writers append.
+        let until = log.head().await?;
+        while start.position < until {
             let commits = log.read_from(start.position, 512).await?;
             if commits.is_empty() {
                 break;

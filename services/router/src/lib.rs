@@ -234,9 +234,10 @@ pub const SNAPSHOT: &str = "router";
 const SNAPSHOT_FORMAT: u32 = (meridian_domain::catalog::SNAPSHOT_FORMAT << 16) | 1;
 
 impl RouterStart {
-    /// From the router's snapshot and the commits after it (or the whole log, when there
-    /// is no snapshot that matches it); saves a new snapshot when it read `save_after`
-    /// commits or more. A failure to save is logged: the state is good all the same.
+    /// From the router's snapshot and the commits after it up to the log's head when it
+    /// began (or the whole log, when there is no snapshot that matches it); saves a new
+    /// snapshot when it read `save_after` commits or more. A failure to save is logged:
+    /// the state is good all the same.
     pub async fn load(log: &dyn EventLog, save_after: u64) -> Result<RouterStart, LogError> {
         RouterStart::fold(log, save_after, false).await
     }
@@ -260,8 +261,11 @@ impl RouterStart {
             histories,
             ..
         } = &mut start;
+        // Up to the head as it is now: what comes after is delivered to the router as
+        // it runs, and a fold that followed the head would not end while writers append.
+        let until = log.head().await?;
         start.read = catalog
-            .catch_up_visiting(log, |raw| {
+            .catch_up_to(log, until, |raw| {
                 work.visit(raw);
                 if keep_histories {
                     histories.visit(work, raw);
@@ -283,8 +287,9 @@ impl RouterStart {
     pub async fn fold_whole_log(log: &dyn EventLog) -> Result<RouterStart, LogError> {
         let mut start = RouterStart::default();
         let RouterStart { catalog, work, .. } = &mut start;
+        let until = log.head().await?;
         start.read = catalog
-            .catch_up_visiting(log, |raw| work.visit(raw))
+            .catch_up_to(log, until, |raw| work.visit(raw))
             .await?;
         Ok(start)
     }

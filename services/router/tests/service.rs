@@ -1061,6 +1061,68 @@ async fn a_started_router_places_the_backlog_it_folded_without_reading_it_again(
     let _ = b.stop.send(true);
 }
 
+/// A start folds up to the head it found and serves the rest: with a writer appending
+/// a submission after every page the start reads, a start that followed the head never
+/// ended. The workflows submitted before and during the start are placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_while_writers_append_ends_at_the_head_it_found() {
+    const ONE_JOB: &str = "version: v1\nname: w\njobs:\n  a: {image: host, command: [\"true\"]}\n";
+    let (dir, log) = new_log().await;
+    register_site(&*log, "only", "1").await;
+    let b = Bench {
+        log: log.clone(),
+        stop: watch::channel(false).0,
+        router: tokio::spawn(async {}),
+        _dir: dir,
+    };
+    let before = b.submit(ONE_JOB).await;
+
+    let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let during = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (writer, on, submitted) = (log.clone(), flooding.clone(), during.clone());
+    let spec = meridian_spec::parse(ONE_JOB).unwrap();
+    let seen = Intercepted::new(log.clone()).after_read(Box::new(move || {
+        let (log, on, submitted, spec) =
+            (writer.clone(), on.clone(), submitted.clone(), spec.clone());
+        Box::pin(async move {
+            if !on.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            let id = Uuid::now_v7();
+            execute::<Workflow, _>(&*log, id, &EventContext::new_chain("t"), |_| {
+                WorkflowCommand::Submit {
+                    workflow_id: id,
+                    spec: spec.clone(),
+                    submitted_by: "writer".into(),
+                    idempotency_key: None,
+                    parent_workflow_id: None,
+                }
+            })
+            .await
+            .unwrap();
+            submitted.lock().unwrap().push(id);
+        })
+    }));
+    let started = tokio::time::timeout(Duration::from_secs(20), Router::new(Arc::new(seen))).await;
+    flooding.store(false, std::sync::atomic::Ordering::SeqCst);
+    let router = started
+        .expect("the start did not end while a writer appended")
+        .unwrap();
+
+    let (stop, stopped) = watch::channel(false);
+    let running = tokio::spawn(router.run(stopped));
+    let during = during.lock().unwrap().clone();
+    assert!(!during.is_empty(), "the writer appended during the start");
+    for id in during.iter().chain([&before]) {
+        b.wait_for("the placement", async || {
+            b.workflow(*id).await.placement().map(|_| ())
+        })
+        .await;
+    }
+    stop.send(true).unwrap();
+    running.await.unwrap().unwrap();
+}
+
 /// A site that refuses a job for capacity sends it back to placement, and the router
 /// places it at the other site.
 #[tokio::test]

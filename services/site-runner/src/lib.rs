@@ -163,8 +163,9 @@ impl OpenJobs {
         Some(format!("{}-jobs", subscription_name(site))).filter(|n| n.len() <= 64)
     }
 
-    /// From the site's snapshot and the commits after it (or the whole log); saves a
-    /// new snapshot when it read `save_after` commits or more.
+    /// From the site's snapshot and the commits after it up to the log's head when it
+    /// began (or the whole log); saves a new snapshot when it read `save_after` commits
+    /// or more.
     pub async fn load(
         log: &dyn EventLog,
         site: &str,
@@ -184,7 +185,10 @@ impl OpenJobs {
                 OpenJobs::default()
             }
         };
-        loop {
+        // Up to the head as it is now: the subscription delivers what comes after, and a
+        // fold that followed the head would not end while writers append.
+        let until = log.head().await?;
+        while open.position < until {
             let commits = log.read_from(open.position, 512).await?;
             let Some(last) = commits.last() else { break };
             open.position = last.position;

@@ -69,3 +69,31 @@ async fn a_restart_folds_the_snapshot_and_the_commits_after_it() {
     assert_eq!(open.jobs, [job].into());
     assert_eq!(open.read, 12);
 }
+
+/// A start folds up to the head it found: with a writer appending after every page it
+/// reads, a start that followed the head never ended. What comes after is the
+/// subscription's to deliver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_while_writers_append_ends_at_the_head_it_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SqliteLog::open(&dir.path().join("e.sqlite")).await.unwrap());
+    let job = dispatch(&*log, "here").await;
+    let head = log.head().await.unwrap();
+    let on = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flooded = meridian_eventlog::testkit::Intercepted::new(log.clone()).after_read(
+        meridian_eventlog::testkit::appending_while(log.clone(), on.clone()),
+    );
+    let start = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        OpenJobs::load(&flooded, "here", u64::MAX),
+    )
+    .await;
+    on.store(false, std::sync::atomic::Ordering::SeqCst);
+    let open = start
+        .expect("the start did not end while a writer appended")
+        .unwrap();
+    assert_eq!(open.jobs, [job].into());
+    assert_eq!(open.position, head);
+    assert!(log.head().await.unwrap() > head, "the writer appended");
+}
