@@ -5,7 +5,8 @@
 //! It is an incremental read model: it remembers the last log [`Catalog::position`] it
 //! folded in, and [`Catalog::catch_up`] reads only the commits after it, so a long-lived
 //! copy (the intake's, the router's) pays for what was appended since, not for the whole
-//! log. [`Catalog::load`] is a catch-up from an empty catalogue. Job events count too:
+//! log. [`Catalog::load`] is a catch-up from its snapshot (or an empty catalogue) up to
+//! the head it found. Job events count too:
 //! each site's runs and faults (its reliability) come from job terminal events.
 
 use std::collections::BTreeMap;
@@ -229,7 +230,8 @@ impl Catalog {
     }
 
     /// [`Catalog::catch_up_visiting`] that stops once it has folded position `until`
-    /// (it may fold a little past it: the rest of the page that holds it). A start
+    /// (it may fold a little past it: the rest of the page that holds it; it reads
+    /// nothing when it has folded `until` already). A start
     /// folds up to the head it found when it began: following the head instead, it
     /// kept reading while writers appended, and under a stream of submissions it did
     /// not serve until they stopped.
@@ -239,6 +241,9 @@ impl Catalog {
         until: u64,
         mut visit: impl FnMut(&TextEnvelope<'_>),
     ) -> Result<u64, LogError> {
+        if self.sequence == u64::MAX && self.position >= until {
+            return Ok(0);
+        }
         // A commit only partly folded in by `observe_at` is read again for the rest.
         let after = if self.sequence == u64::MAX {
             self.position

@@ -266,3 +266,37 @@ async fn a_catch_up_over_several_pages_folds_every_commit_once() {
     assert_eq!(catalog.position(), log.head().await.unwrap());
     assert_eq!(counts(&catalog, "a"), (ends, ends.div_ceil(3)));
 }
+
+/// A load folds up to the head it found: with a writer appending after every page it
+/// reads, a load that followed the head never ended. A catch-up to a position already
+/// folded reads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_while_writers_append_ends_at_the_head_it_found() {
+    use meridian_eventlog::testkit::{appending_while, Intercepted};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let (_dir, log) = open().await;
+    register(&log, "here").await;
+    let log: Arc<dyn EventLog> = Arc::new(log);
+    let head = log.head().await.unwrap();
+    let on = Arc::new(AtomicBool::new(true));
+    let flooded =
+        Intercepted::new(log.clone()).after_read(appending_while(log.clone(), on.clone()));
+    let loaded =
+        tokio::time::timeout(std::time::Duration::from_secs(20), Catalog::load(&flooded)).await;
+    let mut catalog = loaded
+        .expect("the load did not end while a writer appended")
+        .unwrap();
+    assert_eq!(catalog.position(), head);
+    assert!(catalog.find("here").is_some());
+    assert!(log.head().await.unwrap() > head, "the writer appended");
+
+    on.store(false, Ordering::SeqCst);
+    flooded.take_reads();
+    assert_eq!(
+        catalog.catch_up_to(&flooded, head, |_| {}).await.unwrap(),
+        0
+    );
+    assert_eq!(flooded.take_reads(), Vec::<u64>::new(), "nothing read");
+}

@@ -227,6 +227,8 @@ pub struct DataMover {
     secrets: Arc<BTreeMap<String, Arc<BTreeMap<String, String>>>>,
     /// Transfers found in the log at start: their id, and whether they completed.
     transfers: Arc<Mutex<HashMap<TransferKey, (Uuid, bool)>>>,
+    /// Whether `transfers` was filled from the log (by the first `recover`).
+    recovered: std::sync::atomic::AtomicBool,
     /// Holdings being staged or exported now.
     busy: Arc<Mutex<HashSet<(Work, Holding)>>>,
     /// Holdings whose data comes from another site once the jobs there are done: tried
@@ -253,6 +255,7 @@ impl DataMover {
             ),
             secrets: Default::default(),
             transfers: Default::default(),
+            recovered: Default::default(),
             busy: Default::default(),
             waiting: Default::default(),
             retry_after: Duration::from_secs(1),
@@ -413,9 +416,17 @@ impl DataMover {
     /// transfers the log already has.
     async fn recover(&self) -> Result<Vec<(Work, Holding)>, MoverError> {
         let start = MoverStart::load(&*self.log, SAVE_AFTER).await?;
-        let mut known = self.transfers.lock().expect("transfers");
-        for (id, (key, done)) in start.transfers {
-            known.insert(key, (id, done));
+        // Once: from then on this process's stagings record every transfer they make. A
+        // second recover (serving again after the log was unavailable) would put back
+        // the fold's older view of one that completed or failed while it read.
+        if !self
+            .recovered
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let mut known = self.transfers.lock().expect("transfers");
+            for (id, (key, done)) in start.transfers {
+                known.insert(key, (id, done));
+            }
         }
         Ok(start.open)
     }
