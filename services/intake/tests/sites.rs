@@ -298,11 +298,12 @@ async fn site_reads_catch_up_from_where_the_last_one_stopped() {
     assert_eq!(res.body["site"], "gpu");
     assert_eq!(log.take_reads(), [b.head().await]);
 
-    // A new intake (a restart) starts empty and reads the log once.
+    // A new intake (a restart) starts empty and reads the log once: one page, up to
+    // the head it found, and no read after it to see that nothing more is there.
     let restarted = Intake::new(log.clone(), b.store.clone()).router();
     let res = call(&restarted, b.authed(Req::get("/v1/sites"))).await;
     assert_eq!(states(&res).len(), 3);
-    assert_eq!(log.take_reads(), [0, b.head().await]);
+    assert_eq!(log.take_reads(), [0]);
     b.finish().await;
 }
 
