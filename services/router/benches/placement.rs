@@ -10,6 +10,9 @@
 //!    the embedded default's SQLite log, each beside the log's own ceiling measured in
 //!    the same run (raw JetStream publishes; fsynced SQLite appends from 16 writers).
 //!
+//!    The rows submitted while the router runs also give each workflow's wait from
+//!    submission to placement (p50, p99, max), from the events' own times.
+//!
 //! `cargo bench -p meridian-router --bench placement [-- --quick] [--latency-only | --throughput-only] [--workflows N]`
 //! (`--workflows`: how many the throughput rows place, 2,000 unless given).
 
@@ -580,6 +583,7 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>) -> Throughput {
     let live = start.elapsed();
     let _ = stop.send(true);
     let _ = router.await;
+    let live_waits = submit_to_placed(&*log, from).await;
 
     // 2. A backlog: the workflows are in the log before the router starts, so that only
     // the router's pace (its start included) is measured.
@@ -608,6 +612,7 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>) -> Throughput {
     Throughput {
         workflows,
         live,
+        live_waits,
         submitted,
         backlog,
         start_reads,
@@ -617,11 +622,44 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>) -> Throughput {
 struct Throughput {
     workflows: usize,
     live: Duration,
+    /// Each workflow's wait from its submission to its placement while the writers
+    /// submitted, sorted.
+    live_waits: Vec<Duration>,
     /// The 8 writers submitting the backlog, no router running.
     submitted: Duration,
     backlog: Duration,
     /// Log positions past the router's snapshot when the backlog's router starts.
     start_reads: u64,
+}
+
+/// How long each workflow placed after `from` waited from its submission to its
+/// placement, sorted: both times as the events record them (one clock, this process's).
+async fn submit_to_placed(log: &dyn EventLog, from: u64) -> Vec<Duration> {
+    let mut submitted = std::collections::HashMap::new();
+    let mut waits = Vec::new();
+    let mut after = from;
+    loop {
+        let commits = log.read_text_from(after, 4096).await.unwrap();
+        let Some(last) = commits.last() else { break };
+        after = last.position;
+        for text in commits.iter().flat_map(|c| &c.events) {
+            let read = meridian_events::TextEnvelope::parse(text).unwrap();
+            let (id, at) = (read.envelope.aggregate.id, read.envelope.occurred_at);
+            match &*read.kind {
+                "workflow.submitted.v1" => {
+                    submitted.insert(id, at);
+                }
+                PLACED => {
+                    if let Some(wait) = submitted.get(&id).and_then(|s| (at - *s).to_std().ok()) {
+                        waits.push(wait);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    waits.sort();
+    waits
 }
 
 /// Submits `workflows` workflows from 8 writers at once.
@@ -715,7 +753,7 @@ async fn main() {
         .unwrap();
     let embedded = throughput(quick, Arc::new(sqlite)).await;
     println!("\n| router, 10 sites × 50 shapes, three-job workflows, submit → placement_decided (plus the first release and dispatch) | workflows | seconds | placements/s | the log's ceiling, same run | ceiling/s | placements ÷ ceiling |\n| --- | ---: | ---: | ---: | --- | ---: | ---: |");
-    for (label, t, ceiling) in [
+    let rows = [
         ("JetStream, one server, R1", single, single_ceiling),
         (
             "JetStream, three servers on this machine, R3",
@@ -723,7 +761,8 @@ async fn main() {
             three_ceiling,
         ),
         ("SQLite (synchronous=FULL)", embedded, embedded_ceiling),
-    ] {
+    ];
+    for (label, t, ceiling) in &rows {
         let backlog = format!(
             "a backlog, the router alone (its start included: {} positions past its snapshot)",
             t.start_reads
@@ -746,5 +785,22 @@ async fn main() {
                 100.0 * rate / ceiling.per_second,
             );
         }
+    }
+    // What a submitter waits for while the writers submit: the latency beside the rate.
+    println!("\n| submitted while the router runs: submission → placement | placed | p50 ms | p99 ms | max ms |\n| --- | ---: | ---: | ---: | ---: |");
+    for (label, t, _) in &rows {
+        let at = |q: f64| {
+            let waits = &t.live_waits;
+            waits
+                .get(((waits.len() as f64 * q) as usize).min(waits.len().saturating_sub(1)))
+                .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+        };
+        println!(
+            "| {label} | {} | {:.1} | {:.1} | {:.1} |",
+            t.live_waits.len(),
+            at(0.5),
+            at(0.99),
+            at(1.0),
+        );
     }
 }
