@@ -124,6 +124,31 @@ pub async fn save<T: Serialize>(
     .await
 }
 
+/// Hands `fold` each commit after `after`, up to the log's head as it is when called,
+/// reading `page` at a time; returns how many it read. A start folds this way: what is
+/// appended meanwhile reaches its service through the subscription, and a fold that
+/// followed the head would not end while writers append (under a stream of
+/// submissions, a router served none until it stopped).
+pub async fn fold_to_head<E: From<LogError>>(
+    log: &dyn EventLog,
+    mut after: u64,
+    page: usize,
+    mut fold: impl FnMut(&crate::Commit) -> Result<(), E>,
+) -> Result<u64, E> {
+    let until = log.head().await?;
+    let mut read = 0;
+    while after < until {
+        let commits = log.read_from(after, page).await?;
+        let Some(last) = commits.last() else { break };
+        after = last.position;
+        read += commits.len() as u64;
+        for commit in &commits {
+            fold(commit)?;
+        }
+    }
+    Ok(read)
+}
+
 /// The first event id of the commit at `position`, if there is one there.
 async fn last_event_at(log: &dyn EventLog, position: u64) -> Result<Option<Uuid>, LogError> {
     if position == 0 {

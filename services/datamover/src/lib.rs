@@ -99,22 +99,15 @@ impl MoverStart {
             .await?
             .map(|(_, start)| start)
             .unwrap_or_default();
-        // Up to the head as it is now: the subscription delivers what comes after, and a
-        // fold that followed the head would not end while writers append.
-        let until = log.head().await?;
-        while start.position < until {
-            let commits = log.read_from(start.position, 512).await?;
-            if commits.is_empty() {
-                break;
+        let read = snapshot::fold_to_head(log, start.position, 512, |commit| {
+            for raw in commit.events.iter() {
+                start.visit(commit.position, raw)?;
             }
-            start.read += commits.len() as u64;
-            for commit in commits {
-                for raw in commit.events.iter() {
-                    start.visit(commit.position, raw)?;
-                }
-                start.position = commit.position;
-            }
-        }
+            start.position = commit.position;
+            Ok::<_, MoverError>(())
+        })
+        .await?;
+        start.read += read;
         if start.read >= save_after {
             if let Err(e) =
                 snapshot::save(log, SNAPSHOT, SNAPSHOT_FORMAT, start.position, &start).await

@@ -185,18 +185,15 @@ impl OpenJobs {
                 OpenJobs::default()
             }
         };
-        // Up to the head as it is now: the subscription delivers what comes after, and a
-        // fold that followed the head would not end while writers append.
-        let until = log.head().await?;
-        while open.position < until {
-            let commits = log.read_from(open.position, 512).await?;
-            let Some(last) = commits.last() else { break };
-            open.position = last.position;
-            open.read += commits.len() as u64;
-            for raw in commits.iter().flat_map(|c| c.events.iter()) {
+        let read = snapshot::fold_to_head(log, open.position, 512, |commit| {
+            open.position = commit.position;
+            for raw in commit.events.iter() {
                 open.visit(site, raw);
             }
-        }
+            Ok::<_, LogError>(())
+        })
+        .await?;
+        open.read += read;
         if let Some(name) = name.filter(|_| open.read >= save_after) {
             if let Err(e) = snapshot::save(log, &name, OPEN_JOBS_FORMAT, open.position, &open).await
             {
