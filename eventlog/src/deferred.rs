@@ -76,6 +76,11 @@ impl Deferred {
         self.chains.is_empty()
     }
 
+    /// The chains held, in the order first seen.
+    pub fn chains(&self) -> impl Iterator<Item = Uuid> + '_ {
+        self.chains.iter().map(|(chain, _)| *chain)
+    }
+
     /// Gives up everything held without appending it; returns the chains.
     pub fn discard(&mut self) -> Vec<(Uuid, Vec<AggregateRef>)> {
         self.index.clear();

@@ -18,6 +18,7 @@ pub mod conformance;
 pub mod deferred;
 pub mod encoded;
 pub mod nats;
+pub mod read_ahead;
 pub mod snapshot;
 pub mod sqlite;
 pub mod testkit;

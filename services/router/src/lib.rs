@@ -21,6 +21,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use meridian_eventlog::aggregates::{self, Cached, ExecuteError};
 use meridian_eventlog::deferred::{Deferred, Failed};
+use meridian_eventlog::read_ahead::ReadAhead;
 use meridian_eventlog::{snapshot, EventLog, LogError};
 use meridian_events::aggregate::{
     Job, JobCommand, JobError, Workflow, WorkflowCommand, WorkflowError, WorkflowState,
@@ -45,6 +46,15 @@ const PREFETCH: usize = 64;
 /// How many workflows of a long list are decided before their decisions are appended,
 /// while the next ones are decided (as many as the log has chains in flight).
 const AHEAD: usize = 1024;
+/// How many delivered batches may have their decisions on the way to the log at once,
+/// while the next batch is read and decided.
+const IN_FLIGHT: usize = 4;
+/// How long the loop waits for more commits while workflows wait to be decided again
+/// (their decisions landed, or met a conflict), rather than a whole second.
+const LANDING_WAIT: Duration = Duration::from_millis(5);
+/// How many times a workflow's decisions may meet a conflict in a row before it is left
+/// to the next delivery of its events.
+const CONFLICT_ROUNDS: u32 = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
@@ -104,15 +114,41 @@ pub struct Router {
     gpus_freed: bool,
     /// The last refusal of a command by an aggregate, logged at WARN.
     last_refusal: Option<String>,
-    /// What was decided while working through the delivered batch, appended when the
-    /// batch is done, each workflow's commits in order (see `meridian_eventlog::deferred`).
+    /// What was decided while working through the delivered batch, sent to the log when
+    /// the batch is done, each workflow's commits in order (see `meridian_eventlog::deferred`).
     deferred: Deferred,
-    /// Decisions being appended while more are decided (see [`Router::reconcile_many`]).
-    appending: Vec<tokio::task::JoinHandle<Vec<Failed>>>,
+    /// Decisions on the way to the log while more are decided, oldest first: a
+    /// delivered batch's, or a long list's (see [`Router::reconcile_many`]).
+    in_flight: std::collections::VecDeque<InFlight>,
+    /// Workflows to decide once their decisions in flight have landed, each with the
+    /// lowest position not acknowledged until they are decided: a commit about it, or
+    /// the first of the batch whose decisions for it met a conflict (`u64::MAX`: none,
+    /// for a workflow from a list kept in memory).
+    postponed: BTreeMap<Uuid, u64>,
+    /// Per workflow: the conflicts its decisions met in a row.
+    conflicts: HashMap<Uuid, u32>,
+    /// Woken as decisions in flight land.
+    landing: Arc<tokio::sync::Notify>,
+    /// The last position delivered since the subscription opened, and the last acknowledged.
+    delivered: u64,
+    acked: u64,
     /// The log position the start folded up to.
     folded_to: u64,
     /// Saves a new snapshot in the background every so many commits delivered.
     snapshots: snapshot::Refresh,
+}
+
+/// Decisions on the way to the log (a delivered batch's, or a long list's) while more
+/// are decided.
+struct InFlight {
+    task: tokio::task::JoinHandle<Vec<Failed>>,
+    /// Set once the appends are done, just before the task ends (and wakes the loop).
+    done: Arc<std::sync::atomic::AtomicBool>,
+    /// The workflows whose commits it appends: their next decisions wait for it to land.
+    chains: std::collections::HashSet<Uuid>,
+    /// The lowest position whose decisions it carries: nothing from there on is
+    /// acknowledged before it has landed. None for a list kept in memory.
+    from: Option<u64>,
 }
 
 /// Refusals that mean a decision was already carried out (a commit delivered again after
@@ -403,7 +439,12 @@ impl Router {
             gpu_held,
             last_refusal: None,
             deferred: Deferred::default(),
-            appending: Vec::new(),
+            in_flight: Default::default(),
+            postponed: BTreeMap::new(),
+            conflicts: HashMap::new(),
+            landing: Default::default(),
+            delivered: 0,
+            acked: 0,
             folded_to,
             snapshots: snapshot::Refresh::every(commits),
         };
@@ -447,20 +488,51 @@ impl Router {
     }
 
     async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RouterError> {
-        // Decisions of a batch that failed part-way were never stored: the batch comes
-        // again, and its workflows are read afresh.
-        for failed in self.appended().await {
-            self.forget(failed.chain, &failed.unwritten);
+        // Decisions that failed part-way were never stored: their workflows are read
+        // afresh, and decided again when a delivered commit not acknowledged comes
+        // again, or (from a list kept in memory) as put off below.
+        for flight in std::mem::take(&mut self.in_flight) {
+            for failed in landed(flight.task).await {
+                self.forget(failed.chain, &failed.unwritten);
+                self.postponed.entry(failed.chain).or_insert(u64::MAX);
+            }
         }
         for (workflow, aggregates) in self.deferred.discard() {
             self.forget(workflow, &aggregates);
         }
-        let mut sub = self.log.subscribe(SUBSCRIPTION).await?;
+        // Workflows put off stay put off: their positions are the log's, and what a list
+        // kept in memory put off would not come again.
+        self.conflicts.clear();
+        // Read ahead: the next batch is fetched and decoded while this one is decided.
+        let mut sub = ReadAhead::new(
+            self.log.subscribe(SUBSCRIPTION).await?,
+            256,
+            &AggregateKind::ALL,
+        );
+        (self.delivered, self.acked) = (0, 0);
         loop {
-            let commits = tokio::select! {
-                next = sub.next_decoded(256, Duration::from_secs(1), &AggregateKind::ALL) => next?,
-                _ = shutdown.changed() => return Ok(()),
+            // Put-off workflows whose decisions have landed are decided in the next pass,
+            // which need not wait for commits; those still waiting are woken by landing.
+            let wait = if self.postponed.keys().any(|w| !self.in_flight_holds(*w)) {
+                LANDING_WAIT
+            } else {
+                Duration::from_secs(1)
             };
+            let landing = self.landing.clone();
+            let commits = tokio::select! {
+                next = sub.next(wait) => next?,
+                _ = landing.notified(), if !self.in_flight.is_empty() => Vec::new(),
+                _ = shutdown.changed() => {
+                    // A clean stop acknowledges what landed; the rest comes again.
+                    if self.land(true).await.is_ok() {
+                        self.acknowledge(&sub);
+                    }
+                    sub.finish(Duration::from_secs(5)).await;
+                    return Ok(());
+                }
+            };
+            // What has landed meanwhile.
+            self.land(false).await?;
             // Workflows whose backoff ended get their turn again.
             let now = Utc::now();
             let due: Vec<Uuid> = self
@@ -497,6 +569,7 @@ impl Router {
                 .map(|e| e.aggregate.id)
                 .collect();
             self.prefetch(again).await?;
+            let first = commits.first().map(|c| c.position);
             let last = commits.last().map(|c| c.position);
             let delivered = commits.len() as u64;
             for commit in commits {
@@ -507,15 +580,38 @@ impl Router {
                     }
                 }
                 for workflow in touched {
-                    self.reconcile(workflow).await?;
+                    // Decided on top of decisions not stored yet, a release could be
+                    // refused while a dispatch that follows it is stored: wait for them.
+                    if self.in_flight_holds(workflow) || self.postponed.contains_key(&workflow) {
+                        let at = self.postponed.entry(workflow).or_insert(commit.position);
+                        *at = (*at).min(commit.position);
+                    } else {
+                        self.reconcile(workflow).await?;
+                    }
                 }
             }
-            self.store_decisions().await?;
-            // Acknowledged only once everything decided from it is stored: a crash
-            // before this delivers the batch again.
-            if let Some(position) = last {
-                sub.ack(position).await?;
+            // Workflows whose decisions have landed since they were put off.
+            let ready: Vec<(Uuid, u64)> = self
+                .postponed
+                .iter()
+                .filter(|(w, _)| !self.in_flight_holds(**w))
+                .map(|(w, at)| (*w, *at))
+                .collect();
+            let mut from = first.unwrap_or(u64::MAX);
+            for (workflow, at) in ready {
+                self.postponed.remove(&workflow);
+                from = from.min(at);
+                self.reconcile(workflow).await?;
+                if !self.deferred.holds(workflow) {
+                    // Nothing more to append: no conflict to count on.
+                    self.conflicts.remove(&workflow);
+                }
             }
+            self.send(from).await?;
+            if let Some(last) = last {
+                self.delivered = last;
+            }
+            self.acknowledge(&sub);
             // A restart then folds at most about that many commits past the snapshot.
             let log = self.log.clone();
             self.snapshots.delivered(delivered, move || async move {
@@ -526,86 +622,148 @@ impl Router {
         }
     }
 
-    /// Appends what the batch decided. A workflow whose commit met a conflict (someone
-    /// else moved it on) is read afresh and decided again, a few times at most; any
-    /// other failure ends the pass, and the batch is delivered again.
-    async fn store_decisions(&mut self) -> Result<(), RouterError> {
-        const ROUNDS: u32 = 8;
-        let mut failures = self.appended().await;
-        for _ in 0..ROUNDS {
-            failures.extend(self.deferred.flush(&*self.log).await);
-            if failures.is_empty() {
-                return Ok(());
-            }
-            let mut again = BTreeSet::new();
-            let mut error = None;
-            for failed in std::mem::take(&mut failures) {
-                self.forget(failed.chain, &failed.unwritten);
-                match failed.error {
-                    LogError::Conflict { .. } => {
-                        again.insert(failed.chain);
-                    }
-                    e => error = Some(e),
-                }
-            }
-            if let Some(e) = error {
-                for (workflow, aggregates) in self.deferred.discard() {
-                    self.forget(workflow, &aggregates);
-                }
-                return Err(e.into());
-            }
-            for workflow in again {
-                tracing::debug!(%workflow, "a decision met a conflict; deciding again");
-                self.reconcile(workflow).await?;
-            }
+    /// Whether decisions for `workflow` are on the way to the log.
+    fn in_flight_holds(&self, workflow: Uuid) -> bool {
+        self.in_flight.iter().any(|f| f.chains.contains(&workflow))
+    }
+
+    /// Sends what the batch decided on its way to the log, as the newest decisions in
+    /// flight; `from` is the lowest position they were decided from (`u64::MAX`: none).
+    /// With too many in flight, the oldest land first.
+    async fn send(&mut self, from: u64) -> Result<(), RouterError> {
+        if !self.deferred.is_empty() {
+            let chains = self.deferred.chains().collect();
+            let mut decided = std::mem::take(&mut self.deferred);
+            let (log, landing) = (self.log.clone(), self.landing.clone());
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let set = done.clone();
+            self.in_flight.push_back(InFlight {
+                task: tokio::spawn(async move {
+                    let failed = decided.flush(&*log).await;
+                    set.store(true, std::sync::atomic::Ordering::Release);
+                    landing.notify_one();
+                    failed
+                }),
+                done,
+                chains,
+                from: (from != u64::MAX).then_some(from),
+            });
         }
-        // Still conflicting: leave it to the next delivery of the workflow's events.
-        for (workflow, aggregates) in self.deferred.discard() {
-            tracing::warn!(%workflow, "the workflow kept changing under the router's decisions");
-            self.forget(workflow, &aggregates);
+        while self.in_flight.len() > IN_FLIGHT {
+            let oldest = self.in_flight.pop_front().expect("more than IN_FLIGHT");
+            self.take_in(oldest).await?;
         }
         Ok(())
     }
 
+    /// Takes in the decisions that have landed: all of them when `all`, else those
+    /// whose appends are done.
+    async fn land(&mut self, all: bool) -> Result<(), RouterError> {
+        let mut pending = std::mem::take(&mut self.in_flight);
+        let mut waiting = std::collections::VecDeque::new();
+        while let Some(flight) = pending.pop_front() {
+            if !all && !flight.done.load(std::sync::atomic::Ordering::Acquire) {
+                waiting.push_back(flight);
+                continue;
+            }
+            if let Err(e) = self.take_in(flight).await {
+                // What is still in flight is taken in when the loop serves again.
+                waiting.extend(pending);
+                self.in_flight = waiting;
+                return Err(e);
+            }
+        }
+        self.in_flight = waiting;
+        Ok(())
+    }
+
+    /// Waits for `flight` to land and settles its failures.
+    async fn take_in(&mut self, flight: InFlight) -> Result<(), RouterError> {
+        let failures = landed(flight.task).await;
+        if !self.conflicts.is_empty() {
+            for chain in &flight.chains {
+                if !failures.iter().any(|f| f.chain == *chain) {
+                    self.conflicts.remove(chain);
+                }
+            }
+        }
+        self.settle(failures, flight.from.unwrap_or(u64::MAX))
+    }
+
+    /// Forgets what failed chains cached. A workflow whose commit met a conflict (someone
+    /// else moved it on) is decided again from the log in a later pass, a few times in a
+    /// row at most, its position `from` held unacknowledged until then; any other failure
+    /// ends the pass (the workflow is decided again when the loop serves again), and
+    /// what was not acknowledged is delivered again.
+    fn settle(&mut self, failures: Vec<Failed>, from: u64) -> Result<(), RouterError> {
+        let mut error = None;
+        for failed in failures {
+            self.forget(failed.chain, &failed.unwritten);
+            match failed.error {
+                LogError::Conflict { .. } => {
+                    let rounds = self.conflicts.entry(failed.chain).or_default();
+                    *rounds += 1;
+                    if *rounds > CONFLICT_ROUNDS {
+                        // Left to the next delivery of the workflow's events.
+                        tracing::warn!(workflow = %failed.chain, "the workflow kept changing under the router's decisions");
+                        self.conflicts.remove(&failed.chain);
+                    } else {
+                        tracing::debug!(workflow = %failed.chain, "a decision met a conflict; deciding again");
+                        let at = self.postponed.entry(failed.chain).or_insert(from);
+                        *at = (*at).min(from);
+                    }
+                }
+                e => {
+                    // Decided again when the loop serves again.
+                    let at = self.postponed.entry(failed.chain).or_insert(from);
+                    *at = (*at).min(from);
+                    error = Some(e);
+                }
+            }
+        }
+        match error {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Acknowledges every delivered commit whose decisions are all stored: up to the
+    /// first position still owed a decision (in flight or put off), or all delivered.
+    fn acknowledge(&mut self, sub: &ReadAhead) {
+        let owed = self
+            .in_flight
+            .iter()
+            .filter_map(|f| f.from)
+            .chain(self.postponed.values().copied())
+            .min()
+            .unwrap_or(u64::MAX);
+        let through = self.delivered.min(owed.saturating_sub(1));
+        if through > self.acked {
+            sub.ack(through);
+            self.acked = through;
+        }
+    }
+
     /// Reconciles many workflows (those waiting after a start, on a site or on GPUs),
-    /// [`PREFETCH`] read at a time, appending the decisions of each [`AHEAD`] while
-    /// the next are decided. The batch is acknowledged only once
-    /// [`Router::store_decisions`] has seen every append stored. A workflow in two of
-    /// the lists (due and held for GPUs) is decided twice, its second decisions appended
-    /// beside the first: the log takes a commit only right after the aggregate's last
-    /// (the expected sequence), so the second can never land first, and if the first is
-    /// refused the second is too, and the workflow is decided again from the log. A
-    /// dispatch is always in the same chain as its release, after it.
+    /// [`PREFETCH`] read at a time, sending the decisions of each [`AHEAD`] on their way
+    /// to the log while the next are decided ([`Router::send`]). A workflow in two of
+    /// the lists (due and held for GPUs) is decided again only once its first decisions
+    /// have landed, as a workflow delivered while its decisions travel is.
     async fn reconcile_many(&mut self, ids: Vec<Uuid>) -> Result<(), RouterError> {
         for chunk in ids.chunks(AHEAD) {
             self.prefetch(chunk.iter().copied()).await?;
             for id in chunk {
-                self.reconcile(*id).await?;
+                if self.in_flight_holds(*id) {
+                    // In two of the lists: decided again once the first decisions land.
+                    self.postponed.entry(*id).or_insert(u64::MAX);
+                } else {
+                    self.reconcile(*id).await?;
+                }
             }
-            if !self.deferred.is_empty() {
-                let mut decided = std::mem::take(&mut self.deferred);
-                let log = self.log.clone();
-                self.appending
-                    .push(tokio::spawn(async move { decided.flush(&*log).await }));
-            }
+            // Nothing delivered is owed these decisions: the lists are kept in memory.
+            self.send(u64::MAX).await?;
         }
         Ok(())
-    }
-
-    /// Waits for the appends [`Router::reconcile_many`] started; returns the chains that
-    /// were not stored whole.
-    async fn appended(&mut self) -> Vec<Failed> {
-        let mut failures = Vec::new();
-        for task in std::mem::take(&mut self.appending) {
-            match task.await {
-                Ok(failed) => failures.extend(failed),
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // Only a runtime shutting down cancels it, and the router goes with it
-                // (its batch unacknowledged, so delivered again to the next).
-                Err(e) => tracing::warn!(error = %e, "router: appends cancelled by shutdown"),
-            }
-        }
-        failures
     }
 
     /// Drops what was cached for `workflow` and for the aggregates of its decisions that
@@ -1112,7 +1270,7 @@ impl Router {
     /// Reads a workflow from the log into the cache, with what its history says about
     /// releases and site faults (so exclusions survive a router restart).
     async fn load_workflow(&mut self, id: Uuid) -> Result<(), RouterError> {
-        if self.deferred.holds(id) {
+        if self.deferred.holds(id) || self.in_flight_holds(id) {
             // Decided here and not stored yet: the cache is ahead of the log.
             return Ok(());
         }
@@ -1127,7 +1285,11 @@ impl Router {
     async fn prefetch(&mut self, ids: impl IntoIterator<Item = Uuid>) -> Result<(), RouterError> {
         let missing: Vec<Uuid> = ids
             .into_iter()
-            .filter(|id| !self.workflows.contains_key(id) && !self.deferred.holds(*id))
+            .filter(|id| {
+                !self.workflows.contains_key(id)
+                    && !self.deferred.holds(*id)
+                    && !self.in_flight_holds(*id)
+            })
             .collect();
         let log = self.log.clone();
         let loaded: Vec<_> = futures::stream::iter(missing)
@@ -1256,8 +1418,8 @@ impl Router {
     async fn place(&mut self, id: Uuid) -> Result<(), RouterError> {
         // Placed on the cached copy, not one read afresh (a round trip per workflow, one
         // after another): a copy behind the log (a cancel not delivered yet) makes the
-        // placement's append meet a conflict, and `store_decisions` reads the workflow
-        // afresh and decides again, so no workflow is placed twice. A submission
+        // placement's append meet a conflict, and the workflow is read afresh and
+        // decided again in a later pass (`settle`), so no workflow is placed twice. A submission
         // delivered again after a restart is no such copy: `serve` reads it whole.
         let Some(spec) = self.workflow(id).await?.state.spec().cloned() else {
             return Ok(());
@@ -1714,6 +1876,20 @@ impl Router {
                 self.deferred.push(workflow_id, commit);
             }
         }))
+    }
+}
+
+/// The chains that were not stored whole by an append task.
+async fn landed(task: tokio::task::JoinHandle<Vec<Failed>>) -> Vec<Failed> {
+    match task.await {
+        Ok(failed) => failed,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only a runtime shutting down cancels it, and the router goes with it (its batch
+        // unacknowledged, so delivered again to the next).
+        Err(e) => {
+            tracing::warn!(error = %e, "router: appends cancelled by shutdown");
+            Vec::new()
+        }
     }
 }
 

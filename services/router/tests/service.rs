@@ -123,20 +123,7 @@ impl Bench {
     }
 
     async fn submit(&self, yaml: &str) -> Uuid {
-        let id = Uuid::now_v7();
-        let spec = meridian_spec::parse(yaml).unwrap();
-        execute::<Workflow, _>(&*self.log, id, &EventContext::new_chain("t"), |_| {
-            WorkflowCommand::Submit {
-                workflow_id: id,
-                spec: spec.clone(),
-                submitted_by: "tester".into(),
-                idempotency_key: None,
-                parent_workflow_id: None,
-            }
-        })
-        .await
-        .unwrap();
-        id
+        submit_to(&*self.log, yaml).await
     }
 
     async fn workflow(&self, id: Uuid) -> Workflow {
@@ -225,6 +212,24 @@ impl Bench {
     async fn run_job(&self, job_id: Uuid, exit_code: i32) {
         meridian_eventlog::testkit::run_job(&*self.log, job_id, exit_code).await
     }
+}
+
+/// Submits the workflow `yaml` to `log`; returns its id.
+async fn submit_to(log: &dyn EventLog, yaml: &str) -> Uuid {
+    let id = Uuid::now_v7();
+    let spec = meridian_spec::parse(yaml).unwrap();
+    execute::<Workflow, _>(log, id, &EventContext::new_chain("t"), |_| {
+        WorkflowCommand::Submit {
+            workflow_id: id,
+            spec: spec.clone(),
+            submitted_by: "tester".into(),
+            idempotency_key: None,
+            parent_workflow_id: None,
+        }
+    })
+    .await
+    .unwrap();
+    id
 }
 
 async fn register_site(log: &dyn EventLog, name: &str, core_hour: &str) {
@@ -1406,4 +1411,74 @@ async fn a_decision_that_meets_a_conflict_is_made_again_from_the_log() {
         b.dispatched(cancelled).await.is_empty(),
         "nothing decided after the refused placement was stored"
     );
+}
+
+/// Decisions travel to the log while the router reads and decides the next batch: the
+/// first workflow's placement is held on its way until the second workflow, submitted
+/// meanwhile, is placed and stored. A router that waited for each batch's appends before
+/// reading on would hold both for the 10 s the hook waits, and store the first first.
+#[tokio::test]
+async fn a_batch_is_decided_while_the_last_ones_decisions_are_on_the_way() {
+    let first: Arc<std::sync::Mutex<Option<Uuid>>> = Arc::default();
+    let b = Bench::seen_through(&[("only", "1")], |inner| {
+        let (first, log) = (first.clone(), inner.clone());
+        let hook: BeforeAppend = Box::new(move |events: &[RawEnvelope]| {
+            let placing = events
+                .iter()
+                .any(|e| kind(e) == "workflow.placement_decided.v1");
+            let mut first = first.lock().unwrap();
+            let hold = placing && first.is_none();
+            if hold {
+                *first = Some(events[0].aggregate.id);
+            }
+            let log = log.clone();
+            Box::pin(async move {
+                if !hold {
+                    return;
+                }
+                // The second workflow arrives while this placement is held.
+                let second = submit_to(&*log, DAG).await;
+                let placed = async {
+                    while !placements(&*log).await.contains(&second) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(10), placed).await;
+            })
+        });
+        Arc::new(Intercepted::new(inner).before_append(hook))
+    })
+    .await;
+    let held = b.submit(DAG).await;
+    b.wait_for("the held placement to be stored", async || {
+        placements(&*b.log).await.contains(&held).then_some(())
+    })
+    .await;
+    assert_eq!(*first.lock().unwrap(), Some(held));
+    let placed = placements(&*b.log).await;
+    assert_eq!(placed.len(), 2, "{placed:?}");
+    assert_eq!(
+        placed[1], held,
+        "the second workflow's placement is stored first"
+    );
+}
+
+/// The event's type.
+fn kind(e: &RawEnvelope) -> &str {
+    e.payload
+        .get("type")
+        .and_then(|t| t.as_str())
+        .unwrap_or_default()
+}
+
+/// The workflows placed, in the order their placements were stored.
+async fn placements(log: &dyn EventLog) -> Vec<Uuid> {
+    log.read_from(0, 10_000)
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|c| c.events.iter())
+        .filter(|e| kind(e) == "workflow.placement_decided.v1")
+        .map(|e| e.aggregate.id)
+        .collect()
 }
