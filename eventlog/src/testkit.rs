@@ -497,6 +497,11 @@ pub fn appending_while(
     })
 }
 
+/// What [`Intercepted::failing`] asks of each append: an error to answer it with
+/// instead of appending it (a log that fails part-way through a service's appends).
+pub type FailAppend =
+    Box<dyn Fn(&[meridian_events::RawEnvelope]) -> Option<crate::LogError> + Send + Sync>;
+
 /// What [`Intercepted::after_read`] runs after each `read_from`.
 pub type AfterRead = Box<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
@@ -509,6 +514,7 @@ pub struct Intercepted {
     reads: std::sync::Mutex<Vec<u64>>,
     aggregate_reads: std::sync::Mutex<Vec<meridian_events::AggregateRef>>,
     before_append: Option<BeforeAppend>,
+    failing: Option<FailAppend>,
     after_read: Option<AfterRead>,
     renamed: Option<String>,
 }
@@ -520,6 +526,7 @@ impl Intercepted {
             reads: Default::default(),
             aggregate_reads: Default::default(),
             before_append: None,
+            failing: None,
             after_read: None,
             renamed: None,
         }
@@ -535,6 +542,13 @@ impl Intercepted {
 
     pub fn before_append(mut self, hook: BeforeAppend) -> Intercepted {
         self.before_append = Some(hook);
+        self
+    }
+
+    /// Answers an append with the error `fail` gives for it, if it gives one, without
+    /// appending it (after [`BeforeAppend`]).
+    pub fn failing(mut self, fail: FailAppend) -> Intercepted {
+        self.failing = Some(fail);
         self
     }
 
@@ -568,6 +582,9 @@ impl crate::EventLog for Intercepted {
         if let Some(hook) = &self.before_append {
             hook(&events).await;
         }
+        if let Some(e) = self.failing.as_ref().and_then(|fail| fail(&events)) {
+            return Err(e);
+        }
         self.inner.append(events).await
     }
 
@@ -575,8 +592,14 @@ impl crate::EventLog for Intercepted {
         &self,
         commit: crate::EncodedCommit,
     ) -> Result<crate::Appended, crate::LogError> {
-        if let Some(hook) = &self.before_append {
-            hook(&commit.decode()?).await;
+        if self.before_append.is_some() || self.failing.is_some() {
+            let events = commit.decode()?;
+            if let Some(hook) = &self.before_append {
+                hook(&events).await;
+            }
+            if let Some(e) = self.failing.as_ref().and_then(|fail| fail(&events)) {
+                return Err(e);
+            }
         }
         self.inner.append_encoded(commit).await
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use chrono::Utc;
 use meridian_eventlog::aggregates::{decode_all, execute, load};
 use meridian_eventlog::sqlite::SqliteLog;
-use meridian_eventlog::testkit::{BeforeAppend, Intercepted};
-use meridian_eventlog::{EventLog, Snapshot};
+use meridian_eventlog::testkit::{BeforeAppend, FailAppend, Intercepted};
+use meridian_eventlog::{EventLog, LogError, Snapshot};
 use meridian_events::aggregate::{
     Job, JobCommand, Site, SiteCommand, Workflow, WorkflowCommand, WorkflowState,
 };
@@ -1481,4 +1481,37 @@ async fn placements(log: &dyn EventLog) -> Vec<Uuid> {
         .filter(|e| kind(e) == "workflow.placement_decided.v1")
         .map(|e| e.aggregate.id)
         .collect()
+}
+
+/// The log fails one dispatch while other workflows' decisions are in flight: the
+/// router serves again, and every workflow still gets its first job dispatched, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_append_among_decisions_in_flight_leaves_nothing_undecided() {
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let b = Bench::seen_through(&[("only", "1")], |inner| {
+        let failed = failed.clone();
+        let fail: FailAppend = Box::new(move |events: &[RawEnvelope]| {
+            let dispatch = events.iter().any(|e| kind(e) == "job.dispatched.v1");
+            (dispatch && !failed.swap(true, std::sync::atomic::Ordering::SeqCst))
+                .then(|| LogError::Unavailable("the test's log failed this append".into()))
+        });
+        Arc::new(Intercepted::new(inner).failing(fail))
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(b.submit(DAG).await);
+    }
+    for id in &ids {
+        let first = b.dispatched_at_least("prep dispatched", *id, 1).await;
+        assert_eq!(
+            first.iter().map(|d| d.1.as_str()).collect::<Vec<_>>(),
+            ["prep"],
+            "workflow {id}: one dispatch of its first job"
+        );
+    }
+    assert!(
+        failed.load(std::sync::atomic::Ordering::SeqCst),
+        "an append failed"
+    );
 }
