@@ -423,6 +423,29 @@ pub async fn count_until(
     }
 }
 
+/// Submits a new workflow of `yaml` as a tester; its id and spec.
+pub async fn submit(
+    log: &dyn crate::EventLog,
+    yaml: &str,
+) -> (uuid::Uuid, meridian_spec::Workflow) {
+    use meridian_events::aggregate::{Workflow, WorkflowCommand};
+    let workflow_id = uuid::Uuid::now_v7();
+    let spec = meridian_spec::parse(yaml).expect("a valid workflow");
+    let ctx = meridian_events::EventContext::new_chain("t");
+    crate::aggregates::execute::<Workflow, _>(log, workflow_id, &ctx, |_| {
+        WorkflowCommand::Submit {
+            workflow_id,
+            spec: spec.clone(),
+            submitted_by: "tester".into(),
+            idempotency_key: None,
+            parent_workflow_id: None,
+        }
+    })
+    .await
+    .expect("the submission appended");
+    (workflow_id, spec)
+}
+
 /// Runs job `job_id` to its end as a site reports it: submitted, started on one node,
 /// finished with `exit_code` (three commits), for tests of what follows a job's run.
 pub async fn run_job(log: &dyn crate::EventLog, job_id: uuid::Uuid, exit_code: i32) {

@@ -16,7 +16,7 @@ use meridian_eventlog::aggregates::{decode_all, execute, load};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{
-    Site, SiteCommand, Transfer, TransferCommand, Workflow, WorkflowCommand, WorkflowState,
+    Site, SiteCommand, Transfer, TransferCommand, Workflow, WorkflowState,
 };
 use meridian_events::vocabulary::Endpoint;
 use meridian_events::{
@@ -79,20 +79,7 @@ impl Bench {
     }
 
     async fn submit(&self, yaml: &str) -> Uuid {
-        let id = Uuid::now_v7();
-        let spec = meridian_spec::parse(yaml).unwrap();
-        execute::<Workflow, _>(&*self.log, id, &EventContext::new_chain("t"), |_| {
-            WorkflowCommand::Submit {
-                workflow_id: id,
-                spec: spec.clone(),
-                submitted_by: "tester".into(),
-                idempotency_key: None,
-                parent_workflow_id: None,
-            }
-        })
-        .await
-        .unwrap();
-        id
+        meridian_eventlog::testkit::submit(&*self.log, yaml).await.0
     }
 
     /// Every event so far, with its log position.

@@ -216,20 +216,7 @@ impl Bench {
 
 /// Submits the workflow `yaml` to `log`; returns its id.
 async fn submit_to(log: &dyn EventLog, yaml: &str) -> Uuid {
-    let id = Uuid::now_v7();
-    let spec = meridian_spec::parse(yaml).unwrap();
-    execute::<Workflow, _>(log, id, &EventContext::new_chain("t"), |_| {
-        WorkflowCommand::Submit {
-            workflow_id: id,
-            spec: spec.clone(),
-            submitted_by: "tester".into(),
-            idempotency_key: None,
-            parent_workflow_id: None,
-        }
-    })
-    .await
-    .unwrap();
-    id
+    meridian_eventlog::testkit::submit(log, yaml).await.0
 }
 
 async fn register_site(log: &dyn EventLog, name: &str, core_hour: &str) {

@@ -70,21 +70,7 @@ pub async fn dispatch(
 
 /// Submits a new workflow of `yaml`; its id and spec.
 pub async fn submit(log: &dyn EventLog, yaml: &str) -> (Uuid, meridian_spec::Workflow) {
-    use meridian_events::aggregate::{Workflow, WorkflowCommand};
-    let workflow_id = Uuid::now_v7();
-    let spec = meridian_spec::parse(yaml).unwrap();
-    execute::<Workflow, _>(log, workflow_id, &EventContext::new_chain("t"), |_| {
-        WorkflowCommand::Submit {
-            workflow_id,
-            spec: spec.clone(),
-            submitted_by: "t".into(),
-            idempotency_key: None,
-            parent_workflow_id: None,
-        }
-    })
-    .await
-    .unwrap();
-    (workflow_id, spec)
+    meridian_eventlog::testkit::submit(log, yaml).await
 }
 
 /// A local site that remembers every job it was asked to run, and that can fail its
