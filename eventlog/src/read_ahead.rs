@@ -47,6 +47,7 @@ impl ReadAhead {
                 let wanted = *ack_rx.borrow_and_update();
                 if wanted > acked {
                     if let Err(e) = sub.ack(wanted).await {
+                        tracing::warn!(error = %e, position = wanted, "an acknowledgement failed; the subscription resumes after the last one that did");
                         // With a batch waiting, the reader finds the channel closed after it.
                         let _ = batch_tx.try_send(Err(e));
                         return;

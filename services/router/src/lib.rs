@@ -147,8 +147,8 @@ struct InFlight {
     /// The workflows whose commits it appends: their next decisions wait for it to land.
     chains: std::collections::HashSet<Uuid>,
     /// The lowest position whose decisions it carries: nothing from there on is
-    /// acknowledged before it has landed. None for a list kept in memory.
-    from: Option<u64>,
+    /// acknowledged before it has landed (`u64::MAX`: none, for a list kept in memory).
+    from: u64,
 }
 
 /// Refusals that mean a decision was already carried out (a commit delivered again after
@@ -494,7 +494,7 @@ impl Router {
         for flight in std::mem::take(&mut self.in_flight) {
             for failed in landed(flight.task).await {
                 self.forget(failed.chain, &failed.unwritten);
-                self.postponed.entry(failed.chain).or_insert(u64::MAX);
+                self.put_off(failed.chain, u64::MAX);
             }
         }
         for (workflow, aggregates) in self.deferred.discard() {
@@ -524,8 +524,9 @@ impl Router {
                 _ = landing.notified(), if !self.in_flight.is_empty() => Vec::new(),
                 _ = shutdown.changed() => {
                     // A clean stop acknowledges what landed; the rest comes again.
-                    if self.land(true).await.is_ok() {
-                        self.acknowledge(&sub);
+                    match self.land(true).await {
+                        Ok(()) => self.acknowledge(&sub),
+                        Err(e) => tracing::warn!(error = %e, "router: decisions in flight at the stop failed; their commits come again at the next start"),
                     }
                     sub.finish(Duration::from_secs(5)).await;
                     return Ok(());
@@ -583,8 +584,7 @@ impl Router {
                     // Decided on top of decisions not stored yet, a release could be
                     // refused while a dispatch that follows it is stored: wait for them.
                     if self.in_flight_holds(workflow) || self.postponed.contains_key(&workflow) {
-                        let at = self.postponed.entry(workflow).or_insert(commit.position);
-                        *at = (*at).min(commit.position);
+                        self.put_off(workflow, commit.position);
                     } else {
                         self.reconcile(workflow).await?;
                     }
@@ -622,6 +622,13 @@ impl Router {
         }
     }
 
+    /// Puts `workflow` off until its decisions in flight land, holding position `at`
+    /// (`u64::MAX`: none) and everything after it unacknowledged until it is decided.
+    fn put_off(&mut self, workflow: Uuid, at: u64) {
+        let held = self.postponed.entry(workflow).or_insert(at);
+        *held = (*held).min(at);
+    }
+
     /// Whether decisions for `workflow` are on the way to the log.
     fn in_flight_holds(&self, workflow: Uuid) -> bool {
         self.in_flight.iter().any(|f| f.chains.contains(&workflow))
@@ -646,7 +653,7 @@ impl Router {
                 }),
                 done,
                 chains,
-                from: (from != u64::MAX).then_some(from),
+                from,
             });
         }
         while self.in_flight.len() > IN_FLIGHT {
@@ -687,7 +694,7 @@ impl Router {
                 }
             }
         }
-        self.settle(failures, flight.from.unwrap_or(u64::MAX))
+        self.settle(failures, flight.from)
     }
 
     /// Forgets what failed chains cached. A workflow whose commit met a conflict (someone
@@ -709,14 +716,12 @@ impl Router {
                         self.conflicts.remove(&failed.chain);
                     } else {
                         tracing::debug!(workflow = %failed.chain, "a decision met a conflict; deciding again");
-                        let at = self.postponed.entry(failed.chain).or_insert(from);
-                        *at = (*at).min(from);
+                        self.put_off(failed.chain, from);
                     }
                 }
                 e => {
                     // Decided again when the loop serves again.
-                    let at = self.postponed.entry(failed.chain).or_insert(from);
-                    *at = (*at).min(from);
+                    self.put_off(failed.chain, from);
                     error = Some(e);
                 }
             }
@@ -733,7 +738,7 @@ impl Router {
         let owed = self
             .in_flight
             .iter()
-            .filter_map(|f| f.from)
+            .map(|f| f.from)
             .chain(self.postponed.values().copied())
             .min()
             .unwrap_or(u64::MAX);
@@ -755,7 +760,7 @@ impl Router {
             for id in chunk {
                 if self.in_flight_holds(*id) {
                     // In two of the lists: decided again once the first decisions land.
-                    self.postponed.entry(*id).or_insert(u64::MAX);
+                    self.put_off(*id, u64::MAX);
                 } else {
                     self.reconcile(*id).await?;
                 }
