@@ -30,7 +30,9 @@ use meridian_domain::placement::decide;
 use meridian_eventlog::aggregates::{execute, Cached};
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
-use meridian_eventlog::testkit::{ceiling, count_until, nats_url_or_start, NatsCluster};
+use meridian_eventlog::testkit::{
+    ceiling, count_until, nats_url_or_start, NatsCluster, NatsServer,
+};
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand, Workflow, WorkflowCommand};
 use meridian_events::vocabulary::site::{Shape, ShapeGpus};
@@ -523,7 +525,36 @@ async fn jetstream(url: String, replicas: usize) -> Arc<dyn EventLog> {
 }
 
 /// Workflows submitted to placed per second, through the router, on `log`.
-async fn throughput(quick: bool, log: Arc<dyn EventLog>) -> Throughput {
+/// CPU seconds (user and system) a process has used, from `/proc/PID/stat`: the
+/// machine is shared, and the CPU each phase took varies less than its rate. `None`
+/// where there is no such file (not Linux).
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: state is the first, utime the
+    // 12th and stime the 13th, in clock ticks of 1/100 s.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
+}
+
+/// CPU seconds used so far by this process and by the log's servers.
+fn cpu_now(servers: &[u32]) -> (f64, f64) {
+    let server = servers
+        .iter()
+        .filter_map(|pid| cpu_seconds(&pid.to_string()))
+        .sum();
+    (cpu_seconds("self").unwrap_or(f64::NAN), server)
+}
+
+/// The CPU seconds this process and the servers used since `before` ([`cpu_now`]).
+fn cpu_since(before: (f64, f64), servers: &[u32]) -> (f64, f64) {
+    let now = cpu_now(servers);
+    (now.0 - before.0, now.1 - before.1)
+}
+
+/// `servers`: the process ids of the log's servers, whose CPU time is counted beside
+/// this process's (none for SQLite, which runs in this process).
+async fn throughput(quick: bool, log: Arc<dyn EventLog>, servers: &[u32]) -> Throughput {
     for i in 0..10 {
         let s = site(i);
         execute::<Site, _>(
@@ -575,13 +606,15 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>) -> Throughput {
     // 1. Submitted while the router runs: the submitters' pace is part of it.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let router_log = log.clone();
-    let router =
+    let mut router =
         tokio::spawn(async move { Router::new(router_log).await.unwrap().run(stopped).await });
     let from = log.head().await.unwrap();
     let start = Instant::now();
+    let cpu = cpu_now(servers);
     submit(&log, &spec, workflows).await;
-    count_until(&*log, from, PLACED, REJECTED, workflows).await;
+    placed_while_it_runs(&*log, from, workflows, &mut router).await;
     let live = start.elapsed();
+    let live_cpu = cpu_since(cpu, servers);
     let _ = stop.send(true);
     let _ = router.await;
     let live_waits = submit_to_placed(&*log, from).await;
@@ -604,19 +637,38 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>) -> Throughput {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let router_log = log.clone();
     let start = Instant::now();
-    let router =
+    let cpu = cpu_now(servers);
+    let mut router =
         tokio::spawn(async move { Router::new(router_log).await.unwrap().run(stopped).await });
-    count_until(&*log, from, PLACED, REJECTED, workflows).await;
+    placed_while_it_runs(&*log, from, workflows, &mut router).await;
     let backlog = start.elapsed();
+    let backlog_cpu = cpu_since(cpu, servers);
     let _ = stop.send(true);
     let _ = router.await;
     Throughput {
         workflows,
         live,
         live_waits,
+        live_cpu,
         submitted,
         backlog,
+        backlog_cpu,
         start_reads,
+    }
+}
+
+/// Waits until `workflows` placements (or rejections) follow position `from`; a router
+/// that stops first (an error, a panic) ends the bench with what stopped it, rather
+/// than leave it waiting for placements that will not come.
+async fn placed_while_it_runs(
+    log: &dyn EventLog,
+    from: u64,
+    workflows: usize,
+    router: &mut tokio::task::JoinHandle<Result<(), meridian_router::RouterError>>,
+) {
+    tokio::select! {
+        _ = count_until(log, from, PLACED, REJECTED, workflows) => {}
+        stopped = router => panic!("the router stopped before it placed every workflow: {stopped:?}"),
     }
 }
 
@@ -626,9 +678,14 @@ struct Throughput {
     /// Each workflow's wait from its submission to its placement while the writers
     /// submitted, sorted.
     live_waits: Vec<Duration>,
+    /// CPU seconds this process (writers, router, counting) and the log's servers used
+    /// while the writers submitted and the router placed.
+    live_cpu: (f64, f64),
     /// The 8 writers submitting the backlog, no router running.
     submitted: Duration,
     backlog: Duration,
+    /// CPU seconds this process and the servers used while the router placed the backlog.
+    backlog_cpu: (f64, f64),
     /// Log positions past the router's snapshot when the backlog's router starts.
     start_reads: u64,
 }
@@ -730,13 +787,14 @@ async fn main() {
     // measured on the same servers just before the router runs on them.
     let (url, _server) = nats_url_or_start().expect("a nats-server");
     let single_ceiling = raw_publish_ceiling(quick, &url, 1).await;
-    let single = throughput(quick, jetstream(url, 1).await).await;
+    let pids: Vec<u32> = _server.iter().filter_map(NatsServer::pid).collect();
+    let single = throughput(quick, jetstream(url, 1).await, &pids).await;
     drop(_server);
     let config =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra/nats/cluster.conf");
     let cluster = NatsCluster::start(&config, 3).expect("a three-server cluster");
     let three_ceiling = raw_publish_ceiling(quick, &cluster.urls(), 3).await;
-    let three = throughput(quick, jetstream(cluster.urls(), 3).await).await;
+    let three = throughput(quick, jetstream(cluster.urls(), 3).await, &cluster.pids()).await;
     drop(cluster);
     // The embedded default's log: a SQLite file, every commit fsynced. Its ceiling:
     // single-event appends from 16 writers to a file of its own.
@@ -754,7 +812,7 @@ async fn main() {
     let sqlite = SqliteLog::open(&dir.path().join("events.sqlite"))
         .await
         .unwrap();
-    let embedded = throughput(quick, Arc::new(sqlite)).await;
+    let embedded = throughput(quick, Arc::new(sqlite), &[]).await;
     println!("\n| router, 10 sites × 50 shapes, three-job workflows, submit → placement_decided (plus the first release and dispatch) | workflows | seconds | placements/s | the log's ceiling, same run | ceiling/s | placements ÷ ceiling |\n| --- | ---: | ---: | ---: | --- | ---: | ---: |");
     let rows = [
         ("JetStream, one server, R1", single, single_ceiling),
@@ -786,6 +844,20 @@ async fn main() {
                 ceiling.what,
                 ceiling.per_second,
                 100.0 * rate / ceiling.per_second,
+            );
+        }
+    }
+    // The CPU each placement took, all processes of the row together: on a shared
+    // machine it varies less than the rate.
+    println!("\n| CPU while placing | bench process s (writers, router, counting) | log servers s | CPU ms per workflow |\n| --- | ---: | ---: | ---: |");
+    for (label, t, _) in &rows {
+        for (how, (own, server)) in [
+            ("submitted while the router runs", t.live_cpu),
+            ("a backlog, the router alone", t.backlog_cpu),
+        ] {
+            println!(
+                "| {label}: {how} | {own:.2} | {server:.2} | {:.3} |",
+                1e3 * (own + server) / t.workflows as f64
             );
         }
     }
