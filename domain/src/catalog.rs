@@ -210,6 +210,16 @@ impl Catalog {
         self.position
     }
 
+    /// Moves [`Catalog::position`] on to `position` (never back): for a catalogue fed
+    /// by a subscription, which shows [`Catalog::observe_at`] the events that concern it
+    /// from every commit up to `position` and skips the others, so that its position,
+    /// and a snapshot of it, is the subscription's.
+    pub fn passed(&mut self, position: u64) {
+        if (position, u64::MAX) > (self.position, self.sequence) {
+            (self.position, self.sequence) = (position, u64::MAX);
+        }
+    }
+
     /// Reads the commits appended after [`Catalog::position`] and folds them in. On an
     /// error the commits before the failing one stay folded in, and the next call
     /// resumes there. Saves no snapshot: [`Catalog::load`] (a start) does, so that a

@@ -134,6 +134,12 @@ pub struct Router {
     acked: u64,
     /// The log position the start folded up to.
     folded_to: u64,
+    /// [`Work`] folded from the commits the log holds up to `logged_to` (the start's
+    /// fold, then each commit delivered): the router's own fields are ahead of the log
+    /// while its decisions travel, this never is. Saved with the catalogue as the
+    /// snapshot.
+    logged: Work,
+    logged_to: u64,
     /// Saves a new snapshot in the background every so many commits delivered.
     snapshots: snapshot::Refresh,
 }
@@ -250,8 +256,15 @@ impl Histories {
     }
 }
 
+/// What a running router saves as its snapshot: encodes as [`RouterStart`] does.
+#[derive(serde::Serialize)]
+struct SavedStart<'a> {
+    catalog: &'a Catalog,
+    work: &'a Work,
+}
+
 /// The work the router picks up again at start.
-#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Work {
     /// Workflows submitted and never placed: their submissions may have been
     /// acknowledged long ago (one waits for a site), so they are tried again at start.
@@ -332,24 +345,47 @@ impl RouterStart {
 }
 
 impl Work {
+    /// Folds in one event read as text (a start's fold): its payload is decoded only
+    /// for a dispatch's GPUs.
     fn visit(&mut self, read: &TextEnvelope<'_>) {
         let raw = &read.envelope;
-        if raw.aggregate.kind == AggregateKind::Job {
-            count_gpus_read(&mut self.gpus, read);
-            return;
-        }
-        if raw.aggregate.kind != AggregateKind::Workflow {
-            return;
-        }
-        let id = raw.aggregate.id;
-        match &*read.kind {
+        self.fold(&read.kind, raw.aggregate.id, &raw.tenant, || {
+            #[derive(serde::Deserialize)]
+            struct Dispatched {
+                resources: Option<meridian_spec::Resources>,
+            }
+            serde_json::from_str::<Dispatched>(raw.payload.get())
+                .ok()
+                .and_then(|d| d.resources)
+                .map_or(0, |r| r.gpus_total())
+        });
+    }
+
+    /// Folds in one event delivered to the running router, decoded already: what
+    /// [`Work::visit`] folds from the same event read as text.
+    fn observe(&mut self, envelope: &Envelope<Event>) {
+        self.fold(
+            envelope.payload.kind(),
+            envelope.aggregate.id,
+            &envelope.tenant,
+            || match &envelope.payload {
+                Event::Job(JobEvent::Dispatched { resources, .. }) => resources.gpus_total(),
+                _ => 0,
+            },
+        );
+    }
+
+    /// Folds in the event of type `kind` about aggregate `id` of `tenant`;
+    /// `dispatched_gpus` reads a job dispatch's GPUs.
+    fn fold(&mut self, kind: &str, id: Uuid, tenant: &str, dispatched_gpus: impl FnOnce() -> u32) {
+        match kind {
             "workflow.submitted.v1" => {
                 self.unplaced.insert(id);
             }
             "workflow.placement_decided.v1" => {
                 self.unplaced.remove(&id);
                 self.active
-                    .entry(raw.tenant.clone())
+                    .entry(tenant.to_string())
                     .or_default()
                     .insert(id);
             }
@@ -363,8 +399,22 @@ impl Work {
             "workflow.finished.v1" | "workflow.failed.v1" | "workflow.cancelled.v1" => {
                 self.unplaced.remove(&id);
                 self.gpu_held.remove(&id);
-                if let Some(placed) = self.active.get_mut(&raw.tenant) {
+                if let Some(placed) = self.active.get_mut(tenant) {
                     placed.remove(&id);
+                }
+            }
+            "job.dispatched.v1" => {
+                let n = dispatched_gpus();
+                if n > 0 {
+                    self.gpus
+                        .entry(tenant.to_string())
+                        .or_default()
+                        .insert(id, n);
+                }
+            }
+            "job.finished.v1" | "job.failed.v1" | "job.cancelled.v1" => {
+                if let Some(jobs) = self.gpus.get_mut(tenant) {
+                    jobs.remove(&id);
                 }
             }
             _ => {}
@@ -413,6 +463,7 @@ impl Router {
             histories,
             ..
         } = start;
+        let logged = work.clone();
         let Work {
             unplaced,
             active,
@@ -446,6 +497,8 @@ impl Router {
             delivered: 0,
             acked: 0,
             folded_to,
+            logged,
+            logged_to: folded_to,
             snapshots: snapshot::Refresh::every(commits),
         };
         let folded = histories.fold()?;
@@ -574,6 +627,10 @@ impl Router {
             let last = commits.last().map(|c| c.position);
             let delivered = commits.len() as u64;
             for commit in commits {
+                if commit.position > self.logged_to {
+                    commit.events.iter().for_each(|e| self.logged.observe(e));
+                    self.logged_to = commit.position;
+                }
                 let mut touched = BTreeSet::new();
                 for envelope in &commit.events {
                     if let Some(workflow) = self.observe(commit.position, envelope).await? {
@@ -612,14 +669,36 @@ impl Router {
                 self.delivered = last;
             }
             self.acknowledge(&sub);
-            // A restart then folds at most about that many commits past the snapshot.
-            let log = self.log.clone();
-            self.snapshots.delivered(delivered, move || async move {
-                if let Err(e) = RouterStart::load(&*log, snapshot::REFRESH_SAVES).await {
-                    tracing::warn!(error = %e, "router: could not fold the log for a snapshot");
-                }
-            });
+            self.save_snapshot_now_and_then(delivered);
         }
+    }
+
+    /// Every [`snapshot::SAVE_AFTER`] commits delivered, saves the catalogue and the work
+    /// folded from the log up to the last one, so that a restart folds at most about
+    /// that many commits past the snapshot. Both were folded from the delivered commits
+    /// as they came, and are only encoded here: folding them again from the log (as
+    /// the site runner and the data mover still do) read every commit a second time.
+    fn save_snapshot_now_and_then(&mut self, delivered: u64) {
+        let (log, position) = (self.log.clone(), self.logged_to);
+        // Every commit up to `logged_to` was delivered, and the catalogue was shown
+        // those that concern it (`observe`).
+        self.catalog.passed(position);
+        let (catalog, work) = (&self.catalog, &self.logged);
+        self.snapshots.delivered(delivered, || {
+            let state = serde_json::value::to_raw_value(&SavedStart { catalog, work });
+            async move {
+                let saved = match state {
+                    Ok(state) => {
+                        snapshot::save(&*log, SNAPSHOT, SNAPSHOT_FORMAT, position, &state).await
+                    }
+                    Err(e) => Err(LogError::Backend(format!("encoding the snapshot: {e}"))),
+                };
+                match saved {
+                    Ok(()) => tracing::debug!(position, "router: saved a snapshot"),
+                    Err(e) => tracing::warn!(error = %e, "router: could not save a snapshot"),
+                }
+            }
+        });
     }
 
     /// Puts `workflow` off until its decisions in flight land, holding position `at`
@@ -1895,32 +1974,5 @@ async fn landed(task: tokio::task::JoinHandle<Vec<Failed>>) -> Vec<Failed> {
             tracing::warn!(error = %e, "router: appends cancelled by shutdown");
             Vec::new()
         }
-    }
-}
-
-/// [`Router::count_gpus`] on an event read as text, while the log is read at start.
-fn count_gpus_read(gpus: &mut HashMap<String, BTreeMap<Uuid, u32>>, read: &TextEnvelope<'_>) {
-    let raw = &read.envelope;
-    let id = raw.aggregate.id;
-    match &*read.kind {
-        "job.dispatched.v1" => {
-            #[derive(serde::Deserialize)]
-            struct Dispatched {
-                resources: Option<meridian_spec::Resources>,
-            }
-            let resources = serde_json::from_str::<Dispatched>(raw.payload.get())
-                .ok()
-                .and_then(|d| d.resources);
-            let n = resources.map_or(0, |r| r.gpus_total());
-            if n > 0 {
-                gpus.entry(raw.tenant.clone()).or_default().insert(id, n);
-            }
-        }
-        "job.finished.v1" | "job.failed.v1" | "job.cancelled.v1" => {
-            if let Some(jobs) = gpus.get_mut(&raw.tenant) {
-                jobs.remove(&id);
-            }
-        }
-        _ => {}
     }
 }

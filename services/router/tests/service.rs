@@ -636,6 +636,75 @@ async fn a_restart_from_the_snapshot_starts_where_a_fold_of_the_whole_log_would(
     assert_eq!(json(&again), json(&whole));
 }
 
+/// A running router saves as its snapshot what it folded from the commits delivered to
+/// it (not its decisions, which are ahead of the log, and without reading the log
+/// again): a restart from it starts exactly where a fold of the whole log would, reading
+/// only the commits after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_routers_snapshot_is_the_fold_of_the_commits_delivered_to_it() {
+    let (dir, log) = new_log().await;
+    register_site(&*log, "only", "1").await;
+    let (stop, stopped) = watch::channel(false);
+    let router = Router::with_snapshots_every(log.clone(), 1).await.unwrap();
+    let mut b = Bench {
+        router: tokio::spawn(async move { router.run(stopped).await.unwrap() }),
+        log,
+        stop,
+        _dir: dir,
+    };
+    let id = b.submit(DAG).await;
+    let first = b.dispatched_at_least("prep", id, 1).await;
+    b.run_job(first[0].0, 0).await;
+    let sweep = b.dispatched_at_least("sweep", id, 3).await; // prep and two of five
+    b.run_job(sweep[1].0, 0).await;
+    // Saved after a delivered batch when no save is under way: more commits until one
+    // is saved past everything above.
+    let target = b.log.head().await.unwrap();
+    let mut more = 0;
+    let position = b
+        .wait_for("a snapshot past the job's end", async || {
+            more += 1;
+            register_site(&*b.log, &format!("more-{more}"), "9").await;
+            let saved = b
+                .log
+                .load_snapshot(meridian_router::SNAPSHOT)
+                .await
+                .unwrap();
+            saved.map(|s| s.position).filter(|p| *p >= target)
+        })
+        .await;
+
+    // After the snapshot: another job ends, new work comes, and the router stops.
+    b.run_job(sweep[2].0, 0).await;
+    let later = b.submit(DAG).await;
+    b.dispatched_at_least("the later workflow's prep", later, 1)
+        .await;
+    b.stop.send(true).unwrap();
+    (&mut b.router).await.unwrap();
+
+    let saved = b
+        .log
+        .load_snapshot(meridian_router::SNAPSHOT)
+        .await
+        .unwrap();
+    let position = saved.map_or(position, |s| s.position);
+    let json = |start: &RouterStart| serde_json::to_value(start).unwrap();
+    let restarted = RouterStart::load(&*b.log, u64::MAX).await.unwrap();
+    let whole = RouterStart::fold_whole_log(&*b.log).await.unwrap();
+    let head = b.log.head().await.unwrap();
+    assert_eq!(restarted.from_snapshot, Some(position));
+    assert_eq!(whole.read, head, "SQLite's positions are 1, 2, 3…");
+    assert!(position < head, "commits came after the snapshot");
+    assert_eq!(
+        restarted.read,
+        head - position,
+        "only what came after it is read"
+    );
+    assert_eq!(json(&restarted), json(&whole));
+    assert!(restarted.work.active.values().any(|w| w.contains(&id)));
+    assert_eq!(restarted.catalog.find("only").unwrap().runs, 3);
+}
+
 /// (job id, task, site) of every dispatch of workflow `id`, in log order.
 async fn dispatch_sites(log: &dyn EventLog, id: Uuid) -> Vec<(Uuid, String)> {
     let mut out = Vec::new();
