@@ -658,6 +658,7 @@ impl EventLog for NatsLog {
             stream: self.stream.clone(),
             name: name.to_string(),
             ack_wait: self.config.ack_wait,
+            next_delivery: next_delivery(&consumer),
             consumer,
             messages: None,
             broken: false,
@@ -860,6 +861,12 @@ async fn open_durable(
     }
 }
 
+/// The delivery sequence the consumer's next message will carry: one past the last it
+/// delivered (to anyone), as its info says when it is opened.
+fn next_delivery(consumer: &consumer::Consumer<pull::Config>) -> u64 {
+    consumer.cached_info().delivered.consumer_sequence + 1
+}
+
 /// A durable subscription. Its messages come from one pull stream kept for the
 /// subscription's life: a `next` dropped while it waits (a `select!` that took another
 /// branch) loses nothing, because a commit the server delivers meanwhile waits in the
@@ -875,6 +882,11 @@ struct NatsSubscription {
     messages: Option<std::pin::Pin<Box<pull::Stream>>>,
     /// The last stream failed: the consumer is reopened (rewound) before the next one.
     broken: bool,
+    /// The delivery sequence the next message must carry. Every delivery, a redelivery
+    /// too, takes the consumer's next one; a message that skips one means a delivery
+    /// never reached this subscription (lost on the way, or taken by another reader of
+    /// the durable), and with cumulative acks the next ack would acknowledge it unseen.
+    next_delivery: u64,
     /// Delivered, not yet acknowledged, in position order.
     unacked: VecDeque<(u64, async_nats::jetstream::Message)>,
 }
@@ -886,6 +898,7 @@ impl NatsSubscription {
                 // What the broken stream delivered and nobody acknowledged is delivered
                 // again, first.
                 self.consumer = open_durable(&self.stream, &self.name, self.ack_wait).await?;
+                self.next_delivery = next_delivery(&self.consumer);
                 self.broken = false;
             }
             let stream = self
@@ -912,14 +925,15 @@ impl NatsSubscription {
         error
     }
 
-    /// The next messages, at most `max`, waiting up to `wait` for the first.
+    /// The next messages, at most `max`, waiting up to `wait` for the first, each with
+    /// its position; fails (and rewinds, see `next_delivery`) when a delivery is missing.
     /// Cancellation-safe: the awaits come before anything is taken from the stream; the
     /// rest is taken without awaiting.
     async fn take(
         &mut self,
         max: usize,
         wait: Duration,
-    ) -> Result<Vec<async_nats::jetstream::Message>, LogError> {
+    ) -> Result<Vec<(u64, async_nats::jetstream::Message)>, LogError> {
         let messages = self.messages().await?;
         let first = match tokio::time::timeout(wait, messages.next()).await {
             Ok(next) => next,
@@ -953,7 +967,26 @@ impl NatsSubscription {
                 None
             };
         }
-        Ok(taken)
+        let mut delivered = Vec::with_capacity(taken.len());
+        for msg in taken {
+            let info = match msg.info() {
+                Ok(info) => info,
+                Err(e) => return Err(self.give_up(unavailable(e))),
+            };
+            if info.consumer_sequence != self.next_delivery {
+                // Handed to no one: the durable is rewound to its last acknowledged
+                // commit and delivers from there again, the missing one included.
+                let missing = self.next_delivery;
+                return Err(self.give_up(LogError::Unavailable(format!(
+                    "subscription {}: delivery {missing} never arrived (the next carried {}); \
+                     delivering again from the last acknowledged commit",
+                    self.name, info.consumer_sequence
+                ))));
+            }
+            self.next_delivery += 1;
+            delivered.push((info.stream_sequence, msg));
+        }
+        Ok(delivered)
     }
 }
 
@@ -962,8 +995,7 @@ impl Subscription for NatsSubscription {
     async fn next(&mut self, max: usize, wait: Duration) -> Result<Vec<Commit>, LogError> {
         let taken = self.take(max, wait).await?;
         let mut out = Vec::with_capacity(taken.len());
-        for msg in taken {
-            let position = msg.info().map_err(unavailable)?.stream_sequence;
+        for (position, msg) in taken {
             let events = decode_commit(position, &msg.payload).map_err(|e| self.give_up(e))?;
             out.push(Commit::new(position, events));
             self.unacked.push_back((position, msg));
@@ -984,8 +1016,7 @@ impl Subscription for NatsSubscription {
         let taken = self.take(max, wait).await?;
         let mut out = Vec::with_capacity(taken.len());
         let mut seen = Vec::with_capacity(taken.len());
-        for msg in taken {
-            let position = msg.info().map_err(unavailable)?.stream_sequence;
+        for (position, msg) in taken {
             let (commit, last) =
                 decode_events(position, &msg.payload, kinds).map_err(|e| self.give_up(e))?;
             out.push(commit);

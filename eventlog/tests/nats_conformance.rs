@@ -152,3 +152,45 @@ async fn reads_and_tails_leave_no_consumers_behind() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A delivery that never reaches the subscription (here taken by another reader of the
+/// same durable, as one lost on the way would be) is delivered again, not acknowledged
+/// unseen: acknowledgements are cumulative, so acknowledging the commits after it would
+/// acknowledge it too, and its commit would never be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_that_never_arrived_is_delivered_again() {
+    use futures::StreamExt;
+    let (url, _server) = nats_url_or_start().expect("a nats-server to test against");
+    let cfg = config(url.clone());
+    let log = NatsLog::connect(cfg.clone())
+        .await
+        .expect("connect to nats");
+    let mut sub = log.subscribe("reader").await.unwrap();
+    for i in 1..=3 {
+        log.append(vec![event(workflow(), 1, json!(i))])
+            .await
+            .unwrap();
+    }
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    let stream = js.get_stream(&cfg.stream).await.unwrap();
+    let other: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("reader").await.unwrap();
+    let mut batch = other.fetch().max_messages(1).messages().await.unwrap();
+    let taken = batch.next().await.unwrap().unwrap();
+    assert_eq!(taken.info().unwrap().stream_sequence, 1);
+
+    let mut positions = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while positions.len() < 3 {
+        match sub.next(10, Duration::from_millis(500)).await {
+            Ok(commits) => positions.extend(commits.iter().map(|c| c.position)),
+            Err(e) if e.is_transient() => {}
+            Err(e) => panic!("the subscription failed for good: {e}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first commit never came again: {positions:?}"
+        );
+    }
+    assert_eq!(positions, [1, 2, 3]);
+}
