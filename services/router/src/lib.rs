@@ -790,9 +790,12 @@ impl Router {
                     let rounds = self.conflicts.entry(failed.chain).or_default();
                     *rounds += 1;
                     if *rounds > CONFLICT_ROUNDS {
-                        // Left to the next delivery of the workflow's events.
-                        tracing::warn!(workflow = %failed.chain, "the workflow kept changing under the router's decisions");
+                        // Decided again after a pause rather than at its next event, which
+                        // may never come (nothing else writes a workflow just submitted).
+                        tracing::warn!(workflow = %failed.chain, "the workflow kept changing under the router's decisions; deciding again after a pause");
                         self.conflicts.remove(&failed.chain);
+                        self.not_before
+                            .insert(failed.chain, Utc::now() + self.backoff_base);
                     } else {
                         tracing::debug!(workflow = %failed.chain, "a decision met a conflict; deciding again");
                         self.put_off(failed.chain, from);

@@ -1469,6 +1469,37 @@ async fn a_decision_that_meets_a_conflict_is_made_again_from_the_log() {
     );
 }
 
+/// A placement that meets a conflict more times in a row than the router decides again
+/// at once is decided again after a pause, not left for the workflow's next event: a
+/// workflow just submitted has none coming, and would wait for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_that_keeps_meeting_conflicts_is_decided_again_after_a_pause() {
+    let refused = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let b = Bench::seen_through(&[("only", "1")], |inner| {
+        let refused = refused.clone();
+        let fail: FailAppend = Box::new(move |events: &[RawEnvelope]| {
+            let placing = events
+                .iter()
+                .any(|e| kind(e) == "workflow.placement_decided.v1");
+            // More than the 8 rounds decided again at once.
+            (placing && refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 10).then(|| {
+                LogError::Conflict {
+                    aggregate: events[0].aggregate,
+                    expected: events[0].sequence - 1,
+                    actual: events[0].sequence,
+                }
+            })
+        });
+        Arc::new(Intercepted::new(inner).failing(fail))
+    })
+    .await;
+    let id = b.submit(DAG).await;
+    b.dispatched_at_least("prep, after the conflicts", id, 1)
+        .await;
+    assert!(refused.load(std::sync::atomic::Ordering::SeqCst) > 10);
+    let _ = b.stop.send(true);
+}
+
 /// Decisions travel to the log while the router reads and decides the next batch: the
 /// first workflow's placement is held on its way until the second workflow, submitted
 /// meanwhile, is placed and stored. A router that waited for each batch's appends before
