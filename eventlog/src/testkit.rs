@@ -833,7 +833,7 @@ pub mod ceiling {
                     match ack.await {
                         Ok(_) => break,
                         Err(e) if tries < 50 => {
-                            tracing::debug!(error = %e, "raw publish not taken; sending it again");
+                            tracing::warn!(error = %e, "raw publish not taken; sending it again");
                             tokio::time::sleep(Duration::from_millis(100)).await;
                             ack = publish().await;
                         }
