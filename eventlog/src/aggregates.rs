@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use meridian_events::{Aggregate, AggregateRef, Envelope, Event, EventContext, RawEnvelope};
+use meridian_events::{
+    Aggregate, AggregateEvent, AggregateRef, Envelope, Event, EventContext, RawEnvelope,
+};
 use uuid::Uuid;
 
 use crate::{EncodedCommit, EventLog, LogError};
@@ -48,7 +50,7 @@ pub fn decode_all(raw: Vec<RawEnvelope>) -> Result<Vec<Envelope<Event>>, String>
 pub async fn load<A>(log: &dyn EventLog, id: Uuid) -> Result<Loaded<A>, LogError>
 where
     A: Aggregate,
-    A::Event: TryFrom<Event>,
+    A::Event: AggregateEvent,
 {
     let aggregate = AggregateRef::new(A::KIND, id);
     fold(log.read_aggregate(aggregate).await?)
@@ -58,7 +60,7 @@ where
 pub fn fold<A>(raw: Vec<RawEnvelope>) -> Result<Loaded<A>, LogError>
 where
     A: Aggregate,
-    A::Event: TryFrom<Event>,
+    A::Event: AggregateEvent,
 {
     let history = decode_all(raw).map_err(|message| LogError::Corrupt {
         position: 0,
@@ -71,12 +73,12 @@ where
 pub fn fold_decoded<A>(history: Vec<Envelope<Event>>) -> Loaded<A>
 where
     A: Aggregate,
-    A::Event: TryFrom<Event>,
+    A::Event: AggregateEvent,
 {
     let mut state = A::default();
     for envelope in &history {
-        if let Ok(event) = A::Event::try_from(envelope.payload.clone()) {
-            state.apply(&event);
+        if let Some(event) = A::Event::of(&envelope.payload) {
+            state.apply(event);
         }
     }
     let sequence = history.last().map_or(0, |e| e.sequence);
@@ -98,7 +100,7 @@ pub async fn execute<A, F>(
 ) -> Result<Vec<Envelope<Event>>, ExecuteError<A::Error>>
 where
     A: Aggregate,
-    A::Event: TryFrom<Event>,
+    A::Event: AggregateEvent,
     A::Error: 'static,
     F: FnMut(&A) -> A::Command,
 {
@@ -124,7 +126,7 @@ pub struct Cached<A> {
 impl<A> Cached<A>
 where
     A: Aggregate,
-    A::Event: TryFrom<Event>,
+    A::Event: AggregateEvent,
     A::Error: 'static,
 {
     pub async fn load(log: &dyn EventLog, id: Uuid) -> Result<Cached<A>, LogError> {
@@ -159,8 +161,8 @@ where
         if envelope.sequence != self.sequence + 1 {
             return false;
         }
-        if let Ok(event) = A::Event::try_from(envelope.payload.clone()) {
-            self.state.apply(&event);
+        if let Some(event) = A::Event::of(&envelope.payload) {
+            self.state.apply(event);
         }
         self.sequence = envelope.sequence;
         self.tenant.get_or_insert_with(|| envelope.tenant.clone());

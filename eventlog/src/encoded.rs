@@ -9,9 +9,10 @@
 //! them: [`EncodedCommit::encode_shared`] keeps the typed events it was written from,
 //! so that those trees are built from them, which costs less than parsing the text.
 
+use std::any::Any;
 use std::sync::Arc;
 
-use meridian_events::{AggregateRef, Envelope, RawEnvelope};
+use meridian_events::{AggregateKind, AggregateRef, Envelope, Event, RawEnvelope};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -34,11 +35,43 @@ pub struct EncodedCommit {
 /// Typed events that can be made the log's trees.
 trait Source: Send + Sync {
     fn trees(&self) -> Result<Vec<RawEnvelope>, serde_json::Error>;
+    /// The events themselves, when they are the log's own vocabulary ([`Event`]).
+    fn events(&self) -> Option<&[Envelope<Event>]>;
 }
 
-impl<P: Serialize + Send + Sync> Source for Vec<Envelope<P>> {
+impl<P: Serialize + Send + Sync + 'static> Source for Vec<Envelope<P>> {
     fn trees(&self) -> Result<Vec<RawEnvelope>, serde_json::Error> {
         self.iter().map(Envelope::to_raw).collect()
+    }
+
+    fn events(&self) -> Option<&[Envelope<Event>]> {
+        (self as &dyn Any)
+            .downcast_ref::<Vec<Envelope<Event>>>()
+            .map(Vec::as_slice)
+    }
+}
+
+/// The typed events a commit was written from, kept by a log after it stored the
+/// commit so that its readers in this process are handed them rather than decode the
+/// commit's text again ([`EncodedCommit::written`]).
+#[derive(Clone)]
+pub(crate) struct Written {
+    pub aggregate: AggregateRef,
+    pub last_sequence: u64,
+    sources: Vec<Arc<dyn Source>>,
+}
+
+impl Written {
+    /// The events of `kinds`, as decoding the stored commit would give them.
+    pub fn events(&self, kinds: &[AggregateKind]) -> Vec<Envelope<Event>> {
+        if !kinds.contains(&self.aggregate.kind) {
+            return Vec::new();
+        }
+        let mut events = Vec::new();
+        for source in &self.sources {
+            events.extend_from_slice(source.events().expect("checked by written()"));
+        }
+        events
     }
 }
 
@@ -161,6 +194,20 @@ impl EncodedCommit {
         }
         out.push(b']');
         out
+    }
+
+    /// The typed events this commit was written from, when the writer shared them
+    /// ([`EncodedCommit::encode_shared`]) and they are [`Event`]s.
+    pub(crate) fn written(&self) -> Option<Written> {
+        let sources = self.sources.as_ref()?;
+        if !sources.iter().all(|s| s.events().is_some()) {
+            return None;
+        }
+        Some(Written {
+            aggregate: self.aggregate,
+            last_sequence: self.last_sequence(),
+            sources: sources.clone(),
+        })
     }
 
     /// The events as trees, as [`EventLog::append`](crate::EventLog::append) takes

@@ -29,8 +29,8 @@ use meridian_events::{AggregateKind, AggregateRef, Envelope, Event, RawEnvelope}
 use uuid::Uuid;
 
 use crate::{
-    check_name, Appended, Commit, DecodedCommit, EncodedCommit, EventLog, LogError, Snapshot,
-    StoredCommit, Subscription, MAX_COMMIT_BYTES,
+    check_name, encoded::Written, Appended, Commit, DecodedCommit, EncodedCommit, EventLog,
+    LogError, Snapshot, StoredCommit, Subscription, MAX_COMMIT_BYTES,
 };
 
 const LAST_SEQUENCE_HEADER: &str = "Meridian-Last-Sequence";
@@ -76,6 +76,8 @@ pub struct NatsLog {
     config: NatsConfig,
     /// Where each aggregate's last commit is, shared with this log's subscriptions.
     last_seen: Arc<LastSeen>,
+    /// The commits this process stored last, shared with this log's subscriptions.
+    stored_here: Arc<StoredHere>,
     /// The object store bucket beside the stream that keeps snapshots, once opened.
     snapshots: tokio::sync::OnceCell<object_store::ObjectStore>,
 }
@@ -144,6 +146,78 @@ fn decode_commit(position: u64, payload: &[u8]) -> Result<Vec<RawEnvelope>, LogE
         position,
         message: e.to_string(),
     })
+}
+
+/// The commits this process stored last, by their message id (their first event's id),
+/// as the typed events they were written from ([`EncodedCommit::written`]): this
+/// log's subscriptions hand those back rather than decode the commit's text again. A
+/// service reads back everything it decides (the router: each placement, with an
+/// explanation naming every site, was about three quarters of the bytes it was
+/// delivered), so that decoding was most of what reading its subscription cost.
+///
+/// A commit is kept from just before it is published (its delivery can overtake the
+/// publish's acknowledgement) and let go if it was refused. Its message id names it
+/// alone: event ids are never reused, and the stream stores one message per id. Kept for
+/// the last [`StoredHere::KEPT`] commits, [`StoredHere::KEPT_BYTES`] of their text at
+/// most, which a reader keeping up is delivered well within; a reader further behind
+/// decodes the text, as a reader in another process does.
+#[derive(Default)]
+struct StoredHere(Mutex<Kept>);
+
+#[derive(Default)]
+struct Kept {
+    commits: HashMap<Uuid, (Written, usize)>,
+    /// Ids in the order kept, oldest first (some perhaps let go already).
+    order: VecDeque<Uuid>,
+    bytes: usize,
+}
+
+impl StoredHere {
+    const KEPT: usize = 4096;
+    const KEPT_BYTES: usize = 16 << 20;
+
+    /// Keeps the commit of `size` bytes of text whose message id is `id`.
+    fn remember(&self, id: Uuid, written: Written, size: usize) {
+        let mut kept = self.0.lock().expect("stored_here poisoned");
+        if let Some((_, replaced)) = kept.commits.insert(id, (written, size)) {
+            kept.bytes -= replaced;
+        } else {
+            kept.order.push_back(id);
+        }
+        kept.bytes += size;
+        while kept.commits.len() > Self::KEPT || kept.bytes > Self::KEPT_BYTES {
+            let Some(oldest) = kept.order.pop_front() else {
+                break;
+            };
+            if let Some((_, size)) = kept.commits.remove(&oldest) {
+                kept.bytes -= size;
+            }
+        }
+    }
+
+    /// Lets go of a commit that was not stored.
+    fn forget(&self, id: Uuid) {
+        let mut kept = self.0.lock().expect("stored_here poisoned");
+        if let Some((_, size)) = kept.commits.remove(&id) {
+            kept.bytes -= size;
+        }
+        // Its place in `order` goes when it comes to the front.
+        if kept.order.len() > 2 * Self::KEPT {
+            let Kept { commits, order, .. } = &mut *kept;
+            order.retain(|id| commits.contains_key(id));
+        }
+    }
+
+    /// The commit `msg` carries, if this process stored it and keeps it still.
+    fn get(&self, msg: &async_nats::Message) -> Option<Written> {
+        let id = msg
+            .headers
+            .as_ref()?
+            .get(async_nats::header::NATS_MESSAGE_ID)?;
+        let id = Uuid::parse_str(id.as_str()).ok()?;
+        let kept = self.0.lock().expect("stored_here poisoned");
+        kept.commits.get(&id).map(|(w, _)| w.clone())
+    }
 }
 
 /// A commit's envelopes read from its text, each payload decoded into an [`Event`] when
@@ -267,6 +341,7 @@ impl NatsLog {
             stream,
             config,
             last_seen: Arc::default(),
+            stored_here: Arc::default(),
             snapshots: tokio::sync::OnceCell::new(),
         })
     }
@@ -345,6 +420,7 @@ impl NatsLog {
         let (aggregate, expected) = (commit.aggregate(), commit.expected());
         let (last_sequence, first_id) = (commit.last_sequence(), commit.first_id());
         let traceparent = commit.traceparent();
+        let written = commit.written();
         commit.fits()?;
         let payload = commit.to_array();
         let size = payload.len();
@@ -382,6 +458,9 @@ impl NatsLog {
         // it again cannot store it twice (and the message id would catch it if it could).
         // In a cluster this lasts while the stream's leader is elected, often under a
         // second: it is waited out here, briefly, rather than failing the caller's work.
+        if let Some(written) = written {
+            self.stored_here.remember(first_id, written, size);
+        }
         let give_up = tokio::time::Instant::now() + NO_RESPONDERS_WAIT;
         const FIRST_PAUSE: Duration = Duration::from_millis(25);
         let mut pause = FIRST_PAUSE;
@@ -408,6 +487,10 @@ impl NatsLog {
                 ack => break ack,
             }
         };
+        if ack.is_err() {
+            // Not stored (or not known to be): its readers decode it, if it comes.
+            self.stored_here.forget(first_id);
+        }
         match ack {
             Ok(ack) if ack.duplicate => Ok(Appended::Duplicate {
                 position: ack.sequence,
@@ -655,6 +738,7 @@ impl EventLog for NatsLog {
         let consumer = open_durable(&self.stream, name, self.config.ack_wait).await?;
         Ok(Box::new(NatsSubscription {
             last_seen: self.last_seen.clone(),
+            stored_here: self.stored_here.clone(),
             stream: self.stream.clone(),
             name: name.to_string(),
             ack_wait: self.config.ack_wait,
@@ -875,6 +959,7 @@ fn next_delivery(consumer: &consumer::Consumer<pull::Config>) -> u64 {
 /// a commit no one saw.)
 struct NatsSubscription {
     last_seen: Arc<LastSeen>,
+    stored_here: Arc<StoredHere>,
     stream: stream::Stream,
     name: String,
     ack_wait: Duration,
@@ -1017,8 +1102,18 @@ impl Subscription for NatsSubscription {
         let mut out = Vec::with_capacity(taken.len());
         let mut seen = Vec::with_capacity(taken.len());
         for (position, msg) in taken {
-            let (commit, last) =
-                decode_events(position, &msg.payload, kinds).map_err(|e| self.give_up(e))?;
+            let (commit, last) = match self.stored_here.get(&msg) {
+                Some(written) => (
+                    DecodedCommit {
+                        position,
+                        events: written.events(kinds),
+                    },
+                    Some((written.aggregate, written.last_sequence)),
+                ),
+                None => {
+                    decode_events(position, &msg.payload, kinds).map_err(|e| self.give_up(e))?
+                }
+            };
             out.push(commit);
             seen.extend(last.map(|(aggregate, sequence)| (aggregate, sequence, position)));
             self.unacked.push_back((position, msg));
@@ -1037,5 +1132,134 @@ impl Subscription for NatsSubscription {
         msg.double_ack().await.map_err(unavailable)?;
         self.unacked.drain(..=index);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meridian_events::vocabulary::workflow::WorkflowEvent;
+    use meridian_events::EventContext;
+
+    use super::*;
+    use crate::testkit::nats_url_or_start;
+
+    fn config(url: String) -> NatsConfig {
+        let unique = Uuid::now_v7().simple().to_string();
+        NatsConfig {
+            url,
+            stream: format!("STORED_HERE_{unique}"),
+            subject_prefix: format!("stored_here.{unique}"),
+            ..NatsConfig::default()
+        }
+    }
+
+    fn finished(id: Uuid, after: u64, how_many: usize) -> Vec<Envelope<Event>> {
+        let at = chrono::Utc::now();
+        Envelope::sequence_after(
+            AggregateRef::new(AggregateKind::Workflow, id),
+            after,
+            &EventContext::new_chain("t"),
+            at,
+            (0..how_many)
+                .map(|_| Event::Workflow(WorkflowEvent::Finished { finished_at: at }))
+                .collect(),
+        )
+    }
+
+    async fn delivered(log: &NatsLog, reader: &str) -> Vec<DecodedCommit> {
+        let mut sub = log.subscribe(reader).await.unwrap();
+        let mut commits = Vec::new();
+        while commits.len() < 2 {
+            commits.extend(
+                sub.next_decoded(10, Duration::from_secs(2), &AggregateKind::ALL)
+                    .await
+                    .unwrap(),
+            );
+        }
+        commits
+    }
+
+    /// A commit this process stored from typed events is handed to its subscriptions
+    /// from memory, equal to what decoding its text gives a reader elsewhere; one
+    /// appended as trees is decoded.
+    #[tokio::test]
+    async fn a_commit_stored_here_is_handed_back_as_written_not_decoded_again() {
+        let (url, _server) = nats_url_or_start().expect("a nats-server to test against");
+        let cfg = config(url);
+        let log = NatsLog::connect(cfg.clone()).await.unwrap();
+        let typed = Arc::new(finished(Uuid::now_v7(), 0, 2));
+        let stored = log
+            .append_encoded(EncodedCommit::encode_shared(typed.clone()).unwrap())
+            .await
+            .unwrap();
+        assert!(matches!(stored, Appended::Stored { .. }), "{stored:?}");
+        let trees: Vec<RawEnvelope> = finished(Uuid::now_v7(), 0, 1)
+            .iter()
+            .map(|e| e.to_raw().unwrap())
+            .collect();
+        log.append(trees.clone()).await.unwrap();
+        let kept = |id: Uuid| log.stored_here.0.lock().unwrap().commits.contains_key(&id);
+        assert!(kept(typed[0].event_id));
+        assert!(!kept(trees[0].event_id), "appended as trees");
+        // One refused (its aggregate moved on) is let go.
+        let refused = Arc::new(finished(typed[0].aggregate.id, 0, 1));
+        let conflict = log
+            .append_encoded(EncodedCommit::encode_shared(refused.clone()).unwrap())
+            .await;
+        assert!(
+            matches!(conflict, Err(LogError::Conflict { .. })),
+            "{conflict:?}"
+        );
+        assert!(!kept(refused[0].event_id));
+
+        // A reader in another process decodes the text; this one is handed the same.
+        let elsewhere = NatsLog::connect(cfg).await.unwrap();
+        let decoded = delivered(&elsewhere, "elsewhere").await;
+        let here = delivered(&log, "here").await;
+        assert_eq!(decoded[0].events, *typed);
+        assert_eq!(here, decoded);
+
+        // Handed from memory: what this process keeps for the position is what comes.
+        let other = finished(typed[0].aggregate.id, 0, 2);
+        let kept = EncodedCommit::encode_shared(Arc::new(other.clone()))
+            .unwrap()
+            .written()
+            .unwrap();
+        log.stored_here.remember(typed[0].event_id, kept, 1);
+        let here = delivered(&log, "again").await;
+        assert_eq!(here[0].events, other);
+        assert_eq!(here[1], decoded[1]);
+    }
+
+    /// What is kept is bounded by count and by bytes, the oldest let go first; a
+    /// commit let go of (refused) frees its bytes at once.
+    #[test]
+    fn what_is_kept_is_bounded_and_the_oldest_goes_first() {
+        let written = || {
+            EncodedCommit::encode_shared(Arc::new(finished(Uuid::now_v7(), 0, 1)))
+                .unwrap()
+                .written()
+                .unwrap()
+        };
+        let store = StoredHere::default();
+        let holds = |id: &Uuid| store.0.lock().unwrap().commits.contains_key(id);
+        let ids: Vec<Uuid> = (0..StoredHere::KEPT + 10).map(|_| Uuid::now_v7()).collect();
+        for id in &ids {
+            store.remember(*id, written(), 100);
+        }
+        assert!(!holds(&ids[9]) && holds(&ids[10]));
+        let big = StoredHere::KEPT_BYTES / 4;
+        let bigs: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+        for id in &bigs[..4] {
+            store.remember(*id, written(), big);
+        }
+        // Four of a quarter each leave no room for the rest.
+        assert!(!holds(ids.last().unwrap()));
+        assert!(holds(&bigs[0]) && holds(&bigs[3]));
+        store.remember(bigs[4], written(), big);
+        assert!(!holds(&bigs[0]) && holds(&bigs[4]));
+        store.forget(bigs[4]);
+        assert!(!holds(&bigs[4]));
+        assert_eq!(store.0.lock().unwrap().bytes, 3 * big);
     }
 }

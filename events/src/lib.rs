@@ -17,6 +17,6 @@ pub use money::{
     MoneyError, PriceSheet, StorageRate,
 };
 pub use vocabulary::{
-    Allocation, ArrayBatch, Event, FailureReason, JobEvent, JobOutcome, SiteEvent, SiteKind,
-    TaskRef, TenantEvent, TokenEvent, TransferEvent, WorkflowEvent,
+    AggregateEvent, Allocation, ArrayBatch, Event, FailureReason, JobEvent, JobOutcome, SiteEvent,
+    SiteKind, TaskRef, TenantEvent, TokenEvent, TransferEvent, WorkflowEvent,
 };

@@ -381,6 +381,12 @@ impl Event {
     }
 }
 
+/// One aggregate's events, seen inside an [`Event`] where it holds one: folding a
+/// delivered event borrows it rather than copy it (a submission carries its whole spec).
+pub trait AggregateEvent: Sized {
+    fn of(event: &Event) -> Option<&Self>;
+}
+
 macro_rules! event_conversions {
     ($($variant:ident => $ty:ty),* $(,)?) => {$(
         impl From<$ty> for Event {
@@ -396,6 +402,15 @@ macro_rules! event_conversions {
                 match e {
                     Event::$variant(e) => Ok(e),
                     other => Err(other),
+                }
+            }
+        }
+
+        impl AggregateEvent for $ty {
+            fn of(e: &Event) -> Option<&$ty> {
+                match e {
+                    Event::$variant(e) => Some(e),
+                    _ => None,
                 }
             }
         }
