@@ -230,7 +230,9 @@ where
             match log.append_encoded(commit).await {
                 Ok(_) => {
                     self.fold(&envelopes);
-                    // The log has let go of the commit, and with it its share.
+                    // Unshared once the log has let go of the commit; a JetStream log
+                    // read in this process keeps a share for its readers, and then the
+                    // events are copied.
                     return Ok(Arc::try_unwrap(envelopes).unwrap_or_else(|e| (*e).clone()));
                 }
                 Err(LogError::Conflict { .. }) => {

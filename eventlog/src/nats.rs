@@ -76,7 +76,7 @@ pub struct NatsLog {
     config: NatsConfig,
     /// Where each aggregate's last commit is, shared with this log's subscriptions.
     last_seen: Arc<LastSeen>,
-    /// The commits this process stored last, shared with this log's subscriptions.
+    /// The commits this log stored last, shared with its subscriptions.
     stored_here: Arc<StoredHere>,
     /// The object store bucket beside the stream that keeps snapshots, once opened.
     snapshots: tokio::sync::OnceCell<object_store::ObjectStore>,
@@ -148,75 +148,97 @@ fn decode_commit(position: u64, payload: &[u8]) -> Result<Vec<RawEnvelope>, LogE
     })
 }
 
-/// The commits this process stored last, by their message id (their first event's id),
-/// as the typed events they were written from ([`EncodedCommit::written`]): this
-/// log's subscriptions hand those back rather than decode the commit's text again. A
-/// service reads back everything it decides (the router: each placement, with an
+/// The commits this log (this connection) stored last, by their message id (their first
+/// event's id), as the typed events they were written from ([`EncodedCommit::written`]):
+/// this log's subscriptions hand those back rather than decode the commit's text again.
+/// A service reads back everything it decides (the router: each placement, with an
 /// explanation naming every site, was about three quarters of the bytes it was
 /// delivered), so that decoding was most of what reading its subscription cost.
 ///
-/// A commit is kept from just before it is published (its delivery can overtake the
-/// publish's acknowledgement) and let go if it was refused. Its message id names it
-/// alone: event ids are never reused, and the stream stores one message per id. Kept for
-/// the last [`StoredHere::KEPT`] commits, [`StoredHere::KEPT_BYTES`] of their text at
-/// most, which a reader keeping up is delivered well within; a reader further behind
-/// decodes the text, as a reader in another process does.
+/// Kept only once the log has a durable subscription: a log that only writes (the
+/// intake's) would keep them for nobody. A commit is kept from just before it is
+/// published (its delivery can overtake the publish's acknowledgement) and let go of if
+/// the publish failed or was answered as a duplicate (the message stored then is an
+/// earlier one). Its message id names it alone: event ids are never reused, the stream
+/// stores one message per id within its duplicate window, and after it the expected
+/// last sequence refuses a second copy. Kept for the last [`StoredHere::KEPT`] commits,
+/// [`StoredHere::KEPT_BYTES`] of their text at most, which a reader keeping up is
+/// delivered well within; a reader further behind decodes the text, as a reader on
+/// another connection does.
 #[derive(Default)]
-struct StoredHere(Mutex<Kept>);
+struct StoredHere {
+    kept: Mutex<Kept>,
+    /// Set by the log's first durable subscription.
+    read_here: std::sync::atomic::AtomicBool,
+}
 
 #[derive(Default)]
 struct Kept {
-    commits: HashMap<Uuid, (Written, usize)>,
-    /// Ids in the order kept, oldest first (some perhaps let go already).
-    order: VecDeque<Uuid>,
+    /// Each commit with its size and the stamp of its place in `order`.
+    commits: HashMap<Uuid, (Written, usize, u64)>,
+    /// Ids in the order kept, oldest first, each with its stamp: an id let go of and
+    /// kept again is let go only at its newer place.
+    order: VecDeque<(Uuid, u64)>,
     bytes: usize,
+    stamp: u64,
 }
 
 impl StoredHere {
     const KEPT: usize = 4096;
     const KEPT_BYTES: usize = 16 << 20;
 
-    /// Keeps the commit of `size` bytes of text whose message id is `id`.
+    fn read_here(&self) {
+        self.read_here
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keeps the commit of `size` bytes of text whose message id is `id`, if this log
+    /// is read here.
     fn remember(&self, id: Uuid, written: Written, size: usize) {
-        let mut kept = self.0.lock().expect("stored_here poisoned");
-        if let Some((_, replaced)) = kept.commits.insert(id, (written, size)) {
-            kept.bytes -= replaced;
-        } else {
-            kept.order.push_back(id);
+        if !self.read_here.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
         }
+        let mut kept = self.kept.lock().expect("stored_here poisoned");
+        kept.stamp += 1;
+        let stamp = kept.stamp;
+        if let Some((_, replaced, _)) = kept.commits.insert(id, (written, size, stamp)) {
+            kept.bytes -= replaced;
+        }
+        kept.order.push_back((id, stamp));
         kept.bytes += size;
         while kept.commits.len() > Self::KEPT || kept.bytes > Self::KEPT_BYTES {
-            let Some(oldest) = kept.order.pop_front() else {
+            let Some((oldest, stamp)) = kept.order.pop_front() else {
                 break;
             };
-            if let Some((_, size)) = kept.commits.remove(&oldest) {
+            if kept.commits.get(&oldest).is_some_and(|c| c.2 == stamp) {
+                let (_, size, _) = kept.commits.remove(&oldest).expect("just found");
                 kept.bytes -= size;
             }
         }
     }
 
-    /// Lets go of a commit that was not stored.
+    /// Lets go of a commit whose message the stream did not store (or not this one).
     fn forget(&self, id: Uuid) {
-        let mut kept = self.0.lock().expect("stored_here poisoned");
-        if let Some((_, size)) = kept.commits.remove(&id) {
+        let mut kept = self.kept.lock().expect("stored_here poisoned");
+        if let Some((_, size, _)) = kept.commits.remove(&id) {
             kept.bytes -= size;
         }
         // Its place in `order` goes when it comes to the front.
         if kept.order.len() > 2 * Self::KEPT {
             let Kept { commits, order, .. } = &mut *kept;
-            order.retain(|id| commits.contains_key(id));
+            order.retain(|(id, stamp)| commits.get(id).is_some_and(|c| c.2 == *stamp));
         }
     }
 
-    /// The commit `msg` carries, if this process stored it and keeps it still.
+    /// The commit `msg` carries, if this log stored it and keeps it still.
     fn get(&self, msg: &async_nats::Message) -> Option<Written> {
         let id = msg
             .headers
             .as_ref()?
             .get(async_nats::header::NATS_MESSAGE_ID)?;
         let id = Uuid::parse_str(id.as_str()).ok()?;
-        let kept = self.0.lock().expect("stored_here poisoned");
-        kept.commits.get(&id).map(|(w, _)| w.clone())
+        let kept = self.kept.lock().expect("stored_here poisoned");
+        kept.commits.get(&id).map(|(w, _, _)| w.clone())
     }
 }
 
@@ -492,9 +514,13 @@ impl NatsLog {
             self.stored_here.forget(first_id);
         }
         match ack {
-            Ok(ack) if ack.duplicate => Ok(Appended::Duplicate {
-                position: ack.sequence,
-            }),
+            Ok(ack) if ack.duplicate => {
+                // The message stored is an earlier one with this id: its readers decode it.
+                self.stored_here.forget(first_id);
+                Ok(Appended::Duplicate {
+                    position: ack.sequence,
+                })
+            }
             Ok(ack) => {
                 self.last_seen
                     .remember(aggregate, last_sequence, ack.sequence);
@@ -736,6 +762,7 @@ impl EventLog for NatsLog {
     async fn subscribe(&self, name: &str) -> Result<Box<dyn Subscription>, LogError> {
         check_name(name)?;
         let consumer = open_durable(&self.stream, name, self.config.ack_wait).await?;
+        self.stored_here.read_here();
         Ok(Box::new(NatsSubscription {
             last_seen: self.last_seen.clone(),
             stored_here: self.stored_here.clone(),
@@ -1187,6 +1214,8 @@ mod tests {
         let (url, _server) = nats_url_or_start().expect("a nats-server to test against");
         let cfg = config(url);
         let log = NatsLog::connect(cfg.clone()).await.unwrap();
+        // Kept once the log is read here: a subscription opened before the appends.
+        let _reader = log.subscribe("opened-first").await.unwrap();
         let typed = Arc::new(finished(Uuid::now_v7(), 0, 2));
         let stored = log
             .append_encoded(EncodedCommit::encode_shared(typed.clone()).unwrap())
@@ -1198,7 +1227,14 @@ mod tests {
             .map(|e| e.to_raw().unwrap())
             .collect();
         log.append(trees.clone()).await.unwrap();
-        let kept = |id: Uuid| log.stored_here.0.lock().unwrap().commits.contains_key(&id);
+        let kept = |id: Uuid| {
+            log.stored_here
+                .kept
+                .lock()
+                .unwrap()
+                .commits
+                .contains_key(&id)
+        };
         assert!(kept(typed[0].event_id));
         assert!(!kept(trees[0].event_id), "appended as trees");
         // One refused (its aggregate moved on) is let go.
@@ -1232,7 +1268,8 @@ mod tests {
     }
 
     /// What is kept is bounded by count and by bytes, the oldest let go first; a
-    /// commit let go of (refused) frees its bytes at once.
+    /// commit let go of (refused) frees its bytes at once, and one kept again after
+    /// that is let go of at its newer place. Nothing is kept for a log not read here.
     #[test]
     fn what_is_kept_is_bounded_and_the_oldest_goes_first() {
         let written = || {
@@ -1242,24 +1279,38 @@ mod tests {
                 .unwrap()
         };
         let store = StoredHere::default();
-        let holds = |id: &Uuid| store.0.lock().unwrap().commits.contains_key(id);
+        let holds = |id: &Uuid| store.kept.lock().unwrap().commits.contains_key(id);
+        let unread = Uuid::now_v7();
+        store.remember(unread, written(), 100);
+        assert!(!holds(&unread), "kept with no subscription to read it");
+
+        store.read_here();
+        let again = Uuid::now_v7();
+        store.remember(again, written(), 100);
+        store.forget(again);
         let ids: Vec<Uuid> = (0..StoredHere::KEPT + 10).map(|_| Uuid::now_v7()).collect();
-        for id in &ids {
+        for id in &ids[..20] {
             store.remember(*id, written(), 100);
         }
-        assert!(!holds(&ids[9]) && holds(&ids[10]));
+        store.remember(again, written(), 100);
+        for id in &ids[20..] {
+            store.remember(*id, written(), 100);
+        }
+        // Eleven over: the eleven oldest went, not the one kept again at its first place.
+        assert!(holds(&again));
+        assert!(!holds(&ids[10]) && holds(&ids[11]));
         let big = StoredHere::KEPT_BYTES / 4;
         let bigs: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
         for id in &bigs[..4] {
             store.remember(*id, written(), big);
         }
         // Four of a quarter each leave no room for the rest.
-        assert!(!holds(ids.last().unwrap()));
+        assert!(!holds(ids.last().unwrap()) && !holds(&again));
         assert!(holds(&bigs[0]) && holds(&bigs[3]));
         store.remember(bigs[4], written(), big);
         assert!(!holds(&bigs[0]) && holds(&bigs[4]));
         store.forget(bigs[4]);
         assert!(!holds(&bigs[4]));
-        assert_eq!(store.0.lock().unwrap().bytes, 3 * big);
+        assert_eq!(store.kept.lock().unwrap().bytes, 3 * big);
     }
 }
