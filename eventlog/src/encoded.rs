@@ -51,8 +51,8 @@ impl<P: Serialize + Send + Sync + 'static> Source for Vec<Envelope<P>> {
     }
 }
 
-/// The typed events a commit was written from, kept by a log after it stored the
-/// commit so that its readers in this process are handed them rather than decode the
+/// The typed events a commit was written from, kept by the log that publishes it so
+/// that its readers on the same connection are handed them rather than decode the
 /// commit's text again ([`EncodedCommit::written`]).
 #[derive(Clone)]
 pub(crate) struct Written {

@@ -476,13 +476,14 @@ impl NatsLog {
             }
             publish
         };
+        // Kept before it is sent: its delivery can overtake the acknowledgement.
+        if let Some(written) = written {
+            self.stored_here.remember(first_id, written, size);
+        }
         // No server answering for the stream means no server took the message, so sending
         // it again cannot store it twice (and the message id would catch it if it could).
         // In a cluster this lasts while the stream's leader is elected, often under a
         // second: it is waited out here, briefly, rather than failing the caller's work.
-        if let Some(written) = written {
-            self.stored_here.remember(first_id, written, size);
-        }
         let give_up = tokio::time::Instant::now() + NO_RESPONDERS_WAIT;
         const FIRST_PAUSE: Duration = Duration::from_millis(25);
         let mut pause = FIRST_PAUSE;
