@@ -418,26 +418,50 @@ pub async fn count_until(
     refused: &str,
     count: usize,
 ) {
-    const PAGE: usize = 4096;
     let mut after = from;
     let mut seen = 0;
     while seen < count {
-        let commits = log.read_text_from(after, PAGE).await.expect("read the log");
-        if let Some(last) = commits.last() {
-            after = last.position;
-        }
-        for text in commits.iter().flat_map(|c| &c.events) {
-            // A payload that is not an object with a type is not counted.
-            match event_type(text) {
-                Some(t) if t == tag => seen += 1,
-                Some(t) if t == refused => panic!("{refused}: {text}"),
-                _ => {}
-            }
-        }
-        if seen < count && commits.len() < PAGE {
+        let full = count_page(log, &mut after, tag, refused, &mut seen).await;
+        if seen < count && !full {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// The events of type `tag` in `log` after position `from`, read to its head now;
+/// panics on `refused`.
+async fn count_in(log: &dyn crate::EventLog, from: u64, tag: &str, refused: &str) -> usize {
+    let (mut after, mut seen) = (from, 0);
+    while count_page(log, &mut after, tag, refused, &mut seen).await {}
+    seen
+}
+
+/// Counts the events of type `tag` in one page of `log` after `after`, which it moves
+/// on; whether the page came back full.
+async fn count_page(
+    log: &dyn crate::EventLog,
+    after: &mut u64,
+    tag: &str,
+    refused: &str,
+    seen: &mut usize,
+) -> bool {
+    const PAGE: usize = 4096;
+    let commits = log
+        .read_text_from(*after, PAGE)
+        .await
+        .expect("read the log");
+    if let Some(last) = commits.last() {
+        *after = last.position;
+    }
+    for text in commits.iter().flat_map(|c| &c.events) {
+        // A payload that is not an object with a type is not counted.
+        match event_type(text) {
+            Some(t) if t == tag => *seen += 1,
+            Some(t) if t == refused => panic!("{refused}: {text}"),
+            _ => {}
+        }
+    }
+    commits.len() == PAGE
 }
 
 /// The type of the event in an envelope's JSON. Both logs write an envelope with its
@@ -456,6 +480,183 @@ fn event_type(text: &str) -> Option<std::borrow::Cow<'_, str>> {
         None => meridian_events::TextEnvelope::parse(text)
             .ok()
             .map(|read| read.kind),
+    }
+}
+
+/// A log that counts the events of one type that its appends wrote, for a benchmark to
+/// wait on without reading the log back ([`count_until`] reads it, and on JetStream each
+/// read is a consumer the server makes, fills and deletes, beside the reader measured).
+/// An event counts once its append is acknowledged, so it is in the log; a commit
+/// counts once by its position, also when a retry of it is answered as a duplicate (its
+/// first append may have failed after it landed). A benchmark checks the count by
+/// reading the log once more afterwards, untimed ([`count_until`]).
+pub struct CountingAppends {
+    inner: std::sync::Arc<dyn crate::EventLog>,
+    tag: &'static str,
+    refused: &'static str,
+    /// Events of type `tag` appended so far, and the first `refused` event's text.
+    seen: tokio::sync::watch::Sender<(usize, Option<String>)>,
+    /// The positions of the commits counted.
+    counted: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+impl CountingAppends {
+    /// Counts the events of type `tag` appended through it to `inner`; an event of type
+    /// `refused` ends [`CountingAppends::until`] with a panic.
+    pub fn new(
+        inner: std::sync::Arc<dyn crate::EventLog>,
+        tag: &'static str,
+        refused: &'static str,
+    ) -> std::sync::Arc<CountingAppends> {
+        std::sync::Arc::new(CountingAppends {
+            inner,
+            tag,
+            refused,
+            seen: tokio::sync::watch::channel((0, None)).0,
+            counted: Default::default(),
+        })
+    }
+
+    /// Waits until `count` events of type `tag` were appended through this log after
+    /// position `from`.
+    ///
+    /// An append whose answer was lost (a timeout) may still have landed, and a service
+    /// that then reads the aggregate sees its events and does not append them again: so
+    /// when the count has not moved for two seconds, the log itself is counted from
+    /// `from` ([`count_until`]'s reading, once), and that count stands if it is enough.
+    /// A row that ends this way is timed with the wait, and says so on stderr.
+    pub async fn until(&self, from: u64, count: usize) {
+        const STALL: Duration = Duration::from_secs(2);
+        let mut seen = self.seen.subscribe();
+        loop {
+            let (progress, refused) = {
+                let now = seen.borrow_and_update();
+                (now.0, now.1.clone())
+            };
+            if let Some(text) = refused {
+                panic!("{}: {text}", self.refused);
+            }
+            if progress >= count {
+                return;
+            }
+            if tokio::time::timeout(STALL, seen.changed()).await.is_err() {
+                let logged = count_in(&*self.inner, from, self.tag, self.refused).await;
+                if logged >= count {
+                    eprintln!(
+                        "counted {progress} of {count} {} as they were appended, then {logged} \
+                         in the log after {} s without one",
+                        self.tag,
+                        STALL.as_secs()
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Events of type `tag` counted so far.
+    pub fn counted(&self) -> usize {
+        self.seen.borrow().0
+    }
+
+    fn record<'a>(&self, outcome: &crate::Appended, texts: impl Iterator<Item = &'a str>) {
+        let (mut tagged, mut refused) = (0, None);
+        for text in texts {
+            match event_type(text) {
+                Some(t) if t == self.tag => tagged += 1,
+                Some(t) if t == self.refused => refused = Some(text.to_string()),
+                _ => {}
+            }
+        }
+        if (tagged > 0 || refused.is_some())
+            && self
+                .counted
+                .lock()
+                .expect("not poisoned")
+                .insert(outcome.position())
+        {
+            self.seen.send_modify(|(n, first)| {
+                *n += tagged;
+                if first.is_none() {
+                    *first = refused;
+                }
+            });
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::EventLog for CountingAppends {
+    async fn append(
+        &self,
+        events: Vec<meridian_events::RawEnvelope>,
+    ) -> Result<crate::Appended, crate::LogError> {
+        let texts: Vec<String> = events
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap_or_default())
+            .collect();
+        let outcome = self.inner.append(events).await?;
+        self.record(&outcome, texts.iter().map(String::as_str));
+        Ok(outcome)
+    }
+
+    async fn append_encoded(
+        &self,
+        commit: crate::EncodedCommit,
+    ) -> Result<crate::Appended, crate::LogError> {
+        // The texts are kept aside only when one is counted: the commit moves on.
+        let counted: Vec<String> = commit
+            .texts()
+            .iter()
+            .filter(|t| event_type(t).is_some_and(|kind| kind == self.tag || kind == self.refused))
+            .cloned()
+            .collect();
+        let outcome = self.inner.append_encoded(commit).await?;
+        self.record(&outcome, counted.iter().map(String::as_str));
+        Ok(outcome)
+    }
+
+    async fn read_aggregate(
+        &self,
+        aggregate: meridian_events::AggregateRef,
+    ) -> Result<Vec<meridian_events::RawEnvelope>, crate::LogError> {
+        self.inner.read_aggregate(aggregate).await
+    }
+
+    async fn read_from(
+        &self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<crate::Commit>, crate::LogError> {
+        self.inner.read_from(after, max).await
+    }
+
+    async fn read_text_from(
+        &self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<crate::StoredCommit>, crate::LogError> {
+        self.inner.read_text_from(after, max).await
+    }
+
+    async fn head(&self) -> Result<u64, crate::LogError> {
+        self.inner.head().await
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Box<dyn crate::Subscription>, crate::LogError> {
+        self.inner.subscribe(name).await
+    }
+
+    async fn tail(&self, after: u64) -> Result<Box<dyn crate::Subscription>, crate::LogError> {
+        self.inner.tail(after).await
+    }
+
+    async fn save_snapshot(&self, snapshot: crate::Snapshot) -> Result<(), crate::LogError> {
+        self.inner.save_snapshot(snapshot).await
+    }
+
+    async fn load_snapshot(&self, name: &str) -> Result<Option<crate::Snapshot>, crate::LogError> {
+        self.inner.load_snapshot(name).await
     }
 }
 
@@ -880,7 +1081,7 @@ mod tests {
     use meridian_events::vocabulary::workflow::WorkflowEvent;
     use meridian_events::{AggregateKind, AggregateRef, Envelope, Event, EventContext};
 
-    use super::event_type;
+    use super::{event_type, CountingAppends};
 
     /// The type found by looking is the type parsing finds, whatever precedes the
     /// payload; an envelope written with spaces is parsed.
@@ -904,5 +1105,85 @@ mod tests {
             assert_eq!(event_type(text).as_deref(), Some(&*parsed), "{text}");
         }
         assert_eq!(event_type("not json"), None);
+    }
+
+    /// A workflow's commit of `events`, after `sequence`.
+    fn commit(id: uuid::Uuid, sequence: u64, events: Vec<WorkflowEvent>) -> crate::EncodedCommit {
+        let envelopes = Envelope::sequence_after(
+            AggregateRef::new(AggregateKind::Workflow, id),
+            sequence,
+            &EventContext::new_chain("t"),
+            chrono::Utc::now(),
+            events.into_iter().map(Event::Workflow).collect(),
+        );
+        crate::EncodedCommit::encode(&envelopes).unwrap()
+    }
+
+    /// Each tagged event appended counts once, by either append, a retry answered as a
+    /// duplicate too; one appended past the counter is found by reading the log once the
+    /// count stalls; a refused type ends the wait with a panic.
+    #[tokio::test]
+    async fn appends_are_counted_once_and_a_stalled_count_reads_the_log() {
+        use crate::EventLog;
+        use std::sync::Arc;
+        use std::time::Duration;
+        const FINISHED: &str = "workflow.finished.v1";
+        const CANCELLED: &str = "workflow.cancelled.v1";
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Arc<dyn EventLog> = Arc::new(
+            crate::sqlite::SqliteLog::open(&dir.path().join("log.sqlite"))
+                .await
+                .unwrap(),
+        );
+        let counting = CountingAppends::new(inner.clone(), FINISHED, CANCELLED);
+        let at = chrono::Utc::now();
+        let finished = || WorkflowEvent::Finished { finished_at: at };
+        let failed = || WorkflowEvent::Failed {
+            reason: "not counted".into(),
+            failed_jobs: Vec::new(),
+            failed_at: at,
+        };
+
+        // Two tagged events and one other in one commit; the same commit again.
+        let first = commit(
+            uuid::Uuid::now_v7(),
+            0,
+            vec![finished(), failed(), finished()],
+        );
+        let stored = counting.append_encoded(first.clone()).await.unwrap();
+        assert!(matches!(stored, crate::Appended::Stored { .. }));
+        let again = counting.append_encoded(first).await.unwrap();
+        assert!(matches!(again, crate::Appended::Duplicate { .. }));
+        assert_eq!(counting.counted(), 2);
+        // Through `append`, as parsed envelopes.
+        let second = commit(uuid::Uuid::now_v7(), 0, vec![finished()]);
+        counting.append(second.decode().unwrap()).await.unwrap();
+        assert_eq!(counting.counted(), 3);
+        tokio::time::timeout(Duration::from_secs(5), counting.until(0, 3))
+            .await
+            .expect("three were counted");
+
+        // One the counter never saw: the wait ends by reading the log.
+        inner
+            .append_encoded(commit(uuid::Uuid::now_v7(), 0, vec![finished()]))
+            .await
+            .unwrap();
+        assert_eq!(counting.counted(), 3);
+        tokio::time::timeout(Duration::from_secs(30), counting.until(0, 4))
+            .await
+            .expect("the fourth was found in the log");
+
+        let refused = commit(
+            uuid::Uuid::now_v7(),
+            0,
+            vec![WorkflowEvent::Cancelled { cancelled_at: at }],
+        );
+        counting.append_encoded(refused).await.unwrap();
+        let waiting = counting.clone();
+        let ended = tokio::spawn(async move { waiting.until(0, 100).await }).await;
+        assert!(
+            ended.unwrap_err().is_panic(),
+            "a refused event ends the wait"
+        );
     }
 }

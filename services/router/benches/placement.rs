@@ -31,7 +31,7 @@ use meridian_eventlog::aggregates::{execute, Cached};
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::testkit::{
-    ceiling, count_until, nats_url_or_start, NatsCluster, NatsServer,
+    ceiling, count_until, nats_url_or_start, CountingAppends, NatsCluster, NatsServer,
 };
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand, Workflow, WorkflowCommand};
@@ -605,16 +605,18 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>, servers: &[u32]) -> Thr
 
     // 1. Submitted while the router runs: the submitters' pace is part of it.
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let router_log = log.clone();
+    let counting = CountingAppends::new(log.clone(), PLACED, REJECTED);
+    let router_log: Arc<dyn EventLog> = counting.clone();
     let mut router =
         tokio::spawn(async move { Router::new(router_log).await.unwrap().run(stopped).await });
     let from = log.head().await.unwrap();
     let start = Instant::now();
     let cpu = cpu_now(servers);
     submit(&log, &spec, workflows).await;
-    placed_while_it_runs(&*log, from, workflows, &mut router).await;
+    placed_while_it_runs(&counting, from, workflows, &mut router).await;
     let live = start.elapsed();
     let live_cpu = cpu_since(cpu, servers);
+    count_until(&*log, from, PLACED, REJECTED, workflows).await;
     let _ = stop.send(true);
     let _ = router.await;
     let live_waits = submit_to_placed(&*log, from).await;
@@ -635,14 +637,16 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>, servers: &[u32]) -> Thr
         .map_or(0, |s| s.position);
     let start_reads = log.head().await.unwrap() - snapshot_at;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let router_log = log.clone();
+    let counting = CountingAppends::new(log.clone(), PLACED, REJECTED);
+    let router_log: Arc<dyn EventLog> = counting.clone();
     let start = Instant::now();
     let cpu = cpu_now(servers);
     let mut router =
         tokio::spawn(async move { Router::new(router_log).await.unwrap().run(stopped).await });
-    placed_while_it_runs(&*log, from, workflows, &mut router).await;
+    placed_while_it_runs(&counting, from, workflows, &mut router).await;
     let backlog = start.elapsed();
     let backlog_cpu = cpu_since(cpu, servers);
+    count_until(&*log, from, PLACED, REJECTED, workflows).await;
     let _ = stop.send(true);
     let _ = router.await;
     Throughput {
@@ -657,17 +661,20 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>, servers: &[u32]) -> Thr
     }
 }
 
-/// Waits until `workflows` placements (or rejections) follow position `from`; a router
-/// that stops first (an error, a panic) ends the bench with what stopped it, rather
-/// than leave it waiting for placements that will not come.
+/// Waits until the router's log acknowledged `workflows` placements (a rejection ends
+/// the bench); a router that stops first (an error, a panic) ends the bench with what
+/// stopped it, rather than leave it waiting for placements that will not come. Counted
+/// as the router appends them, not by reading the log back while it runs: each read of
+/// a JetStream log is a consumer its server makes and fills beside the router's (the
+/// caller checks the count by reading the log once the row is timed).
 async fn placed_while_it_runs(
-    log: &dyn EventLog,
+    counting: &CountingAppends,
     from: u64,
     workflows: usize,
     router: &mut tokio::task::JoinHandle<Result<(), meridian_router::RouterError>>,
 ) {
     tokio::select! {
-        _ = count_until(log, from, PLACED, REJECTED, workflows) => {}
+        _ = counting.until(from, workflows) => {}
         stopped = router => panic!("the router stopped before it placed every workflow: {stopped:?}"),
     }
 }
