@@ -430,7 +430,7 @@ pub async fn count_until(
 
 /// The events of type `tag` in `log` after position `from`, read to its head now;
 /// panics on `refused`.
-async fn count_in(log: &dyn crate::EventLog, from: u64, tag: &str, refused: &str) -> usize {
+pub async fn count_in(log: &dyn crate::EventLog, from: u64, tag: &str, refused: &str) -> usize {
     let (mut after, mut seen) = (from, 0);
     while count_page(log, &mut after, tag, refused, &mut seen).await {}
     seen
@@ -517,8 +517,8 @@ impl CountingAppends {
         })
     }
 
-    /// Waits until `count` events of type `tag` were appended through this log after
-    /// position `from`.
+    /// Waits until `count` events of type `tag` were appended through this log since it
+    /// was made; `from` is where the fallback below starts reading the log.
     ///
     /// An append whose answer was lost (a timeout) may still have landed, and a service
     /// that then reads the aggregate sees its events and does not append them again: so
@@ -1162,16 +1162,23 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), counting.until(0, 3))
             .await
             .expect("three were counted");
+        // Stored past the counter (an append whose answer was lost), then appended again
+        // through it: the duplicate counts.
+        let retried = commit(uuid::Uuid::now_v7(), 0, vec![finished()]);
+        inner.append_encoded(retried.clone()).await.unwrap();
+        let again = counting.append_encoded(retried).await.unwrap();
+        assert!(matches!(again, crate::Appended::Duplicate { .. }));
+        assert_eq!(counting.counted(), 4);
 
         // One the counter never saw: the wait ends by reading the log.
         inner
             .append_encoded(commit(uuid::Uuid::now_v7(), 0, vec![finished()]))
             .await
             .unwrap();
-        assert_eq!(counting.counted(), 3);
-        tokio::time::timeout(Duration::from_secs(30), counting.until(0, 4))
+        assert_eq!(counting.counted(), 4);
+        tokio::time::timeout(Duration::from_secs(30), counting.until(0, 5))
             .await
-            .expect("the fourth was found in the log");
+            .expect("the fifth was found in the log");
 
         let refused = commit(
             uuid::Uuid::now_v7(),
@@ -1180,7 +1187,11 @@ mod tests {
         );
         counting.append_encoded(refused).await.unwrap();
         let waiting = counting.clone();
-        let ended = tokio::spawn(async move { waiting.until(0, 100).await }).await;
+        // Sooner than the fallback would read the log (which panics on it too).
+        let ended = tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_secs(1), waiting.until(0, 100)).await
+        })
+        .await;
         assert!(
             ended.unwrap_err().is_panic(),
             "a refused event ends the wait"

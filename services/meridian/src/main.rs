@@ -4,8 +4,8 @@
 
 // Meridian's services build and parse many small JSON trees (every event is one):
 // mimalloc does that in about three quarters of the time glibc's malloc takes
-// (BENCHMARKS.md, "The router's start keeps the backlog it read"). Built without
-// transparent huge pages: see the workspace's Cargo.toml.
+// (BENCHMARKS.md, "The router's start keeps the backlog it read"). Built not to ask
+// for transparent huge pages: see the workspace's Cargo.toml.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

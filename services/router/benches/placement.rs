@@ -31,7 +31,7 @@ use meridian_eventlog::aggregates::{execute, Cached};
 use meridian_eventlog::nats::{NatsConfig, NatsLog};
 use meridian_eventlog::sqlite::SqliteLog;
 use meridian_eventlog::testkit::{
-    ceiling, count_until, nats_url_or_start, CountingAppends, NatsCluster, NatsServer,
+    ceiling, count_in, nats_url_or_start, CountingAppends, NatsCluster, NatsServer,
 };
 use meridian_eventlog::EventLog;
 use meridian_events::aggregate::{Site, SiteCommand, Workflow, WorkflowCommand};
@@ -616,7 +616,7 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>, servers: &[u32]) -> Thr
     placed_while_it_runs(&counting, from, workflows, &mut router).await;
     let live = start.elapsed();
     let live_cpu = cpu_since(cpu, servers);
-    count_until(&*log, from, PLACED, REJECTED, workflows).await;
+    assert_eq!(count_in(&*log, from, PLACED, REJECTED).await, workflows);
     let _ = stop.send(true);
     let _ = router.await;
     let live_waits = submit_to_placed(&*log, from).await;
@@ -646,7 +646,7 @@ async fn throughput(quick: bool, log: Arc<dyn EventLog>, servers: &[u32]) -> Thr
     placed_while_it_runs(&counting, from, workflows, &mut router).await;
     let backlog = start.elapsed();
     let backlog_cpu = cpu_since(cpu, servers);
-    count_until(&*log, from, PLACED, REJECTED, workflows).await;
+    assert_eq!(count_in(&*log, from, PLACED, REJECTED).await, workflows);
     let _ = stop.send(true);
     let _ = router.await;
     Throughput {
