@@ -489,7 +489,7 @@ fn event_type(text: &str) -> Option<std::borrow::Cow<'_, str>> {
 /// An event counts once its append is acknowledged, so it is in the log; a commit
 /// counts once by its position, also when a retry of it is answered as a duplicate (its
 /// first append may have failed after it landed). A benchmark checks the count by
-/// reading the log once more afterwards, untimed ([`count_until`]).
+/// reading the log once more afterwards, untimed ([`count_in`]).
 pub struct CountingAppends {
     inner: std::sync::Arc<dyn crate::EventLog>,
     tag: &'static str,
@@ -523,7 +523,7 @@ impl CountingAppends {
     /// An append whose answer was lost (a timeout) may still have landed, and a service
     /// that then reads the aggregate sees its events and does not append them again: so
     /// when the count has not moved for two seconds, the log itself is counted from
-    /// `from` ([`count_until`]'s reading, once), and that count stands if it is enough.
+    /// `from` ([`count_in`]), and that count stands if it is enough.
     /// A row that ends this way is timed with the wait, and says so on stderr.
     pub async fn until(&self, from: u64, count: usize) {
         const STALL: Duration = Duration::from_secs(2);
