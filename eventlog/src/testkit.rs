@@ -559,16 +559,19 @@ impl CountingAppends {
         self.seen.borrow().0
     }
 
-    fn record<'a>(&self, outcome: &crate::Appended, texts: impl Iterator<Item = &'a str>) {
-        let (mut tagged, mut refused) = (0, None);
-        for text in texts {
-            match event_type(text) {
-                Some(t) if t == self.tag => tagged += 1,
-                Some(t) if t == self.refused => refused = Some(text.to_string()),
-                _ => {}
-            }
+    /// Adds one event of type `kind` to what a commit holds for this count; `text` is
+    /// called only for a refused one.
+    fn tally(&self, tally: &mut Tally, kind: Option<&str>, text: impl FnOnce() -> String) {
+        match kind {
+            Some(t) if t == self.tag => tally.tagged += 1,
+            Some(t) if t == self.refused && tally.refused.is_none() => tally.refused = Some(text()),
+            _ => {}
         }
-        if (tagged > 0 || refused.is_some())
+    }
+
+    /// Counts a stored commit's tally, once for its position.
+    fn record(&self, outcome: &crate::Appended, tally: Tally) {
+        if (tally.tagged > 0 || tally.refused.is_some())
             && self
                 .counted
                 .lock()
@@ -576,13 +579,21 @@ impl CountingAppends {
                 .insert(outcome.position())
         {
             self.seen.send_modify(|(n, first)| {
-                *n += tagged;
+                *n += tally.tagged;
                 if first.is_none() {
-                    *first = refused;
+                    *first = tally.refused;
                 }
             });
         }
     }
+}
+
+/// What one commit holds for a [`CountingAppends`]: its events of the counted type, and
+/// the first refused one's text.
+#[derive(Default)]
+struct Tally {
+    tagged: usize,
+    refused: Option<String>,
 }
 
 #[async_trait::async_trait]
@@ -591,12 +602,13 @@ impl crate::EventLog for CountingAppends {
         &self,
         events: Vec<meridian_events::RawEnvelope>,
     ) -> Result<crate::Appended, crate::LogError> {
-        let texts: Vec<String> = events
-            .iter()
-            .map(|e| serde_json::to_string(e).unwrap_or_default())
-            .collect();
+        let mut tally = Tally::default();
+        for e in &events {
+            let kind = e.payload.get("type").and_then(serde_json::Value::as_str);
+            self.tally(&mut tally, kind, || e.payload.to_string());
+        }
         let outcome = self.inner.append(events).await?;
-        self.record(&outcome, texts.iter().map(String::as_str));
+        self.record(&outcome, tally);
         Ok(outcome)
     }
 
@@ -604,15 +616,12 @@ impl crate::EventLog for CountingAppends {
         &self,
         commit: crate::EncodedCommit,
     ) -> Result<crate::Appended, crate::LogError> {
-        // The texts are kept aside only when one is counted: the commit moves on.
-        let counted: Vec<String> = commit
-            .texts()
-            .iter()
-            .filter(|t| event_type(t).is_some_and(|kind| kind == self.tag || kind == self.refused))
-            .cloned()
-            .collect();
+        let mut tally = Tally::default();
+        for text in commit.texts() {
+            self.tally(&mut tally, event_type(text).as_deref(), || text.clone());
+        }
         let outcome = self.inner.append_encoded(commit).await?;
-        self.record(&outcome, counted.iter().map(String::as_str));
+        self.record(&outcome, tally);
         Ok(outcome)
     }
 
